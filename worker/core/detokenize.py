@@ -1,0 +1,267 @@
+"""Incremental detokenization with the output of a coupled vLLM 0.32 server.
+
+Two algorithms, chosen by the tokenizer's backend exactly as vLLM chooses them:
+
+* fast tokenizers (``tokenizer.json``): vLLM's ``FastIncrementalDetokenizer``, i.e. tokenizers'
+  ``DecodeStream`` primed with the prompt ids. Re-implemented here over a bounded window so the
+  state can be checkpointed: ``ids`` = the tokens of the last emitted chunk (``prefix_index`` of
+  them, whose text is ``prefix``) followed by tokens not emitted yet. A step appends the id,
+  decodes the window and emits the part past ``prefix`` once it is longer and does not end in
+  U+FFFD; the emitted tokens then become the new prefix. Priming with the prompt only matters for
+  the first emitted chunk, so a short prompt tail (with at least a couple of non-special tokens,
+  so SentencePiece's leading-space strip lands inside the prompt) gives the same text as the full
+  prompt.
+* mistral-common and transformers slow tokenizers: vLLM's ``SlowIncrementalDetokenizer``
+  (``detokenize_incrementally`` with ``prefix_offset``/``read_offset`` over token strings, seeded
+  with ``convert_prompt_ids_to_tokens`` of the last 7 prompt ids).
+
+Without prompt ids the stream starts empty: the first SentencePiece token loses its leading
+space, as vLLM's render server does.
+"""
+from __future__ import annotations
+
+import msgspec
+
+from .tokenizer import Tokenizer
+
+__all__ = ["DetokState", "IncrementalDetokenizer", "detokenize_output", "stop_token_trimmed",
+           "INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET"]
+
+INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET = 5
+_FFFD = "\ufffd"
+_PROMPT_TAIL_MIN = 6
+_PROMPT_TAIL_MAX = 64
+_PROMPT_TAIL_NONSPECIAL = 2
+
+
+class DetokState(msgspec.Struct, kw_only=True):
+    """Checkpoint of an :class:`IncrementalDetokenizer` (bounded: a trailing window only).
+
+    Fast path: ``ids`` (window token ids), ``prefix`` (text of the first ``prefix_index`` window
+    ids), ``last_special`` (previous id was an added token; used only when
+    ``spaces_between_special_tokens`` is off). Slow path: ``tokens`` (token strings from vLLM's
+    ``prefix_offset`` on), ``prefix_offset``/``read_offset`` into that window."""
+
+    ids: list[int] = msgspec.field(default_factory=list)
+    prefix: str = ""
+    prefix_index: int = 0
+    last_special: bool = False
+    tokens: list[str] = msgspec.field(default_factory=list)
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+
+class _InvalidPrefix(Exception):
+    pass
+
+
+def _prompt_tail(tok: Tokenizer, prompt: list[int], skip_special_tokens: bool) -> list[int]:
+    """A suffix of ``prompt`` that primes a decode stream like the whole prompt does."""
+    n = len(prompt)
+    if n <= _PROMPT_TAIL_MIN:
+        return list(prompt)
+    special = tok.special_ids
+    start = n - _PROMPT_TAIL_MIN
+    nonspecial = sum(1 for i in prompt[start:] if i not in special or not skip_special_tokens)
+    while start > 0 and n - start < _PROMPT_TAIL_MAX and nonspecial < _PROMPT_TAIL_NONSPECIAL:
+        start -= 1
+        if prompt[start] not in special or not skip_special_tokens:
+            nonspecial += 1
+    return list(prompt[start:])
+
+
+class IncrementalDetokenizer:
+    """Token ids in, text out, as vLLM streams it. ``add`` returns the text for the new ids
+    (possibly ``""`` while a multi-byte character is incomplete); ``state()`` checkpoints."""
+
+    def __init__(self, tok: Tokenizer, *, skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True, prompt_token_ids: list[int] | None = None,
+                 state: DetokState | None = None):
+        self.tok = tok
+        self.skip_special_tokens = bool(skip_special_tokens)
+        self.fast = tok.backend == "fast"
+        if self.fast:
+            # vLLM: spaces are only suppressed when special tokens are kept and the flag is off
+            self._suppress_spaces = (not skip_special_tokens and not spaces_between_special_tokens
+                                     and bool(tok.added_token_ids))
+        else:
+            self.spaces_between_special_tokens = bool(spaces_between_special_tokens)
+        if state is not None:
+            self._ids = list(state.ids)
+            self._prefix = state.prefix
+            self._prefix_index = state.prefix_index
+            self._last_special = state.last_special
+            self._tokens = list(state.tokens)
+            self._prefix_offset = state.prefix_offset
+            self._read_offset = state.read_offset
+            return
+        self._ids: list[int] = []
+        self._prefix = ""
+        self._prefix_index = 0
+        self._last_special = False
+        self._tokens: list[str] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        prompt = [i for i in (prompt_token_ids or [])]
+        if not prompt:
+            return
+        if self.fast:
+            self._ids = _prompt_tail(tok, prompt, self.skip_special_tokens)
+        else:
+            toks = self._ids_to_tokens(prompt[-INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET - 2:])
+            self._tokens = toks
+            self._read_offset = len(toks)
+            self._prefix_offset = max(len(toks) - INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET, 0)
+
+    # --------------------------------------------------------------------------------- api ---
+    def add(self, token_ids: list[int]) -> str:
+        if self.fast:
+            step = self._fast_step
+        else:
+            step = self._slow_step
+        if len(token_ids) == 1:
+            return step(token_ids[0])
+        return "".join([step(t) for t in token_ids])
+
+    def state(self) -> DetokState:
+        if self.fast:
+            return DetokState(ids=list(self._ids), prefix=self._prefix, prefix_index=self._prefix_index,
+                              last_special=self._last_special)
+        return DetokState(tokens=list(self._tokens), prefix_offset=self._prefix_offset,
+                          read_offset=self._read_offset)
+
+    # ------------------------------------------------------------------------- fast path ---
+    def _stream_step(self, token_id: int) -> str | None:
+        tok = self.tok
+        skip = self.skip_special_tokens
+        ids = self._ids
+        if not self._prefix and ids:
+            p = tok.raw_decode(ids, skip)
+            if not p.endswith(_FFFD):
+                self._prefix = p
+                self._prefix_index = len(ids)
+        ids.append(token_id)
+        s = tok.raw_decode(ids, skip)
+        prefix = self._prefix
+        if s.startswith(prefix):
+            if len(s) <= len(prefix) or s.endswith(_FFFD):
+                return None
+        else:
+            if len(s.encode("utf-8", "surrogatepass")) <= len(prefix.encode("utf-8", "surrogatepass")) \
+                    or s.endswith(_FFFD):
+                return None
+            raise _InvalidPrefix()
+        new_text = s[len(prefix):]
+        del ids[:self._prefix_index]
+        self._prefix = tok.raw_decode(ids, skip)
+        self._prefix_index = len(ids)
+        return new_text
+
+    def _fast_step(self, token_id: int) -> str:
+        if not self.tok.is_valid_id(token_id):
+            # vLLM logs and returns no text for ids the tokenizer cannot decode
+            return ""
+        try:
+            text = self._stream_step(token_id)
+        except _InvalidPrefix:
+            # vLLM resets the decode stream (no prompt) and steps the id again
+            self._ids = []
+            self._prefix = ""
+            self._prefix_index = 0
+            text = self._stream_step(token_id)
+        if self._suppress_spaces:
+            content = self.tok.added_token_ids.get(token_id)
+            is_special = content is not None
+            if is_special and self._last_special:
+                text = content
+            self._last_special = is_special
+        return text or ""
+
+    # ------------------------------------------------------------------------- slow path ---
+    def _ids_to_tokens(self, ids: list[int]) -> list[str]:
+        tok = self.tok
+        if tok._mc is not None:
+            return tok.mc_convert_ids_to_tokens([i for i in ids if tok.is_valid_id(i)],
+                                                self.skip_special_tokens) + \
+                [""] * sum(1 for i in ids if not tok.is_valid_id(i))
+        out = []
+        for i in ids:
+            if not tok.is_valid_id(i):
+                out.append("")
+            elif not (self.skip_special_tokens and i in tok.special_ids):
+                out.append(tok.convert_ids_to_tokens([i])[0])
+        return out
+
+    def _tokens_to_string(self, tokens: list[str]) -> str:
+        tok = self.tok
+        if tok._hf is None or not tok.added_token_ids:
+            return tok.convert_tokens_to_string(tokens)
+        # vLLM _convert_tokens_to_string_with_added_encoders (slow tokenizer with added vocab)
+        added = tok._added_contents if hasattr(tok, "_added_contents") else None
+        if added is None:
+            added = frozenset(tok.added_token_ids.values())
+            tok._added_contents = added
+            tok._special_contents = frozenset(tok._hf.all_special_tokens)
+        special = tok._special_contents if self.skip_special_tokens else ()
+        parts: list[str] = []
+        run: list[str] = []
+        for t in tokens:
+            if t in special:
+                continue
+            if t in added:
+                if run:
+                    parts.append(tok.convert_tokens_to_string(run))
+                    run = []
+                parts.append(t)
+            else:
+                run.append(t)
+        if run:
+            parts.append(tok.convert_tokens_to_string(run))
+        return (" " if self.spaces_between_special_tokens else "").join(parts)
+
+    def _slow_step(self, token_id: int) -> str:
+        tok = self.tok
+        if tok.is_valid_id(token_id):
+            new_tokens = self._ids_to_tokens([token_id])
+        else:
+            new_tokens = [""]
+        tokens = self._tokens
+        tokens.extend(new_tokens)
+        po, ro = self._prefix_offset, self._read_offset
+        prefix_text = self._tokens_to_string(tokens[po:ro])
+        new_text = self._tokens_to_string(tokens[po:])
+        if len(new_text) <= len(prefix_text) or new_text.endswith(_FFFD):
+            return ""
+        out = new_text[len(prefix_text):]
+        # new offsets: prefix_offset = read_offset, read_offset = len(tokens); trim the window
+        del tokens[:ro]
+        self._prefix_offset = 0
+        self._read_offset = len(tokens)
+        return out
+
+
+def stop_token_trimmed(token_ids: list[int], finish_reason: str | None, stop_reason: int | str | None,
+                       eos_token_ids, include_stop_str_in_output: bool = False) -> list[int]:
+    """The ids vLLM detokenizes: the final stop token (an EOS id or the int ``stop_reason`` of a
+    ``stop`` finish) is left out unless ``include_stop_str_in_output``."""
+    ids = list(token_ids or [])
+    if include_stop_str_in_output or finish_reason != "stop" or not ids:
+        return ids
+    last = ids[-1]
+    is_stop_tok = (isinstance(stop_reason, int) and not isinstance(stop_reason, bool) and last == stop_reason) \
+        or (not isinstance(stop_reason, str) and eos_token_ids is not None and last in eos_token_ids)
+    return ids[:-1] if is_stop_tok else ids
+
+
+def detokenize_output(tok: Tokenizer, token_ids: list[int], *, skip_special_tokens: bool = True,
+                      spaces_between_special_tokens: bool = True, prompt_token_ids: list[int] | None = None,
+                      finish_reason: str | None = None, stop_reason: int | str | None = None,
+                      eos_token_ids=None, include_stop_str_in_output: bool = False) -> str:
+    """Whole-output text as coupled vLLM returns it (stop token dropped, seeded from the prompt)."""
+    if eos_token_ids is None:
+        eos_token_ids = tok.eos_token_ids
+    ids = stop_token_trimmed(token_ids, finish_reason, stop_reason, eos_token_ids, include_stop_str_in_output)
+    d = IncrementalDetokenizer(tok, skip_special_tokens=skip_special_tokens,
+                               spaces_between_special_tokens=spaces_between_special_tokens,
+                               prompt_token_ids=prompt_token_ids)
+    return d.add(ids)
