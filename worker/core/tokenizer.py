@@ -85,6 +85,7 @@ class Tokenizer:
         self._hf = None               # transformers slow tokenizer
         self._cleanup = False
         self._token_to_id: dict[str, int] | None = None
+        self._space_marker: str | None = None
 
     # ------------------------------------------------------------------ construction helpers --
     def _finish_eos(self, d: Path, extra: list[int]) -> None:
@@ -162,6 +163,16 @@ class Tokenizer:
         s = self._single_cache.get(token_id)
         if s is None:
             s = self.decode([token_id], skip_special_tokens=False) if self.is_valid_id(token_id) else ""
+            marker = self._space_marker
+            if marker is not None and s is not None and self.is_valid_id(token_id):
+                # vLLM convert_ids_list_to_tokens: restore the leading spaces decode() stripped
+                # from a SentencePiece (Metaspace) piece
+                raw = self._piece(token_id)
+                n = len(raw) - len(raw.lstrip(marker))
+                if n:
+                    missing = n - (len(s) - len(s.lstrip(" ")))
+                    if missing > 0:
+                        s = " " * missing + s
             if len(self._single_cache) < 1_000_000:
                 self._single_cache[token_id] = s
         return s
@@ -262,6 +273,15 @@ def _init_from_fast(tok: Tokenizer, d: Path, fast: Any) -> None:
     # transformers 5 skips the cleanup for BPE models (it would corrupt their output).
     model_type = type(fast.model).__name__
     tok._cleanup = cleanup and model_type != "BPE"
+    try:
+        pre = json.loads(fast.to_str()).get("pre_tokenizer") or {}
+    except Exception:  # noqa: BLE001
+        pre = {}
+    subs = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    for sub in subs:
+        if isinstance(sub, dict) and sub.get("type") == "Metaspace":
+            tok._space_marker = sub.get("replacement", "\u2581")
+            break
     tok._finish_eos(d, [])
 
 

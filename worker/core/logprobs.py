@@ -1,0 +1,164 @@
+"""OpenAI logprob blocks from engine logprobs, as a coupled vLLM 0.32 server returns them.
+
+Token strings: vLLM decodes every candidate alone (``tokenizer.decode([id])``, special tokens
+kept); a string ending in U+FFFD (a byte-fallback / partial UTF-8 piece) is repaired from up to 4
+preceding *sampled* output ids (``LogprobsProcessor._correct_decoded_token``): the shortest
+context whose joint decode no longer ends in U+FFFD, minus the text of the context's "clean"
+prefix; ``""`` when no context completes it (always so for the first output token, whose context
+is empty: the prompt is not used). ``bytes`` are the UTF-8 bytes of that string (``[]`` for "").
+
+Chat (``chat_logprobs``): per token the sampled entry, and ``top_logprobs`` = the first k of
+[sampled, candidates by rank] with duplicate ids collapsed (sampled token first).
+Completion (``completion_logprobs``): ``tokens``, ``token_logprobs``, ``top_logprobs`` = dicts of
+the first k+1 of that list keyed by token string (same-string entries collapse, the later value
+wins at the first key's position), ``text_offset`` = running sum of token string lengths from
+``text_offset_start``.
+
+Streaming: keep the last 4 sampled ids (:func:`next_context`) and the running completion text
+offset between chunks (``DerenderStreamState.logprob_context_token_ids`` /
+``logprob_text_offset``).
+"""
+from __future__ import annotations
+
+from schemas import ChatLogprobTop, ChatLogprobToken, CompletionLogprobs, TokenLogprobIn
+
+from .tokenizer import Tokenizer
+
+__all__ = ["chat_logprobs", "completion_logprobs", "decode_logprob_token", "next_context",
+           "MAX_CONTEXT", "MIN_LOGPROB"]
+
+MAX_CONTEXT = 4
+MIN_LOGPROB = -9999.0
+_FFFD = "\ufffd"
+
+
+def _correct(tok: Tokenizer, token_id: int, context: list[int]) -> str:
+    n = min(len(context), MAX_CONTEXT)
+    for k in range(1, n + 1):
+        ctx = context[-k:]
+        full = tok.decode(ctx + [token_id], skip_special_tokens=False)
+        if full.endswith(_FFFD):
+            continue
+        clean_end = len(ctx)
+        for j in range(len(ctx) - 1, -1, -1):
+            if tok.decode_single(ctx[j]).endswith(_FFFD):
+                clean_end = j
+            else:
+                break
+        clean = tok.decode(ctx[:clean_end], skip_special_tokens=False) if clean_end > 0 else ""
+        if full.startswith(clean):
+            return full[len(clean):]
+        common = 0
+        for a, b in zip(clean, full):
+            if a != b:
+                break
+            common += 1
+        return full[common:]
+    return ""
+
+
+def decode_logprob_token(tok: Tokenizer, token_id: int, context_token_ids: list[int] | None = None) -> str:
+    """Text vLLM shows for ``token_id`` in a logprob entry, with U+FFFD repair from up to 4
+    preceding sampled ids (``context_token_ids``, oldest first)."""
+    if token_id is None or not tok.is_valid_id(token_id):
+        return ""
+    s = tok.decode_single(token_id)
+    if s.endswith(_FFFD):
+        return _correct(tok, token_id, list(context_token_ids or [])[-MAX_CONTEXT:])
+    return s
+
+
+def next_context(context_token_ids: list[int] | None, sampled_ids: list[int]) -> list[int]:
+    """The logprob context after ``sampled_ids``: the last 4 sampled ids (bounded state)."""
+    return (list(context_token_ids or []) + [i for i in sampled_ids if i is not None])[-MAX_CONTEXT:]
+
+
+def _clamp(x: float | None) -> float:
+    if x is None:
+        return MIN_LOGPROB
+    return x if x >= MIN_LOGPROB else MIN_LOGPROB  # also maps -inf; NaN stays NaN
+
+
+def _ordered_candidates(entry: TokenLogprobIn) -> list[tuple[int | None, float]]:
+    """[sampled, candidates in rank order], duplicate ids collapsed (vLLM's per-position dict)."""
+    out: list[tuple[int | None, float]] = [(entry.token_id, entry.logprob)]
+    seen = {entry.token_id}
+    tops = entry.top_logprobs or []
+    if any(t.rank is not None for t in tops):
+        tops = sorted(tops, key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0))
+    for t in tops:
+        if t.token_id in seen:
+            continue
+        seen.add(t.token_id)
+        out.append((t.token_id, t.logprob))
+    return out
+
+
+def _utf8(s: str) -> list[int]:
+    return list(s.encode("utf-8", errors="replace"))
+
+
+def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
+                  context_token_ids: list[int] | None = None) -> list[ChatLogprobToken]:
+    """Chat ``logprobs.content`` for ``entries`` (one per output token). ``context_token_ids``:
+    the sampled output ids before ``entries[0]`` (last 4 are used; ``[]`` at the start)."""
+    k = max(int(top_logprobs or 0), 0)
+    ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    out: list[ChatLogprobToken] = []
+    for e in entries:
+        texts: dict[int | None, str] = {}
+
+        def text_of(tid, _ctx=ctx, _texts=texts):
+            s = _texts.get(tid)
+            if s is None:
+                s = decode_logprob_token(tok, tid, _ctx)
+                _texts[tid] = s
+            return s
+
+        cands = _ordered_candidates(e)
+        tops = []
+        for tid, lp in cands[:k]:
+            s = text_of(tid)
+            tops.append(ChatLogprobTop(token=s, logprob=_clamp(lp), bytes=_utf8(s)))
+        s = text_of(e.token_id)
+        out.append(ChatLogprobToken(token=s, logprob=_clamp(e.logprob), bytes=_utf8(s), top_logprobs=tops))
+        ctx = next_context(ctx, [e.token_id])
+    return out
+
+
+def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
+                        text_offset_start: int = 0, context_token_ids: list[int] | None = None
+                        ) -> CompletionLogprobs:
+    """Completion ``logprobs`` for ``entries``; ``top_logprobs`` is the request's int ``logprobs``
+    (k: each dict holds up to k+1 entries). ``text_offset_start``: chars of completion text
+    before ``entries[0]`` (0 for a whole non-stream choice; the streamed text length so far)."""
+    k = max(int(top_logprobs or 0), 0)
+    ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    res = CompletionLogprobs()
+    offset = text_offset_start
+    last_len = 0
+    first = True
+    for e in entries:
+        tok_str = decode_logprob_token(tok, e.token_id, ctx)
+        cands = _ordered_candidates(e)
+        d: dict[str, float] = {}
+        for tid, lp in cands[:k + 1]:
+            s = tok_str if tid == e.token_id else decode_logprob_token(tok, tid, ctx)
+            d[s] = _clamp(lp)
+        res.tokens.append(tok_str)
+        res.token_logprobs.append(_clamp(e.logprob))
+        res.top_logprobs.append(d)
+        offset = offset if first else offset + last_len
+        first = False
+        res.text_offset.append(offset)
+        last_len = len(tok_str)
+        ctx = next_context(ctx, [e.token_id])
+    return res
+
+
+def completion_text_offset_after(res: CompletionLogprobs, text_offset_start: int = 0) -> int:
+    """Offset the next streamed chunk would start from if it continued these tokens' offsets
+    (vLLM instead restarts each chunk from the streamed text length: pass that)."""
+    if not res.text_offset:
+        return text_offset_start
+    return res.text_offset[-1] + len(res.tokens[-1])
