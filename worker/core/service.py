@@ -1,33 +1,175 @@
 """Entry point of the pure derender core, shared by the Kafka worker, batch mode and tests.
 
-No I/O happens here: bytes in, bytes out. (INTERFACE STUB: being implemented.)
+No I/O happens here: JSON bytes in, JSON bytes out. Decoders and encoders are built once.
+Every failure becomes an OpenAI error object; only a bug in the core itself yields a 500 (logged
+with its traceback), never an exception out of ``derender``.
 """
 from __future__ import annotations
 
+import logging
+import threading
+
+import msgspec
+
+from schemas import DerenderChatRequest, DerenderCompletionRequest, ErrorResponse
 from worker.config import ServedModelConfig
+from worker.core.derender import ModelRuntime, derender_chat, derender_completion, validate_chat, validate_completion
+from worker.core.errors import BadRequest, DerenderError, ModelNotFound, error_from_validation
+
+log = logging.getLogger(__name__)
+
+KINDS = ("chat", "completion")
+
+
+class _Probe(msgspec.Struct):
+    """Just enough of a body to route it: model name, shape keys and a request id."""
+
+    model: str | None = None
+    generate_response: msgspec.Raw = msgspec.Raw()
+    generate_responses: msgspec.Raw = msgspec.Raw()
+    generate_chunk: msgspec.Raw = msgspec.Raw()
+
+    @staticmethod
+    def present(raw: msgspec.Raw) -> bool:
+        """A Raw field counts as given unless missing or JSON null."""
+        return len(raw) > 0 and bytes(raw) != b"null"
+
+
+class _RidProbe(msgspec.Struct):
+    request_id: str | None = None
+
+
+_probe_decoder = msgspec.json.Decoder(_Probe)
+_rid_decoder = msgspec.json.Decoder(_RidProbe)
+_list_rid_decoder = msgspec.json.Decoder(list[_RidProbe])
+_chat_decoder = msgspec.json.Decoder(DerenderChatRequest)
+_completion_decoder = msgspec.json.Decoder(DerenderCompletionRequest)
+_encoder = msgspec.json.Encoder()
 
 
 class DerenderResult:
     """Outcome of one derender call: ``body`` (JSON bytes of an OpenAI response or error object),
-    ``is_error``, ``status`` (HTTP-like: 200, 400, 404, 500), ``request_id`` (when readable)."""
+    ``status`` (HTTP-like: 200, 400, 404, 500), ``is_error``, ``request_id`` (when readable) and
+    ``kind`` (``chat``/``completion`` when it could be told)."""
 
-    __slots__ = ("body", "is_error", "status", "request_id")
+    __slots__ = ("body", "is_error", "status", "request_id", "kind")
 
-    def __init__(self, body: bytes, status: int = 200, request_id: str | None = None):
+    def __init__(self, body: bytes, status: int = 200, request_id: str | None = None, kind: str | None = None):
         self.body = body
         self.status = status
         self.is_error = status != 200
         self.request_id = request_id
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"DerenderResult(status={self.status}, request_id={self.request_id!r}, kind={self.kind!r})"
+
+
+def kind_of(probe: _Probe) -> str:
+    """Tell a body's kind by its shape: ``generate_response`` -> chat, ``generate_responses`` ->
+    completion. Raises ``BadRequest`` when neither or both are present, or for a streaming body."""
+    has_one, has_many = _Probe.present(probe.generate_response), _Probe.present(probe.generate_responses)
+    if _Probe.present(probe.generate_chunk):
+        raise BadRequest("streaming chunk bodies (generate_chunk) go to the stream path, not here",
+                         param="generate_chunk")
+    if has_one == has_many:
+        raise BadRequest("body must carry exactly one of generate_response (chat) or "
+                         "generate_responses (completion)")
+    return "chat" if has_one else "completion"
 
 
 class DerenderService:
-    """Derenders request bodies for a set of served models (routing by the body's ``model``).
+    """Derenders request bodies for a set of served models, routing by the body's ``model``.
 
-    ``kind``: ``"chat"`` / ``"completion"`` (non-streaming) or None to tell by the body's shape
-    (``generate_response`` -> chat, ``generate_responses`` -> completion)."""
+    ``models``: served-model configs; runtimes (tokenizer + parsers) are built on first use
+    (``preload()`` builds them all up front). Thread-safe."""
 
     def __init__(self, models: list[ServedModelConfig]):
         self.models = {m.name: m for m in models}
+        self._runtimes: dict[str, ModelRuntime] = {}
+        self._lock = threading.Lock()
+
+    def preload(self) -> None:
+        """Load every model's tokenizer and parsers now. Raises ``ValueError`` on a bad config."""
+        for name in self.models:
+            self.runtime(name)
+
+    def runtime(self, name: str) -> ModelRuntime:
+        """The runtime of served model ``name``. Raises ``ModelNotFound`` for an unknown name."""
+        rt = self._runtimes.get(name)
+        if rt is not None:
+            return rt
+        cfg = self.models.get(name)
+        if cfg is None:
+            raise ModelNotFound(f"The model `{name}` does not exist. Served models: {', '.join(self.models)}",
+                                param="model", status=404)
+        with self._lock:
+            rt = self._runtimes.get(name)
+            if rt is None:
+                rt = ModelRuntime(cfg)
+                self._runtimes[name] = rt
+        return rt
 
     def derender(self, body: bytes, kind: str | None = None) -> DerenderResult:
-        raise NotImplementedError
+        """Derender one non-streaming body. ``kind``: ``chat``/``completion`` (e.g. from the
+        message's ``derender-kind`` header) or None to tell by the body's shape.
+
+        Returns a ``DerenderResult``; never raises for bad input (400/404 error objects)."""
+        request_id = None
+        try:
+            try:
+                probe = _probe_decoder.decode(body)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                raise error_from_validation(e) from None
+            request_id = _request_id(probe)
+            shape = kind_of(probe)
+            if kind is not None and kind != shape:
+                raise BadRequest(f"message kind {kind!r} does not match the body's shape ({shape})")
+            kind = shape
+            if probe.model is None:
+                raise BadRequest("model is required", param="model")
+            rt = self.runtime(probe.model)
+            if kind == "chat":
+                try:
+                    req = _chat_decoder.decode(body)
+                except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                    raise error_from_validation(e) from None
+                validate_chat(rt, req)
+                resp = derender_chat(rt, req)
+            else:
+                try:
+                    req = _completion_decoder.decode(body)
+                except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                    raise error_from_validation(e) from None
+                validate_completion(rt, req)
+                resp = derender_completion(rt, req)
+            return DerenderResult(_encoder.encode(resp), 200, request_id, kind)
+        except DerenderError as e:
+            return DerenderResult(_encoder.encode(e.to_response(request_id)), e.status, request_id, kind)
+        except Exception as e:  # a core bug: report it as a 500 without losing the worker
+            log.exception("derender failed for request_id=%s", request_id)
+            err = DerenderError(f"internal error: {type(e).__name__}: {e}", status=500)
+            return DerenderResult(_encoder.encode(err.to_response(request_id)), 500, request_id, kind)
+
+
+def _request_id(probe: _Probe) -> str | None:
+    """request_id of the (first) engine response, when it can be read."""
+    try:
+        if _Probe.present(probe.generate_response):
+            return _rid_decoder.decode(probe.generate_response).request_id
+        if _Probe.present(probe.generate_responses):
+            rids = _list_rid_decoder.decode(probe.generate_responses)
+            return rids[0].request_id if rids else None
+        if _Probe.present(probe.generate_chunk):
+            return _rid_decoder.decode(probe.generate_chunk).request_id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return None
+
+
+def error_body(message: str, status: int = 400, request_id: str | None = None) -> bytes:
+    """JSON bytes of an OpenAI error object (for transport-level failures)."""
+    return _encoder.encode(DerenderError(message, status=status).to_response(request_id))
+
+
+__all__ = ["DerenderService", "DerenderResult", "error_body", "ErrorResponse", "KINDS"]

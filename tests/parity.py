@@ -1,0 +1,45 @@
+"""Shared helpers for the parity tests: load the copied corpus and served models (tests/data/)."""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from tests.parity_tools import compare as compare_mod
+from tests.parity_tools import to_requests
+from worker.config import load_config_file
+from worker.core.service import DerenderService
+
+DATA = Path(__file__).resolve().parent / "data"
+PARITY = DATA / "parity"
+
+
+@lru_cache(maxsize=None)
+def corpus() -> list[dict]:
+    """Every case of the public parity corpus (tests/data/parity/corpus_public.jsonl)."""
+    with open(PARITY / "corpus_public.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@lru_cache(maxsize=None)
+def service() -> DerenderService:
+    """One DerenderService for every served model of the corpus."""
+    return DerenderService(load_config_file(PARITY / "models.json"))
+
+
+def nonstream_cases() -> list[dict]:
+    """Cases compare.py checks in non-streaming mode (those with inputs.choices)."""
+    return [c for c in corpus() if (c.get("expected_vllm") or {}).get("inputs", {}).get("choices")]
+
+
+def derender_case(case: dict) -> dict:
+    """Run a case's non-streaming body through the service; the parsed JSON answer."""
+    body = to_requests.nonstream_body(case)
+    res = service().derender(json.dumps(body).encode())
+    return json.loads(res.body)
+
+
+def check_case(case: dict) -> tuple[bool, str]:
+    """(matched, reason) of compare.py's non-streaming comparison for this case."""
+    ok, _exact, why = compare_mod.compare(case, derender_case(case))
+    return ok, why

@@ -1,0 +1,300 @@
+"""Pure derender: a decoded ``DerenderChatRequest`` / ``DerenderCompletionRequest`` plus the served
+model's runtime (tokenizer + parser stack) -> OpenAI ``ChatCompletionResponse`` /
+``CompletionResponse``. No I/O.
+
+What each response field comes from (coupled ``vllm serve`` semantics, vLLM 0.32):
+
+* ``id``: ``generate_response.request_id`` (completions: the first response's); ``model``: the
+  served name in the body; ``created``: the engine response's ``created`` or 0 (deterministic);
+* text: the choice's token ids minus the final stop token (EOS or the int ``stop_reason``) unless
+  ``include_stop_str_in_output``, detokenized incrementally, seeded from the prompt tail;
+* chat ``reasoning``/``content``/``tool_calls``: the model's parser stack (worker.parsers.stack);
+  tool call ids are deterministic (request_id, choice index, call index);
+* ``finish_reason``/``stop_reason``/``kv_transfer_params`` passed through; ``stop`` becomes
+  ``tool_calls`` when calls were made (auto/required tool_choice, not a named one);
+* ``usage``: ``prompt_tokens`` from the body (default 0), ``completion_tokens`` = sum of the
+  choices' ``token_ids`` lengths, ``completion_tokens_details.reasoning_tokens`` when a reasoning
+  parser is configured;
+* logprobs: token strings/bytes recomputed from ids (worker.core.logprobs).
+"""
+from __future__ import annotations
+
+from functools import cached_property
+
+from schemas import (
+    ChatCompletionChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessage,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionTokensDetails,
+    DerenderChatRequest,
+    DerenderCompletionRequest,
+    FunctionCall,
+    GenerateTokensChoice,
+    ToolCall,
+    UsageInfo,
+)
+from worker.config import ServedModelConfig
+from worker.core.detokenize import detokenize_output, stop_token_trimmed
+from worker.core.errors import BadRequest
+from worker.core.logprobs import chat_logprobs, completion_logprobs
+from worker.core.tokenizer import Tokenizer, load_tokenizer
+from worker.parsers import make_reasoning_parser, make_tool_parser
+from worker.parsers.base import Delta, RequestContext
+from worker.parsers.stack import ParserStack, tool_call_id
+
+_DEFAULT_CHAT_REQUEST = ChatCompletionRequest()
+_DEFAULT_COMPLETION_REQUEST = CompletionRequest()
+
+
+class ModelRuntime:
+    """Everything needed to derender for one served model: its config, tokenizer and parser
+    stack, built once and reused. Raises ``ValueError`` when the tokenizer or a parser name
+    cannot be resolved."""
+
+    def __init__(self, config: ServedModelConfig, tokenizer: Tokenizer | None = None):
+        self.config = config
+        self.tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_mode)
+        self.stack = ParserStack(
+            make_reasoning_parser(config.reasoning_parser, self.tokenizer),
+            make_tool_parser(config.tool_parser, self.tokenizer),
+            config.enable_auto_tool_choice,
+        )
+
+    @cached_property
+    def has_parser(self) -> bool:
+        """True when a reasoning or tool parser is configured (chat_request then required)."""
+        return self.stack.reasoning is not None or self.stack.tool is not None
+
+
+# ------------------------------------------------------------------------------ validation ---
+def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str) -> None:
+    cfg, tok = rt.config, rt.tokenizer
+    ids = c.token_ids
+    if not ids:
+        raise BadRequest(f"{where} has empty or null token_ids", param=f"{where}.token_ids")
+    if cfg.max_model_len is not None and len(ids) > cfg.max_model_len:
+        raise BadRequest(f"token_ids length ({len(ids)}) in {where} exceeds max_model_len ({cfg.max_model_len}).",
+                         param=f"{where}.token_ids")
+    vocab = tok.vocab_size
+    for t in ids:
+        if t < 0 or t >= vocab:
+            raise BadRequest(f"token id {t} in {where} is outside the vocabulary [0, {vocab})",
+                             param=f"{where}.token_ids")
+    lp = c.logprobs.content if c.logprobs is not None else None
+    if lp is not None:
+        if cfg.max_model_len is not None and len(lp) > cfg.max_model_len:
+            raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} exceeds max_model_len "
+                             f"({cfg.max_model_len}).", param=f"{where}.logprobs")
+        if len(lp) != len(ids):
+            raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
+                             f"length ({len(ids)})", param=f"{where}.logprobs")
+        for e in lp:
+            if len(e.top_logprobs) > cfg.max_logprobs:
+                raise BadRequest(f"top_logprobs count ({len(e.top_logprobs)}) in {where} exceeds max_logprobs "
+                                 f"({cfg.max_logprobs}).", param=f"{where}.logprobs")
+            for cand in (e, *e.top_logprobs):
+                t = cand.token_id
+                if t is None or t < 0 or t >= vocab:
+                    raise BadRequest(f"logprob token_id {t} in {where} is missing or outside the vocabulary",
+                                     param=f"{where}.logprobs")
+
+
+def validate_chat(rt: ModelRuntime, body: DerenderChatRequest) -> None:
+    """Reject a chat body before any decode (vLLM render-server semantics): ``stream: true``,
+    too many choices, empty/oversized/out-of-vocab ``token_ids``, oversized logprobs, a missing
+    ``chat_request`` when a parser is configured, ``prompt_tokens`` != len(``prompt_token_ids``).
+    Raises ``BadRequest``."""
+    if body.stream:
+        raise BadRequest("stream=true is not valid on a non-streaming derender body (use generate_chunk)",
+                         param="stream")
+    choices = body.generate_response.choices
+    if not choices:
+        raise BadRequest("generate_response.choices must not be empty", param="generate_response.choices")
+    if len(choices) > rt.config.max_n:
+        raise BadRequest(f"{len(choices)} choices exceed the maximum n ({rt.config.max_n})",
+                         param="generate_response.choices")
+    if rt.has_parser and body.chat_request is None:
+        raise BadRequest("chat_request is required when a tool or reasoning parser is configured "
+                         "(plain detokenization would leak parser markup into content)", param="chat_request")
+    if body.prompt_token_ids is not None and body.prompt_tokens is not None \
+            and body.prompt_tokens != len(body.prompt_token_ids):
+        raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
+                         f"({len(body.prompt_token_ids)})", param="prompt_tokens")
+    for i, c in enumerate(choices):
+        _check_choice(rt, c, f"choice {c.index if c.index is not None else i}")
+
+
+def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> None:
+    """Reject a completion body before any decode (see ``validate_chat``), plus: empty
+    ``generate_responses``, ``prompt_tokens``/``prompt_token_ids`` list length mismatch."""
+    if body.stream:
+        raise BadRequest("stream=true is not valid on a non-streaming derender body", param="stream")
+    grs = body.generate_responses
+    if not grs:
+        raise BadRequest("generate_responses must not be empty", param="generate_responses")
+    for name in ("prompt_tokens", "prompt_token_ids"):
+        v = getattr(body, name)
+        if v is not None and len(v) != len(grs):
+            raise BadRequest(f"{name} length ({len(v)}) must equal generate_responses length ({len(grs)})",
+                             param=name)
+    if body.prompt_tokens is not None and body.prompt_token_ids is not None:
+        for i, (n, p) in enumerate(zip(body.prompt_tokens, body.prompt_token_ids)):
+            if n != len(p):
+                raise BadRequest(f"prompt_tokens[{i}] ({n}) != len(prompt_token_ids[{i}]) ({len(p)})",
+                                 param="prompt_tokens")
+    total = sum(len(g.choices) for g in grs)
+    if total > rt.config.max_n:
+        raise BadRequest(f"{total} choices exceed the maximum n ({rt.config.max_n})", param="generate_responses")
+    for pi, g in enumerate(grs):
+        if not g.choices:
+            raise BadRequest(f"generate_responses[{pi}].choices must not be empty", param="generate_responses")
+        for c in g.choices:
+            _check_choice(rt, c, f"generate_responses[{pi}] choice {c.index}")
+
+
+# -------------------------------------------------------------------------------- assembly ---
+def request_context(req: ChatCompletionRequest, prompt_ids: list[int] | None) -> RequestContext:
+    """The parser-facing view of an OpenAI chat request."""
+    return RequestContext(
+        tools=req.tools, tool_choice=req.tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        include_reasoning=req.include_reasoning is not False,
+        chat_template_kwargs=req.chat_template_kwargs, prompt_token_ids=prompt_ids,
+    )
+
+
+def _skip_special(rt: ModelRuntime, requested: bool, tool_mode: str) -> bool:
+    """skip_special_tokens as the engine applied it: parsers that need special tokens turn it
+    off (vLLM's ``adjust_request``), for tool parsers only when tools are in play."""
+    st = rt.stack
+    if st.reasoning is not None and st.reasoning.needs_special_tokens:
+        return False
+    if st.tool is not None and st.tool.needs_special_tokens and tool_mode != "off":
+        return False
+    return requested
+
+
+def _text_of(rt: ModelRuntime, c: GenerateTokensChoice, prompt_ids, skip_special: bool,
+             spaces: bool, include_stop: bool) -> tuple[str, list[int]]:
+    ids = stop_token_trimmed(c.token_ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids,
+                             include_stop)
+    text = detokenize_output(rt.tokenizer, ids, skip_special_tokens=skip_special,
+                             spaces_between_special_tokens=spaces, prompt_token_ids=prompt_ids)
+    if skip_special:  # skipped special tokens never reach the parsers (nor reasoning_tokens)
+        special = rt.tokenizer.special_ids
+        ids = [t for t in ids if t not in special]
+    return text, ids
+
+
+def merge_tool_calls(request_id: str, choice_index: int, d: Delta, fmt: str) -> list[ToolCall]:
+    """Join tool-call fragments by index into complete ``ToolCall``s with deterministic ids."""
+    names: dict[int, str] = {}
+    args: dict[int, list[str]] = {}
+    for tc in d.tool_calls:
+        if tc.name is not None and tc.index not in names:
+            names[tc.index] = tc.name
+        args.setdefault(tc.index, []).append(tc.arguments)
+    return [ToolCall(id=tool_call_id(request_id, choice_index, i, fmt),
+                     function=FunctionCall(name=names.get(i, ""), arguments="".join(args[i])))
+            for i in sorted(args)]
+
+
+def final_finish_reason(finish_reason: str | None, has_calls: bool, tool_mode: str) -> str | None:
+    """``stop`` -> ``tool_calls`` when calls were returned for auto/required tool_choice."""
+    if has_calls and tool_mode in ("auto", "required") and finish_reason in ("stop", None):
+        return "tool_calls"
+    return finish_reason
+
+
+def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletionResponse:
+    """Derender a validated chat body (call ``validate_chat`` first). Returns the response."""
+    gr = body.generate_response
+    req = body.chat_request or _DEFAULT_CHAT_REQUEST
+    prompt_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
+    request_id = gr.request_id or ""
+    ctx = request_context(req, prompt_ids)
+    stack = rt.stack
+    mode = stack.tool_mode(ctx)
+    skip = _skip_special(rt, req.skip_special_tokens, mode)
+    want_lp = bool(req.logprobs)
+    top_k = req.top_logprobs or 0
+    choices = []
+    completion_tokens = reasoning_tokens = 0
+    for c in gr.choices:
+        text, ids = _text_of(rt, c, prompt_ids, skip, req.spaces_between_special_tokens,
+                             req.include_stop_str_in_output)
+        st = stack.initial_state(ctx)
+        d = stack.feed(st, text, ids)
+        d.extend(stack.finish(st))
+        calls = merge_tool_calls(request_id, c.index, d, stack.id_format)
+        content = d.content or None
+        if mode in ("required", "named") and content is None:
+            content = ""
+        msg = ChatMessage(content=content, reasoning=d.reasoning or None, tool_calls=calls)
+        logprobs = None
+        if want_lp and c.logprobs is not None and c.logprobs.content is not None:
+            logprobs = ChatLogprobs(content=chat_logprobs(rt.tokenizer, c.logprobs.content, top_k))
+        choices.append(ChatCompletionChoice(
+            index=c.index, message=msg, logprobs=logprobs,
+            finish_reason=final_finish_reason(c.finish_reason, bool(calls), mode),
+            stop_reason=c.stop_reason,
+            token_ids=list(c.token_ids) if req.return_token_ids else None,
+        ))
+        completion_tokens += len(c.token_ids)
+        reasoning_tokens += d.reasoning_tokens
+    prompt_tokens = body.prompt_tokens or 0
+    usage = UsageInfo(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        completion_tokens_details=(CompletionTokensDetails(reasoning_tokens=reasoning_tokens)
+                                   if stack.reasoning is not None else None),
+    )
+    return ChatCompletionResponse(
+        id=request_id, created=gr.created or 0, model=body.model, choices=choices, usage=usage,
+        prompt_token_ids=prompt_ids if req.return_token_ids else None,
+        kv_transfer_params=gr.kv_transfer_params,
+    )
+
+
+def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> CompletionResponse:
+    """Derender a validated completion body: one choice per engine choice, flat ``index``
+    across prompts (prompt p's choices follow those of prompts < p)."""
+    req = body.completion_request or _DEFAULT_COMPLETION_REQUEST
+    want_lp = req.logprobs is not None
+    choices = []
+    completion_tokens = 0
+    offset = 0
+    tok = rt.tokenizer
+    for pi, gr in enumerate(body.generate_responses):
+        prompt_ids = body.prompt_token_ids[pi] if body.prompt_token_ids is not None else gr.prompt_token_ids
+        for c in gr.choices:
+            text, _ = _text_of(rt, c, prompt_ids, req.skip_special_tokens, req.spaces_between_special_tokens,
+                               req.include_stop_str_in_output)
+            prefix = ""
+            if req.echo and prompt_ids:
+                prefix = tok.decode(prompt_ids, skip_special_tokens=req.skip_special_tokens)
+            logprobs = None
+            if want_lp and c.logprobs is not None and c.logprobs.content is not None:
+                logprobs = completion_logprobs(tok, c.logprobs.content, req.logprobs or 0,
+                                               text_offset_start=len(prefix))
+            choices.append(CompletionChoice(
+                index=offset + c.index, text=prefix + text, logprobs=logprobs,
+                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                token_ids=list(c.token_ids) if req.return_token_ids else None,
+                prompt_token_ids=prompt_ids if req.return_token_ids else None,
+            ))
+            completion_tokens += len(c.token_ids)
+        offset += len(gr.choices)
+    prompt_tokens = sum(body.prompt_tokens or [])
+    first = body.generate_responses[0]
+    return CompletionResponse(
+        id=first.request_id or "", created=first.created or 0, model=body.model, choices=choices,
+        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                        total_tokens=prompt_tokens + completion_tokens),
+        kv_transfer_params=first.kv_transfer_params,
+    )

@@ -1,0 +1,150 @@
+"""Parser abstraction shared by the non-streaming and streaming paths.
+
+A parser is an incremental state machine over decoded text deltas (special tokens preserved where
+the parser needs them) and their token ids. Parser *objects* are immutable, built once per served
+model (they hold resolved marker strings and token ids); all per-sequence data lives in a small
+msgspec ``State`` value, so a stream can be checkpointed after any chunk (``msgspec`` encode) and
+resumed on another process with identical output. The non-streaming result is the same machine run
+over the whole output as one delta, then ``finish``-ed.
+
+Invariants every parser keeps (tests check them over the corpus):
+
+* work per ``feed`` is O(len(delta) + longest marker): no re-scan of earlier text;
+* the final reasoning / content / tool calls do not depend on how the output was split;
+* bad markup never raises: it falls back to content.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True):
+    """A tool-call fragment: ``index`` (0-based position of the call in this choice), ``name``
+    (on the call's first fragment only) and an ``arguments`` JSON-text fragment."""
+
+    index: int
+    name: str | None = None
+    arguments: str = ""
+
+
+class Delta(msgspec.Struct, kw_only=True):
+    """What one parser step emits: reasoning text, content text, tool-call fragments, and the
+    number of input tokens classified as reasoning (``reasoning_tokens``, for usage)."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = msgspec.field(default_factory=list)
+    reasoning_tokens: int = 0
+
+    def extend(self, other: Delta) -> Delta:
+        """Append ``other`` to this delta in place (text concatenated, calls appended); returns self."""
+        self.reasoning += other.reasoning
+        self.content += other.content
+        self.tool_calls.extend(other.tool_calls)
+        self.reasoning_tokens += other.reasoning_tokens
+        return self
+
+
+class RequestContext(msgspec.Struct, kw_only=True):
+    """The request semantics parsers read, taken from the OpenAI request (``chat_request``).
+
+    ``tools``: OpenAI tool list or None; ``tool_choice``: ``"none"|"auto"|"required"`` or the
+    named-function dict; ``chat_template_kwargs``: e.g. ``{"enable_thinking": False}``;
+    ``prompt_token_ids``: the rendered prompt (initial parser state may come from its tail)."""
+
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    include_reasoning: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    prompt_token_ids: list[int] | None = None
+
+    def thinking_disabled(self) -> bool:
+        """True when the request turned thinking off via ``chat_template_kwargs``
+        (``enable_thinking: false`` for Qwen3/GLM style templates, ``thinking: false`` for
+        DeepSeek style templates)."""
+        kw = self.chat_template_kwargs or {}
+        return kw.get("enable_thinking") is False or kw.get("thinking") is False
+
+    def named_tool(self) -> str | None:
+        """The function name of a named ``tool_choice``, else None."""
+        tc = self.tool_choice
+        if isinstance(tc, dict):
+            fn = tc.get("function") or {}
+            name = fn.get("name") if isinstance(fn, dict) else None
+            return name if isinstance(name, str) else None
+        return None
+
+
+class ReasoningParser:
+    """Splits output text into ``reasoning`` and ``content``.
+
+    Subclasses set ``name`` (the ``--reasoning-parser`` value) and implement ``initial_state``,
+    ``feed`` and ``finish``. ``feed(state, text, token_ids)`` returns a ``Delta`` with only
+    ``reasoning``/``content``/``reasoning_tokens`` set and mutates ``state`` in place."""
+
+    name: ClassVar[str] = ""
+    #: special tokens the parser must see in the text (forces skip_special_tokens=False)
+    needs_special_tokens: ClassVar[bool] = False
+
+    def initial_state(self, ctx: RequestContext) -> Any:
+        raise NotImplementedError
+
+    def feed(self, state: Any, text: str, token_ids: list[int]) -> Delta:
+        raise NotImplementedError
+
+    def finish(self, state: Any) -> Delta:
+        raise NotImplementedError
+
+
+class ToolParser:
+    """Extracts tool calls from content text.
+
+    Subclasses set ``name`` (the ``--tool-parser`` value) and implement ``initial_state``,
+    ``feed`` and ``finish``; ``feed(state, text, token_ids)`` returns a ``Delta`` with only
+    ``content`` and ``tool_calls`` set. Malformed or unterminated calls come back as content."""
+
+    name: ClassVar[str] = ""
+    needs_special_tokens: ClassVar[bool] = False
+    #: shape of tool call ids clients expect: ``"chatcmpl-tool"`` or ``"alnum9"`` (Mistral)
+    id_format: ClassVar[str] = "chatcmpl-tool"
+
+    def initial_state(self, ctx: RequestContext) -> Any:
+        raise NotImplementedError
+
+    def feed(self, state: Any, text: str, token_ids: list[int]) -> Delta:
+        raise NotImplementedError
+
+    def finish(self, state: Any) -> Delta:
+        raise NotImplementedError
+
+
+def partial_suffix_len(text: str, marker: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker`` (0 if none).
+
+    Used to hold back text that may be the start of a marker split across deltas.
+    O(len(marker)) per call."""
+    n = min(len(text), len(marker) - 1)
+    while n > 0:
+        if marker.startswith(text[-n:]):
+            return n
+        n -= 1
+    return 0
+
+
+def find_first(text: str, markers: tuple[str, ...]) -> tuple[int, str | None]:
+    """Earliest occurrence in ``text`` of any of ``markers``: ``(position, marker)`` or
+    ``(-1, None)``. Ties go to the longer marker."""
+    best, which = -1, None
+    for m in markers:
+        i = text.find(m)
+        if i >= 0 and (best < 0 or i < best or (i == best and len(m) > len(which or ""))):
+            best, which = i, m
+    return best, which
+
+
+def hold_back(text: str, markers: tuple[str, ...]) -> int:
+    """How many trailing chars of ``text`` might begin one of ``markers`` (max over markers)."""
+    return max((partial_suffix_len(text, m) for m in markers), default=0)

@@ -1,0 +1,2 @@
+"""Model families: each module declares its formats and registers parsers under vLLM's names."""
+from worker.parsers.families import qwen3  # noqa: F401

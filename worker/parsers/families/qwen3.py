@@ -1,0 +1,30 @@
+"""Qwen3 family: ``--reasoning-parser qwen3`` and ``--tool-parser hermes``.
+
+Format (Qwen3 chat template, hybrid thinking): the assistant turn is ``<think>\\n...\\n</think>\\n\\n``
+then the answer; ``enable_thinking=false`` makes the template emit an empty closed block in the
+prompt, so the output is all content. vLLM 0.32's ``qwen3`` parser treats output without
+``</think>`` as reasoning when thinking is on (Qwen3-2507 templates pre-open ``<think>``), and a
+``<tool_call>`` emitted straight from the thinking block ends the reasoning (the call is content
+for the tool parser).
+Tool calls (Hermes format): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
+one block per call.
+"""
+from worker.parsers.registry import register_reasoning, register_tool
+from worker.parsers.tagged import TaggedToolParser
+from worker.parsers.think import ThinkReasoningParser, ThinkSpec
+
+
+@register_reasoning("qwen3", "Qwen3, Qwen3-2507 thinking, QwQ", "<think>…</think>, output without </think> is reasoning")
+class Qwen3ReasoningParser(ThinkReasoningParser):
+    """Qwen3 reasoning: ``<think>`` optional at the start, reasoning until ``</think>``."""
+
+    spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
+                     turn_token="<|im_start|>", implicit_end=("<tool_call>",))
+
+
+@register_tool("hermes", "Qwen2.5/Qwen3, Hermes 2/3, many fine-tunes", '<tool_call>{"name", "arguments"}</tool_call>')
+class HermesToolParser(TaggedToolParser):
+    """Hermes / Qwen tool calls: one JSON object per ``<tool_call>`` block."""
+
+    starts = ("<tool_call>",)
+    ends = ("</tool_call>",)

@@ -1,0 +1,182 @@
+"""The parser stack of one choice: reasoning parser -> tool parser, plus the request semantics
+``vllm serve`` applies around them (tool_choice modes, ``parallel_tool_calls``,
+``include_reasoning``). Used identically by the non-streaming path (one delta, then ``finish``)
+and the streaming path (one delta per chunk, state checkpointed between chunks).
+
+tool_choice modes (OpenAI spec; vLLM's serving code):
+
+* ``off``: no tools in the request, ``tool_choice="none"``, or ``auto`` without a tool parser /
+  ``--enable-auto-tool-choice``: tool markup stays in content;
+* ``auto``: the tool parser extracts calls; finish_reason ``stop`` becomes ``tool_calls``;
+* ``required``: calls come from the tool parser's markup, else from the content as the JSON list
+  ``[{"name", "parameters"}]`` guided decoding produces; content is ``""``;
+* ``named``: likewise, the content JSON being the arguments object of the named function;
+  finish_reason is not rewritten.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import msgspec
+
+from worker.parsers.base import Delta, ReasoningParser, RequestContext, ToolCallDelta, ToolParser
+
+
+class StackState(msgspec.Struct, kw_only=True):
+    """State of one choice's parser stack: the two parsers' states (their own Struct types,
+    see ``ParserStack.load_state``), the tool mode, and for required/named modes the content
+    kept back for JSON parsing (``held``) and whether any call was emitted."""
+
+    mode: str = "off"
+    named: str | None = None
+    include_reasoning: bool = True
+    reasoning: Any = None
+    tool: Any = None
+    held: str = ""
+    calls: int = 0
+
+
+def tool_call_id(request_id: str, choice_index: int, call_index: int, fmt: str = "chatcmpl-tool") -> str:
+    """Deterministic tool-call id for call ``call_index`` of choice ``choice_index``: the same
+    message always yields byte-identical ids. ``fmt``: ``chatcmpl-tool`` ->
+    ``chatcmpl-tool-<16 hex>`` (vLLM's shape); ``alnum9`` -> 9 alphanumerics (Mistral's rule)."""
+    digest = hashlib.sha256(f"{request_id}\x1f{choice_index}\x1f{call_index}".encode()).digest()
+    if fmt == "alnum9":
+        alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+        n = int.from_bytes(digest[:16], "big")
+        out = []
+        for _ in range(9):
+            n, r = divmod(n, 62)
+            out.append(alphabet[r])
+        return "".join(out)
+    return "chatcmpl-tool-" + digest[:8].hex()
+
+
+def _json_calls(text: str, mode: str, named: str | None) -> list[ToolCallDelta] | None:
+    """Calls from guided-decoding JSON content (required: list of {name, parameters}; named:
+    the arguments object). None when the text is not that JSON."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if mode == "named":
+        if not isinstance(obj, dict) or named is None:
+            return None
+        return [ToolCallDelta(index=0, name=named, arguments=json.dumps(obj, ensure_ascii=False))]
+    if not isinstance(obj, list):
+        return None
+    calls = []
+    for i, item in enumerate(obj):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            return None
+        args = item.get("parameters", item.get("arguments", {}))
+        calls.append(ToolCallDelta(index=i, name=item["name"],
+                                   arguments=args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
+    return calls
+
+
+class ParserStack:
+    """Reasoning + tool parsing for one served model (immutable; per-choice data in StackState).
+
+    ``reasoning``/``tool``: parser instances or None; ``enable_auto_tool_choice``: vLLM's flag."""
+
+    def __init__(self, reasoning: ReasoningParser | None, tool: ToolParser | None,
+                 enable_auto_tool_choice: bool = False):
+        self.reasoning = reasoning
+        self.tool = tool
+        self.enable_auto_tool_choice = enable_auto_tool_choice
+
+    @property
+    def needs_special_tokens(self) -> bool:
+        """True when a parser must see special tokens in the text (skip_special_tokens off)."""
+        return bool((self.reasoning and self.reasoning.needs_special_tokens)
+                    or (self.tool and self.tool.needs_special_tokens))
+
+    @property
+    def id_format(self) -> str:
+        """Tool call id shape of this model's tool parser."""
+        return self.tool.id_format if self.tool else "chatcmpl-tool"
+
+    def tool_mode(self, ctx: RequestContext) -> str:
+        """``off`` | ``auto`` | ``required`` | ``named`` for this request (module docstring)."""
+        if not ctx.tools or ctx.tool_choice == "none":
+            return "off"
+        if ctx.named_tool() is not None:
+            return "named"
+        if ctx.tool_choice == "required":
+            return "required"
+        if self.tool is not None and self.enable_auto_tool_choice:
+            return "auto"
+        return "off"
+
+    def initial_state(self, ctx: RequestContext) -> StackState:
+        """Fresh state for one choice of a request."""
+        mode = self.tool_mode(ctx)
+        return StackState(
+            mode=mode,
+            named=ctx.named_tool(),
+            include_reasoning=ctx.include_reasoning is not False,
+            reasoning=self.reasoning.initial_state(ctx) if self.reasoning else None,
+            tool=self.tool.initial_state(ctx) if (self.tool and mode != "off") else None,
+        )
+
+    def load_state(self, raw: Any) -> StackState:
+        """Rebuild a StackState from its msgspec-decoded plain form (sub-states typed again)."""
+        st = msgspec.convert(raw, StackState) if not isinstance(raw, StackState) else raw
+        if self.reasoning is not None and st.reasoning is not None and not isinstance(st.reasoning, msgspec.Struct):
+            st.reasoning = msgspec.convert(st.reasoning, type(self.reasoning.initial_state(RequestContext())))
+        if self.tool is not None and st.tool is not None and not isinstance(st.tool, msgspec.Struct):
+            st.tool = msgspec.convert(st.tool, type(self.tool.initial_state(RequestContext())))
+        return st
+
+    def _tools(self, st: StackState, content: str, token_ids: list[int], final: bool) -> Delta:
+        out = Delta()
+        if st.mode == "off":
+            out.content = content
+            return out
+        if self.tool is not None:
+            d = self.tool.feed(st.tool, content, token_ids) if content else Delta()
+            if final:
+                d.extend(self.tool.finish(st.tool))
+        else:
+            d = Delta(content=content)
+        if st.mode == "auto":
+            st.calls += len(d.tool_calls)
+            return d
+        # required / named: content is held back for JSON parsing; markup calls pass through
+        st.held += d.content
+        out.tool_calls = d.tool_calls
+        st.calls += len(d.tool_calls)
+        return out
+
+    def feed(self, st: StackState, text: str, token_ids: list[int]) -> Delta:
+        """Parse one text delta (and its token ids). Returns reasoning/content/tool-call deltas."""
+        if self.reasoning is not None:
+            r = self.reasoning.feed(st.reasoning, text, token_ids)
+        else:
+            r = Delta(content=text)
+        out = self._tools(st, r.content, token_ids, final=False)
+        out.reasoning = r.reasoning if st.include_reasoning else ""
+        out.reasoning_tokens = r.reasoning_tokens
+        return out
+
+    def finish(self, st: StackState) -> Delta:
+        """Flush held-back text at the end of the choice; resolves required/named JSON calls."""
+        if self.reasoning is not None:
+            r = self.reasoning.finish(st.reasoning)
+        else:
+            r = Delta()
+        out = self._tools(st, r.content, [], final=True)
+        out.reasoning = r.reasoning if st.include_reasoning else ""
+        if st.mode in ("required", "named"):
+            held, st.held = st.held, ""
+            if st.calls == 0 and held.strip():
+                calls = _json_calls(held.strip(), st.mode, st.named)
+                if calls is None:
+                    out.content += held
+                else:
+                    out.tool_calls.extend(calls)
+                    st.calls += len(calls)
+        return out

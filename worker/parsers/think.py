@@ -1,0 +1,170 @@
+"""Declarative engine for ``<think>``-style reasoning: a start marker, an end marker, and a
+default mode. Most reasoning families are one ``ThinkSpec`` plus a registration (see
+``families/``); a model's quirk stays in its own module as a subclass.
+
+Rules (from the models' chat templates and vLLM's reasoning parsers):
+
+* ``mode`` starts as ``start``: a leading start marker is stripped; after it (or when the output
+  does not begin with one) the parser is in reasoning when ``default_reasoning`` is true (templates
+  that pre-open the block, Qwen3 2507, DeepSeek R1) else in content;
+* the initial mode also comes from the request: ``enable_thinking=false`` / ``thinking=false``
+  start in content; and from the prompt's last assistant turn (ids after the last
+  ``turn_token``): a closed block (end id after the last start id) starts in content, an open one
+  (start id last) starts in reasoning;
+* reasoning runs to the first end marker; text after it is content;
+* ``reasoning_tokens`` counts token ids seen in reasoning mode, markers excluded, following the
+  id stream (so it is split-independent and counts tokens whose text is empty).
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+from worker.parsers.base import Delta, ReasoningParser, RequestContext, find_first, hold_back
+
+
+class ThinkState(msgspec.Struct, kw_only=True, array_like=True):
+    """Per-sequence state: ``mode`` (start|reasoning|content), ``buf`` (held-back text that may
+    be a split marker, at most one marker long) and ``tok_reasoning`` (id-level mode)."""
+
+    mode: str = "start"
+    buf: str = ""
+    tok_reasoning: bool = False
+
+
+class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Markers of a think-style reasoning format.
+
+    ``start``/``end``: marker strings; ``default_reasoning``: output without a start marker is
+    reasoning; ``start_anywhere``: a start marker inside content opens reasoning again;
+    ``turn_token``: token string that opens a prompt turn (prompt scan scope), or None;
+    ``implicit_end``: markers that end reasoning without an end marker and stay in the content
+    (e.g. Qwen3's ``<tool_call>`` emitted straight from the thinking block)."""
+
+    start: tuple[str, ...] = ("<think>",)
+    end: tuple[str, ...] = ("</think>",)
+    default_reasoning: bool = True
+    start_anywhere: bool = False
+    turn_token: str | None = None
+    implicit_end: tuple[str, ...] = ()
+
+
+class ThinkReasoningParser(ReasoningParser):
+    """Reasoning parser driven by a ``ThinkSpec`` (see module docstring)."""
+
+    spec: ClassVar[ThinkSpec] = ThinkSpec()
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.start_ids = frozenset(i for i in (tok.token_to_id(m) for m in self.spec.start) if i is not None)
+        self.end_ids = frozenset(i for i in (tok.token_to_id(m) for m in self.spec.end) if i is not None)
+        self.turn_id = tok.token_to_id(self.spec.turn_token) if self.spec.turn_token else None
+        self.implicit_end_ids = frozenset(
+            i for i in (tok.token_to_id(m) for m in self.spec.implicit_end) if i is not None)
+        self._end_markers = self.spec.end + self.spec.implicit_end
+
+    # -- initial state -----------------------------------------------------------------------
+    def prompt_mode(self, prompt_ids: list[int] | None) -> str | None:
+        """``reasoning``/``content`` when the prompt's last turn pre-opened/closed a block."""
+        if not prompt_ids:
+            return None
+        last_start = last_end = -1
+        for i in range(len(prompt_ids) - 1, -1, -1):
+            t = prompt_ids[i]
+            if self.turn_id is not None and t == self.turn_id:
+                break
+            if t in self.end_ids and last_end < 0:
+                last_end = i
+            elif t in self.start_ids and last_start < 0:
+                last_start = i
+            if last_start >= 0 and last_end >= 0:
+                break
+        if last_end > last_start:
+            return "content"
+        if last_start > last_end:
+            return "reasoning"
+        return None
+
+    def initial_state(self, ctx: RequestContext) -> ThinkState:
+        if ctx.thinking_disabled():
+            return ThinkState(mode="content", tok_reasoning=False)
+        pm = self.prompt_mode(ctx.prompt_token_ids)
+        if pm == "content":
+            return ThinkState(mode="content", tok_reasoning=False)
+        if pm == "reasoning":
+            return ThinkState(mode="reasoning", tok_reasoning=True)
+        return ThinkState(mode="start", tok_reasoning=self.spec.default_reasoning)
+
+    # -- steps -------------------------------------------------------------------------------
+    def _count(self, st: ThinkState, token_ids: list[int]) -> int:
+        n = 0
+        r = st.tok_reasoning
+        for t in token_ids:
+            if t in self.start_ids:
+                r = True
+            elif t in self.end_ids or t in self.implicit_end_ids:
+                r = False
+            elif r:
+                n += 1
+        st.tok_reasoning = r
+        return n
+
+    def feed(self, state: ThinkState, text: str, token_ids: list[int]) -> Delta:
+        out = Delta(reasoning_tokens=self._count(state, token_ids))
+        s = state.buf + text
+        state.buf = ""
+        spec = self.spec
+        while s:
+            if state.mode == "start":
+                if any(len(s) < len(m) and m.startswith(s) for m in spec.start):
+                    state.buf = s
+                    return out
+                for m in spec.start:
+                    if s.startswith(m):
+                        s = s[len(m):]
+                        state.mode = "reasoning"
+                        break
+                else:
+                    state.mode = "reasoning" if spec.default_reasoning else "content"
+                continue
+            if state.mode == "reasoning":
+                i, m = find_first(s, self._end_markers)
+                if i < 0:
+                    keep = hold_back(s, self._end_markers)
+                    out.reasoning += s[: len(s) - keep]
+                    state.buf = s[len(s) - keep:]
+                    return out
+                out.reasoning += s[:i]
+                s = s[i + len(m):] if m in spec.end else s[i:]
+                state.mode = "content"
+                continue
+            # content
+            if spec.start_anywhere:
+                i, m = find_first(s, spec.start)
+                if i >= 0:
+                    out.content += s[:i]
+                    s = s[i + len(m):]
+                    state.mode = "reasoning"
+                    continue
+                keep = hold_back(s, spec.start)
+                out.content += s[: len(s) - keep]
+                state.buf = s[len(s) - keep:]
+                return out
+            out.content += s
+            return out
+        return out
+
+    def finish(self, state: ThinkState) -> Delta:
+        out = Delta()
+        s, state.buf = state.buf, ""
+        if not s:
+            return out
+        mode = state.mode
+        if mode == "start":
+            mode = "reasoning" if self.spec.default_reasoning else "content"
+        if mode == "reasoning":
+            out.reasoning = s
+        else:
+            out.content = s
+        return out
