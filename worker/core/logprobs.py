@@ -20,7 +20,7 @@ offset between chunks (``DerenderStreamState.logprob_context_token_ids`` /
 """
 from __future__ import annotations
 
-from schemas import ChatLogprobTop, ChatLogprobToken, CompletionLogprobs, TokenLogprobIn
+from schemas import ChatLogprobToken, ChatLogprobTop, CompletionLogprobs, TokenLogprobIn
 
 from .tokenizer import Tokenizer
 
@@ -49,7 +49,7 @@ def _correct(tok: Tokenizer, token_id: int, context: list[int]) -> str:
         if full.startswith(clean):
             return full[len(clean):]
         common = 0
-        for a, b in zip(clean, full):
+        for a, b in zip(clean, full, strict=False):
             if a != b:
                 break
             common += 1
