@@ -319,7 +319,7 @@ class ChatMessage(Struct, kw_only=True):
     annotations: Any = None
     audio: Any = None
     function_call: Any = None
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCall] | None = None
     reasoning: str | None = None
 
 

@@ -235,7 +235,7 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletion
         content = d.content or None
         if mode in ("required", "named") and content is None:
             content = ""
-        msg = ChatMessage(content=content, reasoning=d.reasoning or None, tool_calls=calls)
+        msg = ChatMessage(content=content, reasoning=d.reasoning or None, tool_calls=calls or None)
         logprobs = None
         if want_lp and c.logprobs is not None and c.logprobs.content is not None:
             logprobs = ChatLogprobs(content=chat_logprobs(rt.tokenizer, c.logprobs.content, top_k))
