@@ -100,6 +100,16 @@ class Tokenizer:
         eos.update(_as_id_list(_read_json(d / "generation_config.json").get("eos_token_id")))
         self.eos_token_ids = frozenset(i for i in eos if 0 <= i < self.vocab_size)
 
+    @classmethod
+    def from_fast(cls, fast: Any, path: str = "<memory>", mode: str = "auto") -> Tokenizer:
+        """Wrap an in-memory ``tokenizers.Tokenizer`` object (e.g. a test tokenizer with extra
+        added/special tokens) as a fast-backend facade, exactly as :func:`load_tokenizer` would
+        from its ``tokenizer.json``; ``path`` is only a label (no config files are read, so no
+        EOS ids are known). Not cached."""
+        tok = cls(path, mode)
+        _init_from_fast(tok, Path(path), fast)
+        return tok
+
     # ------------------------------------------------------------------------------- queries --
     def is_valid_id(self, i: int) -> bool:
         return 0 <= i < self.vocab_size
