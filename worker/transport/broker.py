@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -177,22 +178,26 @@ def _docker_engine_answers() -> bool:
 
 
 @contextlib.contextmanager
-def bootstrap_for_tests() -> Iterator[str]:
-    """Yield a Kafka bootstrap address for integration tests and clean it up afterwards.
+def bootstrap_for_tests(with_kind: bool = False) -> Iterator[Any]:
+    """Yield a Kafka bootstrap address (``"host:port"``) for integration tests and clean it up
+    afterwards; with ``with_kind`` yield ``(address, kind)``, kind being ``"env"``,
+    ``"testcontainers"`` or ``"tansu"`` (real Kafka rejects session timeouts under 6 s, Tansu
+    does not, and Tansu's group join takes about half the session timeout).
 
     Order: ``KAFKA_BOOTSTRAP_SERVERS`` env (used as is, nothing started); testcontainers
     ``KafkaContainer`` when a Docker engine answers (skipped with ``DERENDER_NO_DOCKER=1``);
-    else an embedded Tansu broker."""
+    else an embedded Tansu broker. Raises ``FileNotFoundError`` when Tansu is needed but missing."""
     env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if env:
         log.info("using KAFKA_BOOTSTRAP_SERVERS=%s", env)
-        yield env
+        yield (env, "env") if with_kind else env
         return
     if os.environ.get("DERENDER_NO_DOCKER", "") not in ("1", "true") and _docker_engine_answers():
         from testcontainers.kafka import KafkaContainer
 
         with KafkaContainer() as kafka:
-            yield kafka.get_bootstrap_server()
+            bs = kafka.get_bootstrap_server()
+            yield (bs, "testcontainers") if with_kind else bs
         return
     with TansuBroker() as broker:
-        yield broker.bootstrap_servers
+        yield (broker.bootstrap_servers, "tansu") if with_kind else broker.bootstrap_servers

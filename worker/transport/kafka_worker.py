@@ -157,6 +157,7 @@ class WorkerSettings:
             commit_interval_ms=args.commit_interval_ms, drain_timeout_s=args.drain_timeout,
             request_timeout_ms=args.request_timeout_ms, max_request_size=args.max_request_size,
             auto_offset_reset=args.auto_offset_reset, metrics_port=args.metrics_port,
+            session_timeout_ms=args.session_timeout_ms, heartbeat_interval_ms=args.heartbeat_interval_ms,
             security=security_kwargs(args),
         )
 
@@ -206,6 +207,9 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                    help="largest reply record in bytes (the topic's max.message.bytes must allow it)")
     g.add_argument("--auto-offset-reset", choices=["earliest", "latest"],
                    default=_env("auto_offset_reset", "earliest"))
+    g.add_argument("--session-timeout-ms", type=int, default=int(_env("session_timeout_ms", 10000)),
+                   help="consumer-group session timeout (Kafka brokers require >= 6000 by default)")
+    g.add_argument("--heartbeat-interval-ms", type=int, default=int(_env("heartbeat_interval_ms", 3000)))
     g.add_argument("--metrics-port", type=int, default=_env("metrics_port"),
                    help="serve Prometheus metrics on this port")
     s = ap.add_argument_group("kafka security (aiokafka)")
@@ -282,7 +286,8 @@ def derender_job(service: Any, value: bytes | None, kind: str | None) -> JobOutc
                           seconds=time.perf_counter() - t0)
     try:
         res = service.derender(body, kind)
-        return JobOutcome(res.body, int(res.status), res.request_id, kind or detected, is_object,
+        kind_used = getattr(res, "kind", None) or kind or detected
+        return JobOutcome(res.body, int(res.status), res.request_id, kind_used, is_object,
                           seconds=time.perf_counter() - t0)
     except Exception as e:  # the core must not raise; answer 500 and report the traceback
         return JobOutcome(_error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, None,
@@ -374,6 +379,7 @@ class _Rebalance(ConsumerRebalanceListener):
         await self.worker._on_revoked(revoked)
 
     async def on_partitions_assigned(self, assigned):
+        self.worker._assigned.set()
         log.info("assigned partitions: %s", sorted((tp.topic, tp.partition) for tp in assigned))
 
 
@@ -408,6 +414,7 @@ class KafkaDerenderWorker:
         self._fatal: BaseException | None = None
         self._task: asyncio.Task | None = None
         self._prom = _Prom.get() if settings.metrics_port is not None else None
+        self._assigned = asyncio.Event()
         self._job_fn: Callable[..., JobOutcome] | None = None
 
     # -- executor ------------------------------------------------------------------------------
@@ -480,6 +487,11 @@ class KafkaDerenderWorker:
         await self._consumer.start()
         log.info("worker consuming %s (group %s) on %s; replies -> %s, dead letters -> %s",
                  s.input_topic, s.group_id, s.bootstrap_servers, s.reply_topic, s.dead_letter_topic)
+
+    async def wait_assigned(self, timeout: float = 30.0) -> None:
+        """Wait until the group gave this worker its first assignment (possibly empty).
+        ``timeout`` in seconds; raises ``asyncio.TimeoutError``."""
+        await asyncio.wait_for(self._assigned.wait(), timeout)
 
     def stop(self) -> None:
         """Ask the worker to drain and stop (safe from signal handlers; idempotent)."""
@@ -816,3 +828,21 @@ def main_run(args: argparse.Namespace) -> int:
         log.exception("worker failed")
         return 1
     return 0
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m worker.transport.kafka_worker`` = ``derender-worker run`` without the other
+    subcommands (no imports beyond the core)."""
+    from worker.config import add_model_args
+    ap = argparse.ArgumentParser(prog="python -m worker.transport.kafka_worker", description="derender Kafka worker")
+    ap.add_argument("--log-level", default=_env("log_level", "INFO"))
+    add_model_args(ap)
+    add_run_args(ap)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    return main_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,52 @@
+"""Shared fixtures: a Kafka-protocol broker for ``@pytest.mark.kafka`` tests and the Qwen3 models.
+
+``kafka_bootstrap`` (session): ``KAFKA_BOOTSTRAP_SERVERS`` when set, else a testcontainers Kafka
+when a Docker engine answers, else an embedded Tansu broker (``worker.transport.broker``).
+``kafka_broker_kind``: ``"env"``, ``"testcontainers"`` or ``"tansu"``.
+``qwen3_models``: ``load_config_file('tests/data/models.json')`` (relative tokenizer paths are
+resolved against that file); ``DERENDER_TEST_MODELS`` may name another config file.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from worker.config import load_config_file
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def _kafka_broker():
+    from worker.transport.broker import bootstrap_for_tests
+    try:
+        cm = bootstrap_for_tests(with_kind=True)
+        bs, kind = cm.__enter__()
+    except (FileNotFoundError, RuntimeError, TimeoutError) as e:
+        pytest.skip(f"no Kafka-protocol broker available: {e}")
+    try:
+        yield bs, kind
+    finally:
+        cm.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(_kafka_broker) -> str:
+    """``host:port`` of a Kafka-protocol broker shared by the session (tests use unique topics)."""
+    return _kafka_broker[0]
+
+
+@pytest.fixture(scope="session")
+def kafka_broker_kind(_kafka_broker) -> str:
+    return _kafka_broker[1]
+
+
+@pytest.fixture(scope="session")
+def qwen3_models():
+    """Served models of ``tests/data/models.json`` (list of ``ServedModelConfig``)."""
+    path = os.environ.get("DERENDER_TEST_MODELS") or TESTS_DIR / "data" / "models.json"
+    if not Path(path).is_file():
+        pytest.skip(f"model config {path} missing")
+    return load_config_file(path)

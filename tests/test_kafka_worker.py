@@ -1,0 +1,321 @@
+"""Kafka transport: replies, error replies, dead letters, commits, restarts, order and SIGTERM,
+through a real Kafka-protocol broker (``kafka_bootstrap``: env, testcontainers or embedded Tansu)
+and the real derender core with the Qwen3 tokenizer of ``tests/data/models.json``.
+
+Plus broker-free unit tests of the reply/dead-letter decision rules.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from worker.transport.kafka_worker import (
+    HDR_CORRELATION_ID,
+    HDR_DLQ_REASON,
+    HDR_KIND,
+    HDR_REPLY_TOPIC,
+    HDR_STATUS,
+    KafkaDerenderWorker,
+    WorkerSettings,
+    add_run_args,
+    derender_job,
+    ensure_topics,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------------- helpers ---
+def _qwen3(models):
+    return next((m for m in models if m.name == "qwen3"), models[0])
+
+
+def _tokenizer(models):
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(Path(_qwen3(models).tokenizer) / "tokenizer.json"))
+
+
+def chat_body(tok, model: str, rid: str | None, text: str, ids: list[int] | None = None) -> bytes:
+    """A ``DerenderChatRequest`` whose output is ``text`` + ``<|im_end|>`` (real Qwen3 ids)."""
+    eos = tok.token_to_id("<|im_end|>")
+    prompt = tok.encode("<|im_start|>user\nSay something<|im_end|>\n<|im_start|>assistant\n").ids
+    if ids is None:
+        ids = tok.encode(text).ids + [eos]
+    gr = {"choices": [{"index": 0, "token_ids": ids, "finish_reason": "stop", "stop_reason": None,
+                       "logprobs": None}]}
+    if rid is not None:
+        gr["request_id"] = rid
+    return json.dumps({"model": model, "generate_response": gr, "prompt_tokens": len(prompt),
+                       "prompt_token_ids": prompt,
+                       "chat_request": {"model": model, "messages": [{"role": "user", "content": "Say something"}]},
+                       }).encode()
+
+
+def completion_body(tok, model: str, rid: str, text: str) -> bytes:
+    """A ``DerenderCompletionRequest`` with one engine response whose output is ``text``."""
+    prompt = tok.encode("Once upon a time").ids
+    return json.dumps({"model": model, "generate_responses": [
+        {"request_id": rid, "choices": [{"index": 0, "token_ids": tok.encode(text).ids, "finish_reason": "length"}]}],
+        "prompt_tokens": [len(prompt)], "prompt_token_ids": [prompt],
+        "completion_request": {"model": model, "prompt": "Once upon a time", "max_tokens": 16}}).encode()
+
+
+def _settings(bs: str, kind: str, **kw) -> WorkerSettings:
+    """Worker settings for tests: thread pool, fast commits, short group timeouts on Tansu (its
+    join takes about half the session timeout; real Kafka needs >= 6 s)."""
+    base = dict(bootstrap_servers=bs, executor="thread", num_workers=2, commit_interval_ms=100,
+                session_timeout_ms=2000 if kind == "tansu" else 6000, heartbeat_interval_ms=500,
+                drain_timeout_s=20.0)
+    base.update(kw)
+    return WorkerSettings(**base)
+
+
+def _names() -> SimpleNamespace:
+    u = uuid.uuid4().hex[:8]
+    return SimpleNamespace(inp=f"in-{u}", reply=f"rep-{u}", reply2=f"rep2-{u}", dlq=f"dlq-{u}", group=f"g-{u}")
+
+
+async def _produce(bs: str, topic: str, records: list[tuple]) -> None:
+    """records: (key, value, headers[, partition])."""
+    p = AIOKafkaProducer(bootstrap_servers=bs, enable_idempotence=False)
+    await p.start()
+    try:
+        for r in records:
+            key, value, headers = r[:3]
+            part = r[3] if len(r) > 3 else None
+            await p.send_and_wait(topic, value, key=key, headers=headers, partition=part)
+    finally:
+        await p.stop()
+
+
+async def _collect(bs: str, topics: list[str], n: int, timeout: float = 30.0, settle: float = 0.0) -> dict:
+    """Read ``topics`` from the beginning (no group) until ``n`` records arrived, then ``settle``
+    seconds more (to catch extras). Returns topic -> list of ConsumerRecord."""
+    c = AIOKafkaConsumer(*topics, bootstrap_servers=bs, auto_offset_reset="earliest", enable_auto_commit=False)
+    await c.start()
+    got: dict[str, list] = {t: [] for t in topics}
+    try:
+        deadline = time.monotonic() + timeout
+        while sum(map(len, got.values())) < n and time.monotonic() < deadline:
+            for tp, ms in (await c.getmany(timeout_ms=200)).items():
+                got[tp.topic].extend(ms)
+        end = time.monotonic() + settle
+        while time.monotonic() < end:
+            for tp, ms in (await c.getmany(timeout_ms=100)).items():
+                got[tp.topic].extend(ms)
+    finally:
+        await c.stop()
+    return got
+
+
+async def _committed_and_end(bs: str, group: str, topic: str, partitions: int) -> tuple[dict, dict]:
+    tps = [TopicPartition(topic, i) for i in range(partitions)]
+    c = AIOKafkaConsumer(bootstrap_servers=bs, group_id=group, enable_auto_commit=False)
+    await c.start()
+    try:
+        committed = {tp.partition: await c.committed(tp) for tp in tps}
+        end = {tp.partition: off for tp, off in (await c.end_offsets(tps)).items()}
+    finally:
+        await c.stop()
+    return committed, end
+
+
+def _h(rec) -> dict[str, bytes]:
+    return dict(rec.headers or ())
+
+
+# ---------------------------------------------------------------------- broker-free unit tests ---
+class _Svc:
+    def derender(self, body, kind=None):
+        from worker.core.service import DerenderResult
+        return DerenderResult(b'{"ok":true}', 200, "rid-1")
+
+
+class _Boom:
+    def derender(self, body, kind=None):
+        raise RuntimeError("kaboom")
+
+
+def test_derender_job_rejects_unknown_kind_and_survives_core_exceptions():
+    out = derender_job(_Svc(), b'{"model":"m","generate_response":{}}', "bogus")
+    assert out.status == 400 and b"derender-kind" in out.body and out.is_object
+    out = derender_job(_Svc(), b'{"model":"m","generate_responses":[]}', None)
+    assert out.status == 200 and out.kind == "completion" and out.request_id == "rid-1"
+    out = derender_job(_Boom(), b"[1,2]", None)
+    assert out.status == 500 and not out.is_object and "kaboom" in out.crash
+    assert json.loads(out.body)["error"]["code"] == 500
+
+
+def test_plan_rules():
+    w = KafkaDerenderWorker(WorkerSettings(reply_topic="R", dead_letter_topic="D"), service=_Svc())
+    from worker.transport.kafka_worker import JobOutcome
+
+    def msg(key=None, headers=(), value=b"{}"):
+        return SimpleNamespace(key=key, headers=tuple(headers), value=value, topic="in", partition=3, offset=7)
+
+    ok = JobOutcome(b"{}", 200, "rid", "chat", True)
+    bad = JobOutcome(b"{}", 400, None, None, False)
+    # default reply topic, correlation = key
+    topic, key, _, hdrs, reason = w._plan(msg(b"k"), ok)
+    assert (topic, key, reason) == ("R", b"k", None) and dict(hdrs)[HDR_CORRELATION_ID] == b"k"
+    assert dict(hdrs)[HDR_STATUS] == b"200" and dict(hdrs)[HDR_KIND] == b"chat"
+    # no key: key and correlation come from the body's request id
+    topic, key, _, hdrs, _ = w._plan(msg(None), ok)
+    assert key == b"rid" and dict(hdrs)[HDR_CORRELATION_ID] == b"rid"
+    # unparseable without reply-topic -> DLQ; with it -> error reply there
+    assert w._plan(msg(b"k"), bad)[4] == "unparseable-no-reply-topic"
+    assert w._plan(msg(b"k", [(HDR_REPLY_TOPIC, b"X")]), bad)[0] == "X"
+    # invalid reply topic -> DLQ with original coordinates
+    topic, key, value, hdrs, reason = w._plan(msg(b"k", [(HDR_REPLY_TOPIC, b"bad topic!")]), ok)
+    assert topic == "D" and reason == "invalid-reply-topic"
+    assert dict(hdrs)["x-original-offset"] == b"7" and dict(hdrs)["x-original-partition"] == b"3"
+    # nothing to correlate with -> DLQ
+    assert w._plan(msg(None), JobOutcome(b"{}", 200, None, "chat", True))[4] == "no-correlation-id"
+
+
+def test_run_args_read_env(monkeypatch):
+    monkeypatch.setenv("DERENDER_INPUT_TOPIC", "from-env")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "k:1")
+    monkeypatch.setenv("DERENDER_MAX_IN_FLIGHT", "7")
+    ap = argparse.ArgumentParser()
+    add_run_args(ap)
+    a = ap.parse_args([])
+    assert (a.input_topic, a.bootstrap_servers, a.max_in_flight) == ("from-env", "k:1", 7)
+    s = WorkerSettings.from_args(ap.parse_args(["--input-topic", "flag"]))
+    assert s.input_topic == "flag" and s.security == {"security_protocol": "PLAINTEXT"}
+
+
+# ------------------------------------------------------------------------- through the broker ---
+@pytest.mark.kafka
+async def test_mixed_messages_replies_dead_letters_commits_and_restart(kafka_bootstrap, kafka_broker_kind,
+                                                                        qwen3_models):
+    bs, n = kafka_bootstrap, _names()
+    tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
+    await ensure_topics(bs, {n.inp: 2, n.reply: 1, n.reply2: 1, n.dlq: 1})
+    J = [("content-type", b"application/json")]
+    records = [
+        (b"r-chat", chat_body(tok, model, "r-chat", "Hello from Kafka!"),
+         J + [(HDR_KIND, b"chat"), (HDR_CORRELATION_ID, b"corr-chat")], 0),
+        (b"r-comp", completion_body(tok, model, "r-comp", " there lived a fox"), J, 1),
+        (b"r-404", chat_body(tok, "no-such-model", "r-404", "x"), J, 0),
+        (b"r-badjson", b"{not json", [(HDR_REPLY_TOPIC, n.reply2.encode()), (HDR_CORRELATION_ID, b"c-bj")], 1),
+        (b"r-dlq", b"\x00\xffgarbage", J, 0),
+        (b"r-oov", chat_body(tok, model, "r-oov", "", ids=[10_000_000, 5]), J, 1),
+        (b"r-kind", chat_body(tok, model, "r-kind", "hi"), J + [(HDR_KIND, b"bogus")], 0),
+        (None, chat_body(tok, model, None, "anonymous"), J, 1),  # no key, no id -> DLQ
+    ]
+    await _produce(bs, n.inp, records)
+    settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
+                         dead_letter_topic=n.dlq, group_id=n.group)
+    async with KafkaDerenderWorker(settings, qwen3_models) as worker:
+        got = await _collect(bs, [n.reply, n.reply2, n.dlq], 8, timeout=30)
+    assert worker.stats.processed == 8, worker.stats
+    assert (worker.stats.replied_ok, worker.stats.errors, worker.stats.dead_lettered) == (2, 4, 2), worker.stats
+
+    replies = {r.key: r for r in got[n.reply]}
+    assert set(replies) == {b"r-chat", b"r-comp", b"r-404", b"r-oov", b"r-kind"}
+    chat = replies[b"r-chat"]
+    assert _h(chat)[HDR_CORRELATION_ID] == b"corr-chat" and _h(chat)[HDR_STATUS] == b"200"
+    assert _h(chat)[HDR_KIND] == b"chat" and _h(chat)["content-type"] == b"application/json"
+    body = json.loads(chat.value)
+    assert body["object"] == "chat.completion"
+    msg = body["choices"][0]["message"]
+    assert "Hello from Kafka!" in (msg.get("content") or "") + (msg.get("reasoning") or msg.get("reasoning_content") or "")
+    comp = replies[b"r-comp"]
+    assert _h(comp)[HDR_STATUS] == b"200" and _h(comp)[HDR_KIND] == b"completion"  # told by shape
+    assert _h(comp)[HDR_CORRELATION_ID] == b"r-comp"  # defaults to the key
+    cbody = json.loads(comp.value)
+    assert cbody["object"] == "text_completion" and cbody["choices"][0]["text"] == " there lived a fox"
+    for key, status in ((b"r-404", 404), (b"r-oov", 400), (b"r-kind", 400)):
+        rec = replies[key]
+        assert _h(rec)[HDR_STATUS] == str(status).encode(), (key, rec.value)
+        err = json.loads(rec.value)["error"]
+        assert err["code"] == status and err["message"], (key, err)
+
+    [bj] = got[n.reply2]
+    assert bj.key == b"r-badjson" and _h(bj)[HDR_CORRELATION_ID] == b"c-bj" and _h(bj)[HDR_STATUS] == b"400"
+    assert "error" in json.loads(bj.value)
+
+    dlq = {r.key: r for r in got[n.dlq]}
+    assert set(dlq) == {b"r-dlq", None}
+    d = dlq[b"r-dlq"]
+    assert d.value == b"\x00\xffgarbage" and _h(d)[HDR_DLQ_REASON] == b"unparseable-no-reply-topic"
+    assert _h(d)["x-original-topic"] == n.inp.encode() and _h(d)["x-original-partition"] == b"0"
+    assert _h(d)["x-original-offset"] == b"2" and _h(d)["content-type"] == b"application/json"
+    assert _h(dlq[None])[HDR_DLQ_REASON] == b"no-correlation-id"
+
+    committed, end = await _committed_and_end(bs, n.group, n.inp, 2)
+    assert committed == end == {0: 4, 1: 4}
+
+    # a restarted member of the same group redoes nothing
+    async with KafkaDerenderWorker(settings, qwen3_models) as again:
+        await again.wait_assigned(30)
+        await asyncio.sleep(1.0)
+    assert again.stats.processed == 0, again.stats
+    got2 = await _collect(bs, [n.reply, n.reply2, n.dlq], 8, timeout=5, settle=0.3)
+    assert sum(map(len, got2.values())) == 8
+
+
+@pytest.mark.kafka
+async def test_process_pool_keeps_per_partition_order(kafka_bootstrap, kafka_broker_kind, qwen3_models):
+    """Default executor (process pool, 2 processes): 30 messages of one key come back in order."""
+    bs, n = kafka_bootstrap, _names()
+    tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
+    await ensure_topics(bs, {n.inp: 3, n.reply: 1, n.dlq: 1})
+    N = 30
+    await _produce(bs, n.inp, [(b"same-key", chat_body(tok, model, f"req-{i}", f"Answer number {i} " * (1 + i % 7)),
+                                [(HDR_CORRELATION_ID, f"c{i}".encode())]) for i in range(N)])
+    settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
+                         group_id=n.group, executor="process", num_workers=2, max_in_flight=8)
+    async with KafkaDerenderWorker(settings, qwen3_models) as worker:
+        got = await _collect(bs, [n.reply], N, timeout=60)
+    assert [_h(r)[HDR_CORRELATION_ID] for r in got[n.reply]] == [f"c{i}".encode() for i in range(N)]
+    assert all(_h(r)[HDR_STATUS] == b"200" for r in got[n.reply]), [r.value[:200] for r in got[n.reply]]
+    assert worker.stats.replied_ok == N
+    committed, end = await _committed_and_end(bs, n.group, n.inp, 3)
+    assert all(committed[p] in (None, end[p]) for p in end), (committed, end)
+    assert sum(v or 0 for v in committed.values()) == N
+
+
+@pytest.mark.kafka
+async def test_cli_run_drains_and_commits_on_sigterm(kafka_bootstrap, kafka_broker_kind, qwen3_models, tmp_path):
+    """``derender-worker run`` (via ``python -m worker.transport.kafka_worker``) as a subprocess: replies, then SIGTERM -> exit 0 with offsets committed."""
+    bs, n = kafka_bootstrap, _names()
+    tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
+    await ensure_topics(bs, {n.inp: 1, n.reply: 1, n.dlq: 1})
+    cfg = tmp_path / "models.json"
+    cfg.write_text(json.dumps({m.name: msgspec.to_builtins(m) for m in qwen3_models}))
+    N = 5
+    await _produce(bs, n.inp, [(f"k{i}".encode(), chat_body(tok, model, f"k{i}", f"reply {i}"), []) for i in range(N)])
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    session = "2000" if kafka_broker_kind == "tansu" else "6000"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker.transport.kafka_worker", "--config", str(cfg), "--bootstrap-servers", bs,
+         "--input-topic", n.inp, "--reply-topic", n.reply, "--dead-letter-topic", n.dlq, "--group-id", n.group,
+         "--executor", "thread", "--num-threads", "1", "--session-timeout-ms", session,
+         "--heartbeat-interval-ms", "500"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        got = await _collect(bs, [n.reply], N, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.get_running_loop().run_in_executor(None, lambda: proc.communicate(timeout=30))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            out, _ = proc.communicate()
+    assert len(got[n.reply]) == N, out.decode(errors="replace")[-3000:]
+    assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
+    committed, end = await _committed_and_end(bs, n.group, n.inp, 1)
+    assert committed == end == {0: N}
