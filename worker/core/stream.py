@@ -1,0 +1,506 @@
+"""Pure streaming derender: one engine chunk (``DerenderChatStreamRequest`` /
+``DerenderCompletionStreamRequest``) plus the request's checkpointed ``StreamState`` -> OpenAI
+stream chunks plus the next state. No I/O; the state is held by the caller (Redis:
+``worker.state.redis_store``; batch mode: in memory).
+
+API
+---
+* ``derender_chat_chunk(rt, body, state) -> (chunks, state)`` and
+  ``derender_completion_chunk(rt, body, state) -> (chunks, state)``: ``state`` is None for the
+  first chunk of a request; the returned state is the same object, advanced. Raise
+  ``BadRequest`` (state untouched in that case: validation runs before any mutation).
+* ``encode_state(state) -> bytes`` / ``decode_state(rt, data) -> StreamState`` (msgspec
+  msgpack; ``decode_state`` retypes the parser sub-states with ``ParserStack.load_state``).
+* ``DerenderService.derender_stream(body, state_bytes, seq=None)`` (worker/core/service.py) wraps
+  this for bytes in / bytes out; see its docstring for the transport contract.
+
+State (one per request id; per choice index a ``ChoiceState``)
+--------------------------------------------------------------
+Per choice: the incremental detokenizer checkpoint (bounded window), the logprob context (<= 4
+ids) and completion ``text_offset``, the parser ``StackState``, ``role_sent``, tool-call ids
+assigned so far (deterministic: ``tool_call_id(request_id, choice, call_index, fmt)``), running
+``completion_tokens``/``reasoning_tokens``, ``finished``. Per request: a compact copy of the
+request fields used after the first chunk (``StreamOpts``), the detokenizer/parser seed built from
+the prompt (so a choice whose first chunk carries no ``prompt_token_ids`` starts right), prompt
+token counts, ``next_seq`` (chunks with a lower sequence number are stale) and ``usage_sent``.
+A finished choice keeps only its counters. The size is bounded by the detokenizer window plus
+the parser's buffered markup (plus a few ints per choice), never by the stream length; work per
+chunk is O(delta).
+
+Output rules (same answer as non-streaming for the same tokens, whatever the chunking):
+
+* chat: a first chunk per choice with ``delta = {role: assistant, content: ""}``, then per body
+  one chunk per choice carrying ``content`` / ``reasoning`` / ``tool_calls`` deltas (a call's
+  first fragment has ``id``, ``type`` and ``function.name``), the chat ``logprobs`` of the
+  chunk's tokens (also on parsed streams), and on the choice's last chunk ``finish_reason``
+  (``stop`` -> ``tool_calls`` when calls were made for auto/required tool_choice, like
+  ``final_finish_reason``) and ``stop_reason``; a chunk with nothing to say is not emitted;
+* completion: ``text`` and completion ``logprobs`` (``text_offset`` continuing from the
+  streamed text length), ``echo`` prefix on the choice's first chunk;
+* the final stop token (EOS or int ``stop_reason``) of the chunk carrying ``finish_reason`` is
+  not detokenized unless ``include_stop_str_in_output`` (``stop_token_trimmed``); it is still
+  counted in usage and present in logprobs;
+* usage: once every expected choice (chat ``n``; completion ``n`` x prompts) has finished, a last
+  chunk with ``choices: []`` and ``usage`` for the whole request (``completion_tokens_details.
+  reasoning_tokens`` when a reasoning parser is configured) when ``stream_options.include_usage``
+  or ``force_include_usage`` (default on: the parity reference always carries it, as vLLM's
+  ``--enable-force-include-usage``). When the expected number of choices cannot be told, a usage
+  chunk follows every choice end with the running totals (the last one is the request total).
+
+Accepted although vLLM's render server refuses them: a chunk with several choices (state per
+choice), a first chunk without ``prompt_token_ids`` on a parser server (decoded unseeded, as the
+non-streaming path). Refused (400): ``stream: false``, duplicate choice indices in a chunk, a
+chunk for a finished choice, out-of-vocab ids, logprobs not matching token ids, more than
+``max_model_len`` tokens in a choice, more than ``max_logprobs`` candidates, ``prompt_tokens`` !=
+len(``prompt_token_ids``), a first chat chunk without ``chat_request`` when a parser is
+configured, a model change mid-stream, a chunk of the other kind than the stream's.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from schemas import (
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatLogprobs,
+    CompletionStreamChoice,
+    CompletionStreamResponse,
+    CompletionTokensDetails,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    DerenderChatStreamRequest,
+    DerenderCompletionStreamRequest,
+    GenerateTokensStreamChoice,
+    UsageInfo,
+)
+from worker.core.derender import ModelRuntime, _skip_special, final_finish_reason, request_context
+from worker.core.detokenize import DetokState, IncrementalDetokenizer, stop_token_trimmed
+from worker.core.errors import BadRequest
+from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
+from worker.parsers.stack import tool_call_id
+
+__all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "derender_completion_chunk",
+           "encode_state", "decode_state", "STATE_VERSION"]
+
+STATE_VERSION = 1
+
+
+class StreamOpts(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
+    """The request fields read after the first chunk (compact copy of chat_request /
+    completion_request): detokenization flags, logprob settings, echo, usage, expected choices."""
+
+    skip_special: bool = True
+    spaces: bool = True
+    include_stop: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    return_token_ids: bool = False
+    include_usage: bool = True
+    echo: bool = False
+    n: int = 1
+    expected_choices: int | None = 1
+    tool_mode: str = "off"
+
+
+class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
+    """Per-choice stream state (see module docstring)."""
+
+    detok: DetokState | None = None
+    parser: Any = None
+    lp_ctx: list[int] = msgspec.field(default_factory=list)
+    text_offset: int = 0
+    role_sent: bool = False
+    tool_ids: list[str] = msgspec.field(default_factory=list)
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    prompt_tokens: int = 0
+    finished: bool = False
+
+
+class StreamState(msgspec.Struct, kw_only=True, array_like=True):
+    """Per-request stream state: options, prompt seed, per-choice states (keys: choice index)."""
+
+    v: int = STATE_VERSION
+    kind: str = "chat"
+    request_id: str = ""
+    model: str = ""
+    opts: StreamOpts = msgspec.field(default_factory=StreamOpts)
+    seed_detok: DetokState | None = None
+    seed_parser: Any = None
+    seed_prompt_tokens: int = 0
+    choices: dict[int, ChoiceState] = msgspec.field(default_factory=dict)
+    next_seq: int = 0
+    usage_sent: bool = False
+
+    @property
+    def done(self) -> bool:
+        """Every expected choice has finished (the stream's state can be deleted)."""
+        exp = self.opts.expected_choices
+        if not self.choices:
+            return False
+        fin = all(c.finished for c in self.choices.values())
+        if exp is None:
+            return fin
+        return fin and len(self.choices) >= exp
+
+
+_state_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(StreamState)
+
+
+def encode_state(state: StreamState) -> bytes:
+    """msgpack bytes of ``state`` (what the store keeps)."""
+    return _state_encoder.encode(state)
+
+
+def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
+    """Decode ``encode_state`` bytes; parser sub-states are retyped for ``rt``'s parser stack.
+    Raises ``BadRequest`` for bytes that are not a state of this version."""
+    try:
+        st = _state_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise BadRequest(f"stored stream state is unreadable: {e}") from None
+    if st.v != STATE_VERSION:
+        raise BadRequest(f"stored stream state has version {st.v}, expected {STATE_VERSION}")
+    if rt.stack is not None:
+        if st.seed_parser is not None:
+            st.seed_parser = rt.stack.load_state(st.seed_parser)
+        for c in st.choices.values():
+            if c.parser is not None:
+                c.parser = rt.stack.load_state(c.parser)
+    return st
+
+
+# ------------------------------------------------------------------------------ validation ---
+def _check_stream_choice(rt: ModelRuntime, c: GenerateTokensStreamChoice, prior: int, where: str) -> None:
+    cfg, tok = rt.config, rt.tokenizer
+    ids = c.token_ids or []
+    if cfg.max_model_len is not None and prior + len(ids) > cfg.max_model_len:
+        raise BadRequest(f"{where}: {prior + len(ids)} output tokens exceed max_model_len ({cfg.max_model_len}).",
+                         param=f"{where}.token_ids")
+    vocab = tok.vocab_size
+    for t in ids:
+        if t < 0 or t >= vocab:
+            raise BadRequest(f"token id {t} in {where} is outside the vocabulary [0, {vocab})",
+                             param=f"{where}.token_ids")
+    lp = c.logprobs.content if c.logprobs is not None else None
+    if lp is not None:
+        if len(lp) != len(ids):
+            raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
+                             f"length ({len(ids)})", param=f"{where}.logprobs")
+        for e in lp:
+            if len(e.top_logprobs) > cfg.max_logprobs:
+                raise BadRequest(f"top_logprobs count ({len(e.top_logprobs)}) in {where} exceeds max_logprobs "
+                                 f"({cfg.max_logprobs}).", param=f"{where}.logprobs")
+            for cand in (e, *e.top_logprobs):
+                t = cand.token_id
+                if t is None or t < 0 or t >= vocab:
+                    raise BadRequest(f"logprob token_id {t} in {where} is missing or outside the vocabulary",
+                                     param=f"{where}.logprobs")
+
+
+def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: str) -> None:
+    if body.stream is False:
+        raise BadRequest("stream=false on a streaming chunk body (generate_chunk)", param="stream")
+    if state is not None:
+        if state.kind != kind:
+            raise BadRequest(f"chunk of a {kind} stream for a {state.kind} stream state")
+        if state.model != body.model:
+            raise BadRequest(f"model changed mid-stream ({state.model!r} -> {body.model!r})", param="model")
+        rid = body.generate_chunk.request_id or ""
+        if rid != state.request_id:
+            raise BadRequest(f"request_id {rid!r} does not match the stream state's {state.request_id!r}",
+                             param="generate_chunk.request_id")
+    if body.prompt_token_ids is not None and body.prompt_tokens is not None \
+            and body.prompt_tokens != len(body.prompt_token_ids):
+        raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
+                         f"({len(body.prompt_token_ids)})", param="prompt_tokens")
+    seen: set[int] = set()
+    n_known = len(state.choices) if state is not None else 0
+    for c in body.generate_chunk.choices:
+        where = f"choice {c.index}"
+        if c.index in seen:
+            raise BadRequest(f"choice index {c.index} appears twice in one chunk", param="generate_chunk.choices")
+        seen.add(c.index)
+        if c.index < 0:
+            raise BadRequest(f"negative choice index {c.index}", param="generate_chunk.choices")
+        cs = state.choices.get(c.index) if state is not None else None
+        if cs is not None and cs.finished:
+            raise BadRequest(f"{where} already finished; no chunk may follow its finish_reason",
+                             param="generate_chunk.choices")
+        if cs is None:
+            n_known += 1
+        _check_stream_choice(rt, c, cs.completion_tokens if cs is not None else 0, where)
+    if n_known > rt.config.max_n:
+        raise BadRequest(f"{n_known} choices exceed the maximum n ({rt.config.max_n})",
+                         param="generate_chunk.choices")
+
+
+def _prompt_ids(body) -> list[int] | None:
+    return body.prompt_token_ids if body.prompt_token_ids is not None else body.generate_chunk.prompt_token_ids
+
+
+def _prompt_count(prompt: Any) -> int | None:
+    """Number of prompts of an OpenAI completion ``prompt`` (None when it cannot be told)."""
+    if prompt is None:
+        return None
+    if isinstance(prompt, str):
+        return 1
+    if isinstance(prompt, list):
+        if not prompt:
+            return None
+        if all(isinstance(x, int) for x in prompt):
+            return 1
+        return len(prompt)
+    return None
+
+
+# -------------------------------------------------------------------------------- chat ---
+def _new_chat_state(rt: ModelRuntime, body: DerenderChatStreamRequest) -> StreamState:
+    req = body.chat_request
+    if rt.has_parser and req is None:
+        raise BadRequest("chat_request is required on the first chunk when a tool or reasoning parser is "
+                         "configured", param="chat_request")
+    from worker.core.derender import _DEFAULT_CHAT_REQUEST
+    req = req or _DEFAULT_CHAT_REQUEST
+    pids = _prompt_ids(body)
+    ctx = request_context(req, pids)
+    mode = rt.stack.tool_mode(ctx)
+    so = req.stream_options
+    n = req.n if req.n and req.n > 0 else 1
+    opts = StreamOpts(
+        skip_special=_skip_special(rt, req.skip_special_tokens, mode),
+        spaces=req.spaces_between_special_tokens, include_stop=req.include_stop_str_in_output,
+        logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
+        return_token_ids=bool(req.return_token_ids),
+        include_usage=bool(so and so.include_usage), n=n, expected_choices=n, tool_mode=mode,
+    )
+    st = StreamState(kind="chat", request_id=body.generate_chunk.request_id or "", model=body.model, opts=opts)
+    _reseed(rt, st, body, ctx)
+    return st
+
+
+def _reseed(rt: ModelRuntime, st: StreamState, body, ctx=None) -> None:
+    """Seed for new choices from this body's prompt (detokenizer window, parser initial state)."""
+    pids = _prompt_ids(body)
+    o = st.opts
+    st.seed_detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=o.skip_special,
+                                           spaces_between_special_tokens=o.spaces,
+                                           prompt_token_ids=pids).state()
+    if st.kind == "chat":
+        if ctx is None:
+            from worker.core.derender import _DEFAULT_CHAT_REQUEST
+            req = body.chat_request or _DEFAULT_CHAT_REQUEST
+            ctx = request_context(req, pids)
+        st.seed_parser = rt.stack.initial_state(ctx) if rt.has_parser else None
+    st.seed_prompt_tokens = body.prompt_tokens if body.prompt_tokens is not None else len(pids or [])
+
+
+def _choice_state(rt: ModelRuntime, st: StreamState, index: int) -> ChoiceState:
+    cs = st.choices.get(index)
+    if cs is None:
+        parser = None
+        if st.seed_parser is not None:
+            parser = msgspec.msgpack.decode(msgspec.msgpack.encode(st.seed_parser))  # deep copy
+            parser = rt.stack.load_state(parser)
+        seed = st.seed_detok or DetokState()
+        cs = ChoiceState(detok=msgspec.structs.replace(seed, ids=list(seed.ids), tokens=list(seed.tokens)),
+                         parser=parser, prompt_tokens=st.seed_prompt_tokens)
+        st.choices[index] = cs
+    return cs
+
+
+def _step_ids(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice) -> tuple[list[int], list[int]]:
+    """(ids to detokenize, ids fed to the parsers) of one chunk choice."""
+    ids = list(c.token_ids or [])
+    if c.finish_reason is not None:
+        ids = stop_token_trimmed(ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids,
+                                 st.opts.include_stop)
+    pids = ids
+    if st.opts.skip_special:
+        special = rt.tokenizer.special_ids
+        pids = [t for t in ids if t not in special]
+    return ids, pids
+
+
+def _detok(rt: ModelRuntime, st: StreamState, cs: ChoiceState, ids: list[int]) -> str:
+    if not ids:
+        return ""
+    d = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
+                               spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
+    text = d.add(ids)
+    cs.detok = d.state()
+    return text
+
+
+def _usage(rt: ModelRuntime, st: StreamState, with_reasoning: bool) -> UsageInfo:
+    comp = sum(c.completion_tokens for c in st.choices.values())
+    if st.kind == "completion" and st.opts.n > 0:
+        groups: dict[int, int] = {}
+        for i, c in st.choices.items():
+            groups.setdefault(i // st.opts.n, c.prompt_tokens)
+        prompt = sum(groups.values())
+    else:
+        prompt = next(iter(st.choices.values())).prompt_tokens if st.choices else st.seed_prompt_tokens
+    details = None
+    if with_reasoning:
+        details = CompletionTokensDetails(reasoning_tokens=sum(c.reasoning_tokens for c in st.choices.values()))
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=comp, total_tokens=prompt + comp,
+                     completion_tokens_details=details)
+
+
+def _want_usage(st: StreamState, force: bool, any_finished: bool) -> bool:
+    if not (st.opts.include_usage or force) or st.usage_sent:
+        return False
+    if st.opts.expected_choices is None:
+        return any_finished
+    return st.done
+
+
+def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state: StreamState | None,
+                        force_include_usage: bool = True) -> tuple[list[ChatCompletionStreamResponse], StreamState]:
+    """Derender one chat stream chunk (see module docstring). ``state``: None on the request's
+    first chunk. Returns the OpenAI chunks to send (possibly none) and the advanced state.
+    Raises ``BadRequest`` before touching ``state``."""
+    _validate_common(rt, body, state, "chat")
+    if state is None:
+        state = _new_chat_state(rt, body)
+    elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
+        _reseed(rt, state, body)
+    st = state
+    rid = st.request_id
+    out: list[ChatCompletionStreamResponse] = []
+    stack = rt.stack
+    fmt = stack.id_format
+    any_finished = False
+    for c in body.generate_chunk.choices:
+        cs = _choice_state(rt, st, c.index)
+        if not cs.role_sent:
+            cs.role_sent = True
+            out.append(ChatCompletionStreamResponse(id=rid, model=st.model, choices=[ChatCompletionStreamChoice(
+                index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
+        ids, pids = _step_ids(rt, st, c)
+        text = _detok(rt, st, cs, ids)
+        final = c.finish_reason is not None
+        if cs.parser is not None:
+            d = stack.feed(cs.parser, text, pids) if (text or pids) else None
+            if final:
+                f = stack.finish(cs.parser)
+                d = f if d is None else d.extend(f)
+            content = d.content if d is not None else ""
+            reasoning = d.reasoning if d is not None else ""
+            calls = d.tool_calls if d is not None else []
+            cs.reasoning_tokens += d.reasoning_tokens if d is not None else 0
+        else:
+            content, reasoning, calls = text, "", []
+        cs.completion_tokens += len(c.token_ids or [])
+        tcs = None
+        if calls:
+            tcs = []
+            for tc in calls:
+                while len(cs.tool_ids) <= tc.index:
+                    cs.tool_ids.append(tool_call_id(rid, c.index, len(cs.tool_ids), fmt))
+                first = tc.name is not None
+                tcs.append(DeltaToolCall(
+                    index=tc.index, id=cs.tool_ids[tc.index] if first else None,
+                    type="function" if first else None,
+                    function=DeltaFunctionCall(name=tc.name, arguments=tc.arguments)))
+        lp = None
+        if st.opts.logprobs and c.logprobs is not None and c.logprobs.content:
+            lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, c.logprobs.content, st.opts.top_logprobs,
+                                                    cs.lp_ctx))
+        if c.token_ids:
+            cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
+        finish = None
+        if final:
+            finish = final_finish_reason(c.finish_reason, bool(cs.tool_ids), st.opts.tool_mode)
+            cs.finished = True
+            cs.detok = None
+            cs.parser = None
+            cs.lp_ctx = []
+            any_finished = True
+        if content or reasoning or tcs or lp is not None or final:
+            out.append(ChatCompletionStreamResponse(id=rid, model=st.model, choices=[ChatCompletionStreamChoice(
+                index=c.index,
+                delta=DeltaMessage(content=content or None, reasoning=reasoning or None, tool_calls=tcs),
+                logprobs=lp, finish_reason=finish, stop_reason=c.stop_reason if final else None,
+                token_ids=list(c.token_ids or []) if st.opts.return_token_ids else None)]))
+    st.next_seq += 1
+    if _want_usage(st, force_include_usage, any_finished):
+        st.usage_sent = st.done
+        out.append(ChatCompletionStreamResponse(id=rid, model=st.model, choices=[],
+                                                usage=_usage(rt, st, rt.stack.reasoning is not None)))
+    return out, st
+
+
+# -------------------------------------------------------------------------- completion ---
+def _new_completion_state(rt: ModelRuntime, body: DerenderCompletionStreamRequest) -> StreamState:
+    from worker.core.derender import _DEFAULT_COMPLETION_REQUEST
+    req = body.completion_request or _DEFAULT_COMPLETION_REQUEST
+    so = req.stream_options
+    n = req.n if req.n and req.n > 0 else 1
+    prompts = _prompt_count(req.prompt) if body.completion_request is not None else None
+    opts = StreamOpts(
+        skip_special=req.skip_special_tokens, spaces=req.spaces_between_special_tokens,
+        include_stop=req.include_stop_str_in_output, logprobs=req.logprobs is not None,
+        top_logprobs=req.logprobs or 0, return_token_ids=bool(req.return_token_ids),
+        include_usage=bool(so and so.include_usage), echo=bool(req.echo), n=n,
+        expected_choices=n * prompts if prompts is not None else None,
+    )
+    st = StreamState(kind="completion", request_id=body.generate_chunk.request_id or "", model=body.model,
+                     opts=opts)
+    _reseed(rt, st, body)
+    return st
+
+
+def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRequest, state: StreamState | None,
+                              force_include_usage: bool = True
+                              ) -> tuple[list[CompletionStreamResponse], StreamState]:
+    """Derender one completion stream chunk (see ``derender_chat_chunk``)."""
+    _validate_common(rt, body, state, "completion")
+    new = state is None
+    if new:
+        state = _new_completion_state(rt, body)
+    elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
+        _reseed(rt, state, body)
+    st = state
+    rid = st.request_id
+    tok = rt.tokenizer
+    out: list[CompletionStreamResponse] = []
+    any_finished = False
+    pids_prompt = _prompt_ids(body)
+    for c in body.generate_chunk.choices:
+        fresh = c.index not in st.choices
+        cs = _choice_state(rt, st, c.index)
+        prefix = ""
+        if fresh and st.opts.echo and pids_prompt:
+            prefix = tok.decode(pids_prompt, skip_special_tokens=st.opts.skip_special)
+        ids, _ = _step_ids(rt, st, c)
+        text = prefix + _detok(rt, st, cs, ids)
+        cs.completion_tokens += len(c.token_ids or [])
+        lp = None
+        if st.opts.logprobs and c.logprobs is not None and c.logprobs.content:
+            lp = completion_logprobs(tok, c.logprobs.content, st.opts.top_logprobs,
+                                     text_offset_start=cs.text_offset + len(prefix), context_token_ids=cs.lp_ctx)
+        cs.text_offset += len(text)
+        if c.token_ids:
+            cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
+        final = c.finish_reason is not None
+        if final:
+            cs.finished = True
+            cs.detok = None
+            cs.lp_ctx = []
+            any_finished = True
+        if text or lp is not None or final:
+            out.append(CompletionStreamResponse(id=rid, model=st.model, choices=[CompletionStreamChoice(
+                index=c.index, text=text, logprobs=lp, finish_reason=c.finish_reason if final else None,
+                stop_reason=c.stop_reason if final else None,
+                token_ids=list(c.token_ids or []) if st.opts.return_token_ids else None)]))
+    st.next_seq += 1
+    if _want_usage(st, force_include_usage, any_finished):
+        st.usage_sent = st.done
+        out.append(CompletionStreamResponse(id=rid, model=st.model, choices=[], usage=_usage(rt, st, False)))
+    return out, st
