@@ -1,0 +1,163 @@
+"""``derender-worker demo``: the whole pipeline on one machine with nothing but the pip install.
+
+Starts the embedded Tansu broker (``worker.transport.broker``; or uses ``--bootstrap-servers``),
+creates the topics, publishes the shipped Qwen3 engine outputs (``worker/demo_data/examples.jsonl``:
+one ``{"kind": "chat"|"completion", "title": str, "body": {...derender body...}}`` per line),
+runs a ``KafkaDerenderWorker`` in-process with ``worker/demo_data/models.json``, reads the replies
+back and prints each OpenAI response as pretty JSON under its title. Exit status 0 only when
+every example got a non-error (``derender-status: 200``) reply in time.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEMO_DIR = Path(__file__).resolve().parent / "demo_data"
+
+
+def add_demo_args(ap: argparse.ArgumentParser) -> None:
+    """Flags of ``derender-worker demo`` (all optional)."""
+    ap.add_argument("--examples", default=str(DEMO_DIR / "examples.jsonl"), help="JSONL of demo engine outputs")
+    ap.add_argument("--config", default=str(DEMO_DIR / "models.json"), help="served-model config (JSON)")
+    ap.add_argument("--bootstrap-servers", default=None,
+                    help="use this Kafka instead of starting the embedded Tansu broker")
+    ap.add_argument("--executor", choices=["thread", "process"], default="thread",
+                    help="derender pool kind (thread starts fastest)")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for all replies")
+    ap.add_argument("--quiet", action="store_true", help="print one status line per example, not the JSON")
+
+
+def load_examples(path: str | Path) -> list[dict]:
+    """Read the demo JSONL. Raises ``ValueError`` naming the line on a malformed entry."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                ex = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: not JSON: {e}") from e
+            if not isinstance(ex, dict) or ex.get("kind") not in ("chat", "completion") or "body" not in ex:
+                raise ValueError(f"{path}:{n}: expected {{kind: chat|completion, title, body}}")
+            out.append(ex)
+    if not out:
+        raise ValueError(f"{path}: no examples")
+    return out
+
+
+def _request_id(ex: dict, i: int) -> str:
+    body = ex["body"]
+    rid = (body.get("generate_response") or {}).get("request_id")
+    if not rid and body.get("generate_responses"):
+        rid = body["generate_responses"][0].get("request_id")
+    return rid or f"demo-{i}"
+
+
+async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) -> int:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    from worker.config import load_config_file
+    from worker.transport.kafka_worker import (
+        HDR_CORRELATION_ID,
+        HDR_KIND,
+        HDR_STATUS,
+        KafkaDerenderWorker,
+        WorkerSettings,
+        ensure_topics,
+    )
+
+    run = uuid.uuid4().hex[:8]
+    inp, reply, dlq = f"demo-engine-outputs-{run}", f"demo-replies-{run}", f"demo-dlq-{run}"
+    models = load_config_file(args.config)
+    await ensure_topics(bootstrap, {inp: 2, reply: 1, dlq: 1})
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False)
+    await producer.start()
+    try:
+        for i, ex in enumerate(examples):
+            await producer.send_and_wait(
+                inp, json.dumps(ex["body"]).encode(), key=_request_id(ex, i).encode(),
+                headers=[("content-type", b"application/json"), (HDR_KIND, ex["kind"].encode()),
+                         (HDR_CORRELATION_ID, str(i).encode())])
+    finally:
+        await producer.stop()
+    print(f"published {len(examples)} engine outputs to {inp} on {bootstrap}", flush=True)
+
+    settings = WorkerSettings(bootstrap_servers=bootstrap, input_topic=inp, reply_topic=reply,
+                              dead_letter_topic=dlq, group_id=f"demo-{run}", executor=args.executor,
+                              num_workers=2, heartbeat_interval_ms=500,
+                              # Tansu joins a group in about half the session timeout; Kafka wants >= 6 s
+                              session_timeout_ms=10000 if args.bootstrap_servers else 2000,
+                              commit_interval_ms=100)
+    replies: dict[int, tuple[int, dict]] = {}
+    t0 = time.perf_counter()
+    consumer = AIOKafkaConsumer(reply, dlq, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        async with KafkaDerenderWorker(settings, models) as worker:
+            deadline = time.monotonic() + args.timeout
+            while len(replies) < len(examples) and time.monotonic() < deadline:
+                for tp, msgs in (await consumer.getmany(timeout_ms=200)).items():
+                    for m in msgs:
+                        h = dict(m.headers or ())
+                        if tp.topic == dlq:
+                            log.error("dead letter: %s", h.get("x-dlq-reason"))
+                            continue
+                        try:
+                            idx = int(h[HDR_CORRELATION_ID])
+                        except (KeyError, ValueError):
+                            log.error("reply without a usable correlation-id: %r", h)
+                            continue
+                        replies[idx] = (int(h.get(HDR_STATUS, b"0")), json.loads(m.value))
+    finally:
+        await consumer.stop()
+    elapsed = time.perf_counter() - t0
+
+    ok = 0
+    for i, ex in enumerate(examples):
+        status, body = replies.get(i, (None, None))
+        good = status == 200
+        ok += good
+        print(f"\n=== [{i + 1}/{len(examples)}] {ex.get('title', '')} ({ex['kind']}) -> "
+              f"{'no reply' if status is None else f'status {status}'}", flush=True)
+        if body is not None and not args.quiet:
+            print(json.dumps(body, indent=2, ensure_ascii=False), flush=True)
+    print(f"\n{ok}/{len(examples)} examples derendered OK in {elapsed:.2f}s (worker stats: {worker.stats.as_dict()})",
+          flush=True)
+    return 0 if ok == len(examples) else 1
+
+
+def main_demo(args: argparse.Namespace) -> int:
+    """Run the demo (see the module docstring). Returns 0 when every example got a 200 reply,
+    1 otherwise, 2 when the examples/config cannot be read or no broker can be started."""
+    try:
+        examples = load_examples(args.examples)
+    except (OSError, ValueError) as e:
+        log.error("cannot read demo examples: %s", e)
+        return 2
+    from aiokafka.errors import KafkaError
+
+    with contextlib.ExitStack() as stack:
+        bootstrap = args.bootstrap_servers
+        if not bootstrap:
+            from worker.transport.broker import TansuBroker
+            try:
+                bootstrap = stack.enter_context(TansuBroker()).bootstrap_servers
+            except (FileNotFoundError, RuntimeError, TimeoutError) as e:
+                log.error("cannot start the embedded Tansu broker: %s", e)
+                return 2
+        try:
+            return asyncio.run(_demo(args, bootstrap, examples))
+        except (OSError, ValueError, KafkaError) as e:
+            log.error("demo failed: %s: %s", type(e).__name__, e)
+            return 2
