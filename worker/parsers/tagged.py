@@ -35,6 +35,9 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     pending_ws: str = ""
     marker: str = ""
     parallel: bool = True
+    #: per-function parameter types from the request's tool schemas (``{name: {param: type}}``),
+    #: for families whose markup carries untyped values (``TaggedToolParser.param_types``)
+    types: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
 
 
 def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
@@ -53,9 +56,35 @@ def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
     return [(obj["name"], json.dumps(args, ensure_ascii=False))]
 
 
+def tool_param_types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """``{function name: {parameter: JSON-schema type}}`` from an OpenAI tool list (the type is
+    the schema's ``type``: a string, a list of strings, or None when absent)."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in tools or ():
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        params = fn.get("parameters")
+        props = params.get("properties") if isinstance(params, dict) else None
+        types: dict[str, Any] = {}
+        if isinstance(props, dict):
+            for k, v in props.items():
+                types[k] = v.get("type") if isinstance(v, dict) else None
+        out[fn["name"]] = types
+    return out
+
+
 class TaggedToolParser(ToolParser):
     """Tool parser for ``START body END`` calls; subclasses set ``starts``, ``ends`` and
-    ``parse_body`` (body text -> list of ``(name, arguments JSON)`` or None when malformed)."""
+    ``parse_body`` (body text -> list of ``(name, arguments JSON)`` or None when malformed).
+
+    Hooks for families that need more: ``param_types`` (keep the request's parameter types in
+    the state, read by ``parse_call``), ``parse_call(state, body)`` (defaults to
+    ``parse_body(body.strip())``), ``parse_partial(state, body)`` (a call left open at the end of
+    the output: list of calls to return, ``[]`` to drop the markup, or None (default) to keep it
+    as content)."""
+
+    param_types: ClassVar[bool] = False
 
     starts: ClassVar[tuple[str, ...]] = ("<tool_call>",)
     ends: ClassVar[tuple[str, ...]] = ("</tool_call>",)
@@ -65,7 +94,24 @@ class TaggedToolParser(ToolParser):
         self.tok = tok
 
     def initial_state(self, ctx: RequestContext) -> TaggedState:
-        return TaggedState(parallel=ctx.parallel_tool_calls is not False)
+        return TaggedState(parallel=ctx.parallel_tool_calls is not False,
+                           types=tool_param_types(ctx.tools) if self.param_types else {})
+
+    def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
+        """Calls of one complete block body (None: malformed, the block stays content)."""
+        return type(self).parse_body(body.strip())
+
+    def parse_partial(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
+        """Calls of a block left open at the end of the output (see class docstring)."""
+        return None
+
+    def _emit(self, st: TaggedState, out: Delta, parsed: list[tuple[str, str]]) -> None:
+        for name, args in parsed:
+            if st.parallel or st.calls == 0:
+                out.tool_calls.append(ToolCallDelta(index=st.calls, name=name, arguments=args))
+                st.calls += 1
+        st.seg_text = False
+        st.pending_ws = ""
 
     def _text(self, st: TaggedState, out: Delta, t: str) -> None:
         if not t:
@@ -80,16 +126,14 @@ class TaggedToolParser(ToolParser):
             st.seg_text = True
 
     def _close(self, st: TaggedState, out: Delta, body: str, end: str) -> None:
-        parsed = type(self).parse_body(body.strip())
+        try:
+            parsed = self.parse_call(st, body)
+        except Exception:  # noqa: BLE001 - bad markup never raises
+            parsed = None
         if parsed is None:
             self._text(st, out, st.marker + body + end)
             return
-        for name, args in parsed:
-            if st.parallel or st.calls == 0:
-                out.tool_calls.append(ToolCallDelta(index=st.calls, name=name, arguments=args))
-                st.calls += 1
-        st.seg_text = False
-        st.pending_ws = ""
+        self._emit(st, out, parsed)
 
     def feed(self, state: TaggedState, text: str, token_ids: list[int]) -> Delta:
         out = Delta()
@@ -126,7 +170,16 @@ class TaggedToolParser(ToolParser):
         rest, st.buf = st.buf, ""
         if st.in_call:
             st.in_call = False
-            self._text(st, out, st.marker + rest)
+            try:
+                parsed = self.parse_partial(st, rest)
+            except Exception:  # noqa: BLE001
+                parsed = None
+            if parsed is None:
+                self._text(st, out, st.marker + rest)
+            elif parsed:
+                self._emit(st, out, parsed)
+            else:
+                st.pending_ws = ""
         else:
             self._text(st, out, rest)
         if st.calls == 0 and st.pending_ws:
