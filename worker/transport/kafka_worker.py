@@ -304,6 +304,9 @@ def _proc_init(models: list[ServedModelConfig]) -> None:
     from worker.core.service import DerenderService
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and drains
     _PROC_SERVICE = DerenderService(models)
+    preload = getattr(_PROC_SERVICE, "preload", None)
+    if preload is not None:
+        preload()  # load tokenizers/parsers now, not on the first message
 
 
 def _proc_job(value: bytes | None, kind: str | None) -> JobOutcome:
@@ -438,8 +441,15 @@ class KafkaDerenderWorker:
         self._job_fn = _proc_job
 
     async def _warm_up(self) -> None:
-        """Start every pool process now (so model loading errors surface at startup, not on the
-        first message). Raises ``BrokenProcessPool`` when the initializer fails."""
+        """Load the models now (so configuration errors surface at startup, not on the first
+        message): ``preload()`` the thread-mode service, or start every pool process (each
+        preloads in its initializer). Raises what ``preload`` raises (``ValueError`` on a bad
+        model config) or ``BrokenProcessPool`` when the pool initializer fails."""
+        preload = getattr(self._service, "preload", None)
+        if preload is not None and not isinstance(self._executor, cf.ProcessPoolExecutor):
+            t0 = time.perf_counter()
+            await asyncio.get_running_loop().run_in_executor(self._executor, preload)
+            log.info("models loaded in %.2fs", time.perf_counter() - t0)
         if isinstance(self._executor, cf.ProcessPoolExecutor):
             loop = asyncio.get_running_loop()
             t0 = time.perf_counter()
