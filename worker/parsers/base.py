@@ -110,6 +110,10 @@ class ToolParser:
     needs_special_tokens: ClassVar[bool] = False
     #: shape of tool call ids clients expect: ``"chatcmpl-tool"`` or ``"alnum9"`` (Mistral)
     id_format: ClassVar[str] = "chatcmpl-tool"
+    #: the family's serving removes tool-call markup from the content even when the request
+    #: declares tools but turns them off (``tool_choice: "none"``): the parser still runs, its
+    #: calls are discarded (DeepSeek V4)
+    strips_markup_when_off: ClassVar[bool] = False
 
     def initial_state(self, ctx: RequestContext) -> Any:
         raise NotImplementedError

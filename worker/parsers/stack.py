@@ -6,7 +6,9 @@ and the streaming path (one delta per chunk, state checkpointed between chunks).
 tool_choice modes (OpenAI spec; vLLM's serving code):
 
 * ``off``: no tools in the request, ``tool_choice="none"``, or ``auto`` without a tool parser /
-  ``--enable-auto-tool-choice``: tool markup stays in content;
+  ``--enable-auto-tool-choice``: tool markup stays in content (except for tool parsers with
+  ``strips_markup_when_off``, run in the internal ``strip`` mode when the request declares
+  tools: markup removed, calls discarded, finish_reason untouched);
 * ``auto``: the tool parser extracts calls; finish_reason ``stop`` becomes ``tool_calls``;
 * ``required``: calls come from the tool parser's markup, else from the content as the JSON list
   ``[{"name", "parameters"}]`` guided decoding produces; content is ``""``;
@@ -114,6 +116,8 @@ class ParserStack:
     def initial_state(self, ctx: RequestContext) -> StackState:
         """Fresh state for one choice of a request."""
         mode = self.tool_mode(ctx)
+        if mode == "off" and ctx.tools and self.tool is not None and self.tool.strips_markup_when_off:
+            mode = "strip"
         return StackState(
             mode=mode,
             named=ctx.named_tool(),
@@ -145,6 +149,9 @@ class ParserStack:
         if st.mode == "auto":
             st.calls += len(d.tool_calls)
             return d
+        if st.mode == "strip":
+            out.content = d.content
+            return out
         # required / named: content is held back for JSON parsing; markup calls pass through
         st.held += d.content
         out.tool_calls = d.tool_calls

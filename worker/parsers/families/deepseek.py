@@ -1,0 +1,189 @@
+"""DeepSeek families: ``--reasoning-parser deepseek_v3`` + ``--tool-parser deepseek_v31``
+(DeepSeek V3.1 / V3.2 hybrid thinking) and ``--reasoning-parser deepseek_v4`` +
+``--tool-parser deepseek_v4`` (DeepSeek V4, DSML tool calls).
+
+Formats (DeepSeek V3.1 model card and ``tool_chat_template_deepseekv31.jinja``; DeepSeek V4's
+encoder shipped with vLLM ``--tokenizer-mode deepseek_v4``; vLLM's ``deepseek_v3`` /
+``deepseek_v4`` reasoning parsers and ``deepseekv31`` / ``deepseekv4`` tool parsers):
+
+* reasoning: ``...</think>answer``. The template ends the generation prompt with ``<think>``
+  (thinking) or ``</think>`` (non-thinking), so the output starts inside the block and only
+  ``</think>`` shows up. ``deepseek_v3`` is vLLM's switch: R1 behaviour (output without
+  ``</think>`` is reasoning) only when ``chat_template_kwargs`` has ``thinking: true`` (or
+  ``enable_thinking: true``), else the identity parser (all content, whatever the prompt).
+  vLLM's ``deepseek_v3`` wrapper reports ``reasoning_tokens`` 0 (it does not forward the
+  count); ``deepseek_v4`` counts them. ``deepseek_v4`` thinks by default: ``thinking: false`` (or a prompt whose assistant turn
+  closed the block with ``</think>``) starts in content; a DSML tool-call block ends the
+  reasoning (vLLM's V4 parser hands it to the tool parser as content).
+* V3.1 tool calls: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{JSON args}
+  <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>``; arguments are returned as written (must be JSON).
+  A block left open at the end is dropped, no call, no content (``dsv31-tool-malformed-v0``).
+* V4 tool calls (DSML, same grammar as V3.2 inside a ``tool_calls`` fence)::
+
+    <｜DSML｜tool_calls>
+    <｜DSML｜invoke name="get_weather">
+    <｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>
+    </｜DSML｜invoke>
+    </｜DSML｜tool_calls>
+
+  ``string="true"`` values are strings; others are typed by the request schema, else JSON
+  (``worker.parsers.values``). ``<dsml:``/``</dsml:`` (single tokens in the V4 vocab) are
+  accepted as the same tag prefix. A block left open keeps the complete invokes and, for the
+  open invoke, its complete parameters (``dsv4-tool-malformed-v0``). With ``tool_choice:
+  "none"`` coupled V4 serving still removes the DSML block from the content (no call), see
+  ``dsv4-tool-choice-none-v0``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import re
+
+from worker.parsers.base import RequestContext
+from worker.parsers.registry import register_reasoning, register_tool
+from worker.parsers.tagged import TaggedState, TaggedToolParser
+from worker.parsers.think import ThinkReasoningParser, ThinkSpec, ThinkState
+from worker.parsers.values import convert_param, dumps_args
+
+
+# ----------------------------------------------------------------------------- reasoning ---
+def _thinking_requested(ctx: RequestContext) -> bool:
+    kw = ctx.chat_template_kwargs or {}
+    return bool(kw.get("thinking")) or bool(kw.get("enable_thinking"))
+
+
+@register_reasoning("deepseek_v3", "DeepSeek V3.1/V3.2 (hybrid thinking)",
+                    "…</think>; R1 rules with thinking=true, else all content")
+class DeepSeekV3ReasoningParser(ThinkReasoningParser):
+    """R1-style ``<think>`` parsing when the request turned thinking on, identity otherwise."""
+
+    spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True)
+
+    def _count(self, st: ThinkState, token_ids: list[int]) -> int:
+        # vLLM's deepseek_v3 wrapper does not forward count_reasoning_tokens: usage reports 0
+        # (dsv31-thinking-* cases)
+        return 0
+
+    def initial_state(self, ctx: RequestContext) -> ThinkState:
+        if _thinking_requested(ctx):
+            return ThinkState(mode="start", tok_reasoning=True)
+        return ThinkState(mode="content", tok_reasoning=False)
+
+
+@register_reasoning("deepseek_v4", "DeepSeek V4", "…</think>; thinking by default; DSML block ends reasoning")
+class DeepSeekV4ReasoningParser(ThinkReasoningParser):
+    """DeepSeek V4: reasoning until ``</think>`` (or a DSML tool-call block)."""
+
+    spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
+                     turn_token="<｜Assistant｜>", implicit_end=("<｜DSML｜tool_calls>", "<dsml:tool_calls>"))
+
+
+# ------------------------------------------------------------------------------ V3.1 tools ---
+_V31_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.DOTALL)
+
+
+def parse_v31_body(body: str) -> list[tuple[str, str]] | None:
+    """Calls of a complete ``<｜tool▁calls▁begin｜>`` block; None when one is malformed."""
+    calls = []
+    for name, args in _V31_CALL.findall(body):
+        name = name.strip()
+        try:
+            json.loads(args)
+        except ValueError:
+            return None
+        if not name:
+            return None
+        calls.append((name, args.strip()))
+    return calls or None
+
+
+@register_tool("deepseek_v31", "DeepSeek V3.1/V3.2",
+               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>…")
+class DeepSeekV31ToolParser(TaggedToolParser):
+    """DeepSeek V3.1 calls: the whole ``tool▁calls`` block, JSON arguments as written."""
+
+    starts = ("<｜tool▁calls▁begin｜>",)
+    ends = ("<｜tool▁calls▁end｜>",)
+
+    def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
+        return parse_v31_body(body)
+
+    def parse_partial(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
+        return []  # unterminated block: dropped (coupled non-stream answer)
+
+
+# -------------------------------------------------------------------------------- V4 tools ---
+_O = r"<(?:｜DSML｜|dsml:)"
+_C = r"</(?:｜DSML｜|dsml:)"
+_INVOKE_OPEN = re.compile(_O + r'invoke\s+name="([^"]+)"\s*>')
+_INVOKE_CLOSE = re.compile(_C + r"invoke>")
+_PARAM = re.compile(_O + r'parameter\s+name="([^"]+)"\s+string="(true|false)"\s*>(.*?)' + _C + r"parameter>",
+                    re.DOTALL)
+
+
+def _dsml_params(text: str, fn_types: dict[str, Any] | None) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for pname, is_str, raw in _PARAM.findall(text):
+        if is_str == "true":
+            params[pname] = raw
+        elif fn_types is not None and fn_types.get(pname) is not None:
+            params[pname] = convert_param(raw, fn_types[pname])
+        else:
+            try:
+                params[pname] = json.loads(raw)
+            except ValueError:
+                params[pname] = raw
+    # vLLM's repair: a lone undeclared "arguments"/"input" wrapper holding the real parameters
+    allowed = set(fn_types or ())
+    for wrapper in ("arguments", "input"):
+        if set(params) == {wrapper} and wrapper not in allowed:
+            inner = params[wrapper]
+            if isinstance(inner, str):
+                try:
+                    inner = json.loads(inner)
+                except ValueError:
+                    break
+            if isinstance(inner, dict) and set(inner) <= allowed:
+                params = inner
+    return params
+
+
+def parse_dsml_body(body: str, types: dict[str, dict[str, Any]], complete: bool
+                    ) -> list[tuple[str, str]] | None:
+    """Calls of a DSML ``tool_calls`` body. ``complete``: every invoke must be closed; else the
+    open last invoke keeps its complete parameters. None when there is no named invoke."""
+    calls = []
+    pos = 0
+    while True:
+        m = _INVOKE_OPEN.search(body, pos)
+        if m is None:
+            break
+        name = m.group(1).strip()
+        end = _INVOKE_CLOSE.search(body, m.end())
+        if end is None:
+            if complete:
+                return None
+            inner, pos = body[m.end():], len(body)
+        else:
+            inner, pos = body[m.end():end.start()], end.end()
+        calls.append((name, dumps_args(_dsml_params(inner, types.get(name)))))
+        if end is None:
+            break
+    return calls or None
+
+
+@register_tool("deepseek_v4", "DeepSeek V4", '<｜DSML｜tool_calls><｜DSML｜invoke name=…><｜DSML｜parameter …>')
+class DeepSeekV4ToolParser(TaggedToolParser):
+    """DeepSeek V4 DSML calls (one fenced block, one or more invokes)."""
+
+    starts = ("<｜DSML｜tool_calls>", "<dsml:tool_calls>")
+    ends = ("</｜DSML｜tool_calls>", "</dsml:tool_calls>")
+    param_types = True
+    strips_markup_when_off = True
+
+    def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
+        return parse_dsml_body(body, st.types, complete=True)
+
+    def parse_partial(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
+        return parse_dsml_body(body, st.types, complete=False)
