@@ -2,3 +2,5 @@
 from worker.parsers.families import qwen3  # noqa: F401
 from worker.parsers.families import qwen3_coder  # noqa: F401
 from worker.parsers.families import deepseek  # noqa: F401
+from worker.parsers.families import mistral  # noqa: F401
+from worker.parsers.families import llama  # noqa: F401

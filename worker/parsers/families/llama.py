@@ -1,0 +1,76 @@
+"""Llama 3.1/3.2/3.3 family: ``--tool-parser llama3_json``.
+
+Format (Llama 3.1 model card, JSON-based tool calling, and its chat template; vLLM
+``llama_tool_parser``): the assistant answers a call with a JSON object
+``{"name": ..., "parameters": {...}}``, optionally after the ``<|python_tag|>`` special token;
+several calls are separated by ``;``. ``"arguments"`` is accepted for ``"parameters"``.
+
+Parity rules (README rule d): vLLM's non-streaming parser extracts the JSON call wherever it
+starts, so text before a complete call is dropped and the call returned
+(``llama3-tool-content-before-v0``); an incomplete or invalid call leaves the whole output as
+content (``llama3-tool-malformed-v0``). Hence, with tools in play, the output is held and
+parsed at the end (``JsonTailToolParser.hold_all``).
+"""
+from __future__ import annotations
+
+import json
+
+from worker.parsers.jsontail import JsonTailToolParser, call_of
+from worker.parsers.registry import register_tool
+
+_PYTHON_TAG = "<|python_tag|>"
+_MAX_STARTS = 32
+_DECODER = json.JSONDecoder()
+
+
+def _chain(text: str, i: int) -> list[tuple[str, str]] | None:
+    """``call; call; ...`` starting at ``text[i] == "{"``; None unless every segment is a call."""
+    calls = []
+    n = len(text)
+    while True:
+        try:
+            obj, j = _DECODER.raw_decode(text, i)
+        except ValueError:
+            return None
+        c = call_of(obj)
+        if c is None:
+            return None
+        calls.append(c)
+        while j < n and text[j].isspace():
+            j += 1
+        if j < n and text[j] == ";":
+            j += 1
+            while j < n and text[j].isspace():
+                j += 1
+            if j < n and text[j] == "{":
+                i = j
+                continue
+        return calls
+
+
+def parse_llama_output(text: str) -> list[tuple[str, str]] | None:
+    """Calls in a Llama 3 output: after ``<|python_tag|>`` if present, else from the first
+    ``{`` that starts a call chain (a bounded number of candidates)."""
+    k = text.find(_PYTHON_TAG)
+    if k >= 0:
+        text = text[k + len(_PYTHON_TAG):]
+    pos = 0
+    for _ in range(_MAX_STARTS):
+        i = text.find("{", pos)
+        if i < 0:
+            return None
+        calls = _chain(text, i)
+        if calls:
+            return calls
+        pos = i + 1
+    return None
+
+
+@register_tool("llama3_json", "Llama 3.1/3.2/3.3", '<|python_tag|>? {"name", "parameters"}; …')
+class Llama3JsonToolParser(JsonTailToolParser):
+    """Llama 3 JSON calls (whole output parsed at the end)."""
+
+    hold_all = True
+
+    def parse_body(self, body: str) -> list[tuple[str, str]] | None:
+        return parse_llama_output(body)

@@ -1,0 +1,108 @@
+"""Declarative engine for tool calls written as JSON at the end of the output, optionally after
+a start marker (Mistral ``[TOOL_CALLS][...]``, Llama 3 ``{"name", "parameters"}; ...``): the
+calls run to the end of the output, so the body is buffered and parsed once, at ``finish``.
+
+A subclass sets:
+
+* ``markers``: start markers; text before the first one is content (streamed, a possible
+  split marker held back); the text after it is the body;
+* ``hold_all``: no marker is required: the whole output is held and parsed at the end (a
+  complete call drops the text around it; otherwise it is all content) — Llama 3;
+* ``parse_body(text)``: ``[(name, arguments JSON)]`` or None when the text is not calls;
+* ``malformed_content(body)``: the content a body that does not parse becomes.
+
+Per ``feed`` work is O(delta + marker length): text is appended, never re-scanned; the parse
+is one pass at the end. Bad JSON never raises: it is content. With
+``parallel_tool_calls=false`` only the first call is returned.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import msgspec
+
+from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back
+
+
+class JsonTailState(msgspec.Struct, kw_only=True, array_like=True):
+    """``in_body``: the start marker was seen (or ``hold_all``); ``buf``: held-back text (a
+    possible split marker before the body, the body after it); ``parallel``: the request's
+    ``parallel_tool_calls``."""
+
+    in_body: bool = False
+    buf: str = ""
+    parallel: bool = True
+
+
+def call_of(obj: Any) -> tuple[str, str] | None:
+    """``(name, arguments JSON)`` of a ``{"name", "arguments"|"parameters"}`` object, else None.
+    Object arguments are serialized with ``json.dumps(ensure_ascii=False)``; string arguments
+    must be JSON text and are kept as written."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            json.loads(args)
+        except ValueError:
+            return None
+        return obj["name"], args
+    if not isinstance(args, dict):
+        return None
+    return obj["name"], json.dumps(args, ensure_ascii=False)
+
+
+class JsonTailToolParser(ToolParser):
+    """Engine for marker-then-JSON tool calls (module docstring)."""
+
+    markers: ClassVar[tuple[str, ...]] = ()
+    hold_all: ClassVar[bool] = False
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    # -- family hooks -------------------------------------------------------------------------
+    def parse_body(self, body: str) -> list[tuple[str, str]] | None:
+        raise NotImplementedError
+
+    def malformed_content(self, body: str) -> str:
+        return body
+
+    # -- machine ------------------------------------------------------------------------------
+    def initial_state(self, ctx: RequestContext) -> JsonTailState:
+        return JsonTailState(in_body=self.hold_all, parallel=ctx.parallel_tool_calls is not False)
+
+    def feed(self, state: JsonTailState, text: str, token_ids: list[int]) -> Delta:
+        out = Delta()
+        if state.in_body:
+            state.buf += text
+            return out
+        s = state.buf + text
+        i, m = find_first(s, self.markers)
+        if i < 0:
+            keep = hold_back(s, self.markers)
+            out.content = s[: len(s) - keep]
+            state.buf = s[len(s) - keep:]
+            return out
+        out.content = s[:i]
+        state.in_body, state.buf = True, s[i + len(m):]
+        return out
+
+    def finish(self, state: JsonTailState) -> Delta:
+        out = Delta()
+        body, state.buf = state.buf, ""
+        if not state.in_body:
+            out.content = body
+            return out
+        try:
+            calls = self.parse_body(body)
+        except Exception:  # noqa: BLE001 - bad markup never raises
+            calls = None
+        if not calls:
+            out.content = self.malformed_content(body)
+            return out
+        if not state.parallel:
+            calls = calls[:1]
+        out.tool_calls = [ToolCallDelta(index=i, name=n, arguments=a) for i, (n, a) in enumerate(calls)]
+        return out
