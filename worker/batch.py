@@ -6,6 +6,14 @@ JSON, told apart by shape: ``generate_response`` vs ``generate_responses``); bla
 skipped; gzip input is recognised by its ``.gz`` suffix; ``-`` reads standard input.
 Output: one line per input line, in input order: the OpenAI response, or an OpenAI error object
 (``{"error": {...}}``) for a bad line. A bad line never stops the file.
+Streamed logs: a line that is a streaming chunk body (``generate_chunk``: a
+``DerenderChatStreamRequest`` / ``DerenderCompletionStreamRequest``) is derendered in input order
+in the parent process, with the stream state kept in memory per request id
+(``DerenderService.derender_stream``; the state is dropped when every choice of the request has
+finished); its output line is a JSON list of the OpenAI stream chunks it produced (possibly
+``[]``; the last chunk of a request carries ``usage``), or an error object. Chunks of one request
+must appear in order; requests may interleave; chat vs completion is told by
+``completion_request`` on the request's first chunk (chat otherwise).
 Work is spread over processes (``--workers``, default: all cores); the served models are loaded
 once in the parent and shared with the forked workers. A progress bar shows on a terminal;
 a summary goes to standard error at the end.
@@ -21,6 +29,8 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+
+import msgspec
 
 from worker.config import models_from_args
 from worker.core.service import DerenderService, error_body
@@ -53,10 +63,57 @@ def _lines(path: str) -> Iterator[bytes]:
                 yield line
 
 
-def _work(line: bytes) -> tuple[bytes, int]:
+def _work(line: bytes | tuple[bytes, int]) -> tuple[bytes, int]:
+    if isinstance(line, tuple):  # a stream line, already derendered in the parent
+        return line
     assert _service is not None
     res = _service.derender(line)
     return res.body, res.status
+
+
+class _ChunkProbe(msgspec.Struct):
+    generate_chunk: msgspec.Raw = msgspec.Raw()
+    request_id: str | None = None
+
+
+class _ChunkRid(msgspec.Struct):
+    request_id: str | None = None
+
+
+_chunk_probe = msgspec.json.Decoder(_ChunkProbe)
+_chunk_rid = msgspec.json.Decoder(_ChunkRid)
+
+
+def _stream_request_id(line: bytes) -> str | None:
+    """The request id of a streaming chunk line, "" when it has none, None for other lines."""
+    if b'"generate_chunk"' not in line:
+        return None
+    try:
+        p = _chunk_probe.decode(line)
+        raw = bytes(p.generate_chunk)
+        if not raw or raw == b"null":
+            return None
+        return _chunk_rid.decode(raw).request_id or ""
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _with_streams(service: DerenderService, lines: Iterator[bytes]) -> Iterator[bytes | tuple[bytes, int]]:
+    """Pass non-stream lines through; derender stream chunk lines here, in input order, with
+    the per-request state in memory (see module docstring)."""
+    states: dict[str, bytes] = {}
+    for line in lines:
+        rid = _stream_request_id(line)
+        if rid is None:
+            yield line
+            continue
+        res, new_state = service.derender_stream(line, states.get(rid))
+        if new_state is not None:
+            if res.done:
+                states.pop(rid, None)
+            else:
+                states[rid] = new_state
+        yield res.body, res.status
 
 
 def run_batch(service: DerenderService, input_path: str, output_path: str, workers: int = 0,
@@ -80,12 +137,12 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
         bar = tqdm(unit="line", file=sys.stderr)
     try:
         if workers == 1:
-            results: Iterator[tuple[bytes, int]] = map(_work, _lines(input_path))
+            results: Iterator[tuple[bytes, int]] = map(_work, _with_streams(service, _lines(input_path)))
             pool = None
         else:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             pool = mp.get_context("fork").Pool(workers)
-            results = pool.imap(_work, _lines(input_path), chunksize=chunksize)
+            results = pool.imap(_work, _with_streams(service, _lines(input_path)), chunksize=chunksize)
         for body, status in results:
             out.write(body)
             out.write(b"\n")

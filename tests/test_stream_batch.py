@@ -1,0 +1,53 @@
+"""Batch mode over a streamed log: chunk lines of several requests interleaved with
+non-streaming lines; stream state is kept per request id in memory, output stays in input order."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tests.parity import corpus, service
+from tests.parity_tools import compare as compare_mod
+from tests.parity_tools import to_requests
+from worker.batch import run_batch
+from worker.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+
+def _supported(case: dict) -> bool:
+    cfg = service().models[case["model"]]
+    return not ((cfg.reasoning_parser and cfg.reasoning_parser not in REASONING_PARSERS)
+                or (cfg.tool_parser and cfg.tool_parser not in TOOL_PARSERS))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_batch_streamed_log(tmp_path, workers):
+    cases = [c for c in corpus() if (c.get("expected") or {}).get("stream") is not None
+             and (c.get("expected_vllm") or {}).get("inputs", {}).get("choices") and _supported(c)][:12]
+    assert cases
+    rng = random.Random(7)
+    queues = [(c["id"], list(to_requests.stream_bodies(c))) for c in cases]
+    plain = [to_requests.nonstream_body(c) for c in cases[:3]]
+    lines: list[tuple[str | None, dict]] = []
+    while any(q for _, q in queues):
+        cid, q = rng.choice([x for x in queues if x[1]])
+        lines.append((cid, q.pop(0)))
+        if plain and rng.random() < 0.1:
+            lines.append((None, plain.pop()))
+    lines.extend((None, p) for p in plain)
+    src = tmp_path / "log.jsonl"
+    src.write_text("".join(json.dumps(b) + "\n" for _, b in lines))
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(service(), str(src), str(out), workers=workers, progress=False)
+    assert summary["lines"] == len(lines) and summary["ok"] == len(lines)
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    per_case: dict[str, list] = {}
+    for (cid, body), res in zip(lines, got):
+        if cid is None:
+            assert isinstance(res, dict) and res.get("object") in ("chat.completion", "text_completion")
+        else:
+            assert isinstance(res, list)
+            per_case.setdefault(cid, []).extend(res)
+    for c in cases:
+        ok, _, why = compare_mod.compare_stream(c, per_case[c["id"]])
+        assert ok, f"{c['id']}: {why}"
