@@ -1,0 +1,103 @@
+"""Split independence and checkpointing of the parser stack over the parity corpus.
+
+For every chat case (with a non-streaming answer) of the models with parsers, each choice's
+output is run through the stack as one delta (what the non-streaming path does) and as
+token-aligned text deltas from the core's ``IncrementalDetokenizer`` in chunks of 1 token,
+3 tokens and random sizes. The final reasoning / content / tool calls / reasoning_tokens must be
+the same, also when the stack state is round-tripped through ``msgspec.json`` after every
+chunk (``ParserStack.load_state``), as a streaming worker checkpoints it.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import msgspec
+import pytest
+
+from schemas import DerenderChatRequest
+from tests.parity import corpus, service
+from tests.parity_tools import to_requests
+from worker.core import derender as D
+from worker.core.detokenize import IncrementalDetokenizer, stop_token_trimmed
+from worker.parsers.base import Delta
+
+MODELS = ("qwen3", "qwen3-coder", "deepseek-v4", "deepseek-v31-markup", "mistral-7b-v0.3",
+          "mistral-v7-mistral-mode", "llama3")
+
+
+def _cases() -> list[dict]:
+    return [c for c in corpus() if c["model"] in MODELS and c["endpoint"] == "chat"
+            and (c.get("expected") or {}).get("nonstream") and not (c["expected"].get("error"))]
+
+
+CASES = _cases()
+
+
+def _outcome(d: Delta) -> tuple:
+    calls = D.merge_tool_calls("r", 0, d, "chatcmpl-tool")
+    return (d.reasoning, d.content, [(c.function.name, c.function.arguments) for c in calls],
+            d.reasoning_tokens)
+
+
+def _chunks(ids: list[int], how: str, rng: random.Random) -> list[list[int]]:
+    if how == "one":
+        return [ids]
+    out, i = [], 0
+    while i < len(ids):
+        n = {"1": 1, "3": 3}.get(how) or rng.randint(1, 7)
+        out.append(ids[i:i + n])
+        i += n
+    return out
+
+
+def _setup(case: dict):
+    body = msgspec.json.decode(json.dumps(to_requests.nonstream_body(case)).encode(), type=DerenderChatRequest)
+    rt = service().runtime(case["model"])
+    req = body.chat_request or D._DEFAULT_CHAT_REQUEST
+    gr = body.generate_response
+    prompt_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
+    ctx = D.request_context(req, prompt_ids)
+    skip = D._skip_special(rt, req.skip_special_tokens, rt.stack.tool_mode(ctx))
+    return rt, req, gr, prompt_ids, ctx, skip
+
+
+def _run(rt, ctx, req, prompt_ids, skip, ids, chunks, roundtrip: bool) -> tuple[tuple, str]:
+    stack = rt.stack
+    special = rt.tokenizer.special_ids if skip else frozenset()
+    detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=skip,
+                                   spaces_between_special_tokens=req.spaces_between_special_tokens,
+                                   prompt_token_ids=prompt_ids)
+    st = stack.initial_state(ctx)
+    total = Delta()
+    text_all = ""
+    for chunk in chunks:
+        text = detok.add(chunk)
+        text_all += text
+        total.extend(stack.feed(st, text, [t for t in chunk if t not in special]))
+        if roundtrip:
+            st = stack.load_state(msgspec.json.decode(msgspec.json.encode(st)))
+    total.extend(stack.finish(st))
+    return _outcome(total), text_all
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_split_and_roundtrip(case):
+    rt, req, gr, prompt_ids, ctx, skip = _setup(case)
+    rng = random.Random(case["id"])
+    for c in gr.choices:
+        # reference: the non-streaming path (whole text as one delta)
+        text, pids = D._text_of(rt, c, prompt_ids, skip, req.spaces_between_special_tokens,
+                                req.include_stop_str_in_output)
+        st = rt.stack.initial_state(ctx)
+        ref = rt.stack.feed(st, text, pids)
+        ref.extend(rt.stack.finish(st))
+        expected = _outcome(ref)
+        ids = stop_token_trimmed(c.token_ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids,
+                                 req.include_stop_str_in_output)
+        for how in ("one", "1", "3", "rand", "rand"):
+            chunks = _chunks(ids, how, rng)
+            for roundtrip in (False, True):
+                got, streamed = _run(rt, ctx, req, prompt_ids, skip, ids, chunks, roundtrip)
+                assert streamed == text, f"detokenizer: split {how} text differs from the whole-output text"
+                assert got == expected, f"split {how} roundtrip={roundtrip}: {got!r} != {expected!r}"
