@@ -1,0 +1,115 @@
+"""Streaming benchmark: per-chunk latency and state size of a long Qwen3 stream.
+
+``python -m worker.bench_stream [--tokenizer tests/data/tokenizers/qwen3] [--tokens 2048]
+[--repeat 5]`` streams a Qwen3 output (``<think>`` reasoning, a short answer, then a Hermes
+``<tool_call>`` and ``<|im_end|>``) in 1-token chunks through ``DerenderService.derender_stream``
+(qwen3 reasoning + hermes tools, ``logprobs`` off), decoding and re-encoding the msgpack state on
+every chunk as the Kafka worker does with Redis. Prints the median per-chunk latency around chunks
+16, 256, 1024 and 2048 (median over the chunk and the 7 before it, across repeats), the ratio
+last/first (should stay <= 1.5: work per chunk is O(delta), not O(stream)), and the encoded
+state size at those chunks and its maximum.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from worker.config import ServedModelConfig
+from worker.core.service import DerenderService
+
+_ROOT = Path(__file__).resolve().parent.parent
+_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "notes": {"type": "string"}},
+                   "required": ["city"]}}}]
+_REASON = ("The user asks about the weather in Paris, so I should call the weather tool with the city "
+           "name. Let me think about which unit they prefer and whether any extra context helps. ")
+
+
+def build_output(tok, n_tokens: int) -> tuple[list[int], list[int]]:
+    """(prompt ids, output ids of exactly ``n_tokens``): reasoning, answer, one tool call, EOS."""
+    prompt = tok.encode("<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n")
+    head = tok.encode("<think>\n")
+    tail_text = ("\n</think>\n\nI'll look that up for you.\n<tool_call>\n"
+                 + json.dumps({"name": "get_weather", "arguments": {
+                     "city": "Paris", "notes": "metric units, include humidity and wind; " * 12}})
+                 + "\n</tool_call>")
+    tail = tok.encode(tail_text) + [tok.token_to_id("<|im_end|>")]
+    body: list[int] = []
+    chunk = tok.encode(_REASON)
+    while len(head) + len(body) + len(tail) < n_tokens:
+        body.extend(chunk)
+    body = body[: n_tokens - len(head) - len(tail)]
+    return prompt, head + body + tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokenizer", default=str(_ROOT / "tests" / "data" / "tokenizers" / "qwen3"))
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args(argv)
+    svc = DerenderService([ServedModelConfig(name="qwen3", tokenizer=args.tokenizer, reasoning_parser="qwen3",
+                                             tool_parser="hermes", enable_auto_tool_choice=True)])
+    svc.preload()
+    tok = svc.runtime("qwen3").tokenizer
+    prompt, out = build_output(tok, args.tokens)
+    rid = "bench-stream"
+    bodies = []
+    for i, t in enumerate(out):
+        last = i == len(out) - 1
+        b = {"model": "qwen3", "stream": True,
+             "generate_chunk": {"request_id": rid, "choices": [{"index": 0, "token_ids": [t],
+                                                                 "finish_reason": "stop" if last else None}]}}
+        if i == 0:
+            b["prompt_token_ids"] = prompt
+            b["prompt_tokens"] = len(prompt)
+            b["chat_request"] = {"model": "qwen3", "messages": [{"role": "user", "content": "weather?"}],
+                                 "tools": _TOOLS, "tool_choice": "auto"}
+        bodies.append(json.dumps(b).encode())
+    n = len(bodies)
+    times = [[0.0] * args.repeat for _ in range(n)]
+    sizes = [0] * n
+    final = None
+    for r in range(args.repeat + 1):  # first pass warms caches
+        state = None
+        chunks = []
+        for i, b in enumerate(bodies):
+            t0 = time.perf_counter()
+            res, state = svc.derender_stream(b, state)
+            dt = time.perf_counter() - t0
+            if res.is_error:
+                print(res.body.decode(), file=sys.stderr)
+                return 1
+            if r > 0:
+                times[i][r - 1] = dt
+            sizes[i] = len(state)
+            chunks.extend(json.loads(res.body))
+        final = chunks
+    marks = [m for m in (16, 256, 1024, 2048) if m <= n] or [n]
+    if marks[-1] != n and n not in marks:
+        marks.append(n)
+    lat = {}
+    for m in marks:
+        window = [x for i in range(max(0, m - 8), m) for x in times[i]]
+        lat[m] = statistics.median(window)
+    print(f"stream: {n} tokens in 1-token chunks, qwen3 reasoning + hermes tool call, state msgpack "
+          f"decode/encode per chunk, {args.repeat} repeats")
+    for m in marks:
+        print(f"  chunk {m:5d}: {lat[m] * 1e6:8.1f} us/chunk   state {sizes[m - 1]:6d} B")
+    ratio = lat[marks[-1]] / lat[marks[0]]
+    total = sum(statistics.median(t) for t in times)
+    print(f"  ratio last/first: {ratio:.2f}  (<= 1.5 expected)")
+    print(f"  state size: max {max(sizes)} B, mean {sum(sizes) // n} B; whole stream {total * 1e3:.1f} ms "
+          f"({n / total:.0f} chunks/s)")
+    calls = sum(len((c['choices'][0]['delta'].get('tool_calls') or [])) for c in final if c['choices'])
+    print(f"  check: {len(final)} chunks out, {calls} tool call fragment(s), usage {final[-1].get('usage')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
