@@ -1,0 +1,33 @@
+"""DeepSeek-V3.2 tool calls: ``--tool-parser deepseek_v32`` (DSML).
+
+Format (DeepSeek-V3.2 encoding; vLLM ``deepseek_v32``, SGLang ``deepseekv32``): one block of
+DSML invokes; each parameter says whether its value is a raw string (``string="true"``) or JSON
+(``string="false"``):
+
+    <｜DSML｜function_calls>
+    <｜DSML｜invoke name="get_weather">
+    <｜DSML｜parameter name="location" string="true">杭州</｜DSML｜parameter>
+    <｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>
+    </｜DSML｜invoke>
+    </｜DSML｜function_calls>
+
+The invoke grammar is DeepSeek V4's DSML inside a ``function_calls`` fence, so the body is parsed
+by ``deepseek.parse_dsml_body`` (``string="false"`` values typed by the request schema, else
+JSON). A block left open at the end is content (vLLM's V3.2 parser needs the closed fence).
+"""
+from worker.parsers.families.deepseek import parse_dsml_body
+from worker.parsers.registry import register_tool
+from worker.parsers.tagged import TaggedState, TaggedToolParser
+
+
+@register_tool("deepseek_v32", "DeepSeek-V3.2, V3.2-Speciale",
+               '<｜DSML｜function_calls><｜DSML｜invoke name="f"><｜DSML｜parameter name="k" string="true">v'
+               "</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>")
+class DeepSeekV32ToolParser(TaggedToolParser):
+    needs_special_tokens = True
+    starts = ("<｜DSML｜function_calls>",)
+    ends = ("</｜DSML｜function_calls>",)
+    param_types = True
+
+    def parse_call(self, st: TaggedState, body: str):
+        return parse_dsml_body(body, st.types, complete=True)

@@ -1,0 +1,64 @@
+"""Kimi K2 family (Moonshot): ``--reasoning-parser kimi_k2``, ``--tool-parser kimi_k2``.
+
+Reasoning (Kimi-K2-Thinking template; vLLM ``kimi_k2``): ``<think>…</think>``, the opener
+optional; the tool-call section token ``<|tool_calls_section_begin|>`` also ends the reasoning
+(the section stays in the content for the tool parser); output with no end is reasoning;
+``chat_template_kwargs.thinking=false`` -> all content.
+
+Tool calls (Kimi-K2 chat template; vLLM/SGLang ``kimi_k2``): one section of special tokens,
+each call's id is ``functions.NAME:INDEX`` and its arguments are JSON:
+
+    <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0
+    <|tool_call_argument_begin|>{"city": "Beijing"}<|tool_call_end|><|tool_calls_section_end|>
+
+The singular spelling ``<|tool_call_section_begin|>``/``…_end|>`` is accepted too. The section is
+parsed when it closes; a section that does not parse (or never closes) is content.
+"""
+import re
+
+from worker.parsers.registry import register_reasoning, register_tool
+from worker.parsers.tagged import TaggedToolParser
+from worker.parsers.think import ThinkReasoningParser, ThinkSpec
+from worker.parsers.xmlcall import json_args, match_all
+
+_CALL = re.compile(r"<\|tool_call_begin\|>\s*([^<]*?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>",
+                   re.DOTALL)
+
+
+def kimi_name(call_id: str) -> str | None:
+    """``functions.get_weather:0`` -> ``get_weather`` (bare ``get_weather:0`` accepted)."""
+    head = call_id.split(":", 1)[0]
+    if head.startswith("functions."):
+        head = head[len("functions."):]
+    return head or None
+
+
+def parse_kimi_section(body: str) -> list[tuple[str, str]] | None:
+    calls = match_all(_CALL, body)
+    if calls is None:
+        return None
+    out = []
+    for m in calls:
+        name, args = kimi_name(m.group(1)), json_args(m.group(2).strip())
+        if name is None or args is None:
+            return None
+        out.append((name, args))
+    return out
+
+
+@register_reasoning("kimi_k2", "Kimi K2 Thinking, Kimi K2.5",
+                    "<think>…</think>, opener optional, <|tool_calls_section_begin|> ends it")
+class KimiK2ReasoningParser(ThinkReasoningParser):
+    needs_special_tokens = True
+    spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
+                     turn_token="<|im_assistant|>", implicit_end=("<|tool_calls_section_begin|>",))
+
+
+@register_tool("kimi_k2", "Kimi K2 Instruct/Thinking",
+               "<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:i<|tool_call_argument_begin|>{json}"
+               "<|tool_call_end|>…<|tool_calls_section_end|>")
+class KimiK2ToolParser(TaggedToolParser):
+    needs_special_tokens = True
+    starts = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
+    ends = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")
+    parse_body = staticmethod(parse_kimi_section)

@@ -1,0 +1,15 @@
+"""Meituan LongCat-Flash family: ``--tool-parser longcat``.
+
+Format (LongCat-Flash-Chat template; vLLM ``longcat``, Hermes-derived): one JSON object per
+block, ``<longcat_tool_call>{"name": "get_weather", "arguments": {"city": "Beijing"}}</longcat_tool_call>``.
+"""
+from worker.parsers.registry import register_tool
+from worker.parsers.tagged import TaggedToolParser
+
+
+@register_tool("longcat", "Meituan LongCat-Flash-Chat / Thinking",
+               '<longcat_tool_call>{"name", "arguments"}</longcat_tool_call>')
+class LongcatToolParser(TaggedToolParser):
+    needs_special_tokens = True
+    starts = ("<longcat_tool_call>",)
+    ends = ("</longcat_tool_call>",)

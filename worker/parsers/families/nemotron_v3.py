@@ -1,0 +1,22 @@
+"""NVIDIA Nemotron 3 family: ``--reasoning-parser nemotron_v3``.
+
+Format (Nemotron-3 Nano chat template; vLLM ``nemotron_v3`` = the ``deepseek_r1`` rules plus a
+thinking-off switch): reasoning up to ``</think>`` (``<think>`` optional, the template opens it),
+output without ``</think>`` is reasoning; with ``chat_template_kwargs.enable_thinking=false`` the
+template closes an empty block in the prompt and the whole output is content.
+
+Example: ``<think>\\nUser greets.\\n</think>\\nHello!`` -> reasoning ``\\nUser greets.\\n``,
+content ``\\nHello!``
+"""
+from worker.parsers.registry import register_reasoning
+from worker.parsers.think import ThinkReasoningParser, ThinkSpec
+
+
+@register_reasoning("nemotron_v3", "NVIDIA Nemotron 3 (Nano) reasoning models",
+                    "<think>…</think> (R1 rules); enable_thinking=false -> all content")
+class NemotronV3ReasoningParser(ThinkReasoningParser):
+    """R1 rules; ``enable_thinking=false`` starts in content (base ``initial_state``)."""
+
+    needs_special_tokens = True
+    spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
+                     turn_token="<|im_start|>")

@@ -1,0 +1,44 @@
+"""ByteDance Seed-OSS family: ``--reasoning-parser seed_oss``, ``--tool-parser seed_oss``.
+
+Reasoning (Seed-OSS-36B chat template; vLLM ``seed_oss``): ``<seed:think>…</seed:think>``, the
+opener optional, no end -> all reasoning (budget reflections such as
+``<seed:cot_budget_reflect>…</seed:cot_budget_reflect>`` stay inside the reasoning text).
+
+Tool calls (Seed-OSS template; vLLM ``seed_oss``): one block per call, XML with the name in the
+tag:
+
+    <seed:tool_call>
+    <function=get_weather>
+    <parameter=location>
+    Paris
+    </parameter>
+    </function>
+    </seed:tool_call>
+
+the inner grammar is Qwen3-Coder's, so the body is parsed by ``qwen3_coder.parse_coder_body``
+(one leading/trailing newline around a value removed, values typed by the request's schema).
+"""
+from worker.parsers.families.qwen3_coder import parse_coder_body
+from worker.parsers.registry import register_reasoning, register_tool
+from worker.parsers.tagged import TaggedState, TaggedToolParser
+from worker.parsers.think import ThinkReasoningParser, ThinkSpec
+
+
+@register_reasoning("seed_oss", "ByteDance Seed-OSS-36B",
+                    "<seed:think>…</seed:think>, opener optional, no end = all reasoning")
+class SeedOssReasoningParser(ThinkReasoningParser):
+    needs_special_tokens = True
+    spec = ThinkSpec(start=("<seed:think>",), end=("</seed:think>",), default_reasoning=True,
+                     turn_token="<seed:bos>")
+
+
+@register_tool("seed_oss", "ByteDance Seed-OSS-36B",
+               "<seed:tool_call><function=f><parameter=k>v</parameter></function></seed:tool_call>")
+class SeedOssToolParser(TaggedToolParser):
+    needs_special_tokens = True
+    starts = ("<seed:tool_call>",)
+    ends = ("</seed:tool_call>",)
+    param_types = True
+
+    def parse_call(self, st: TaggedState, body: str):
+        return parse_coder_body(body, st.types, complete=True)

@@ -1,0 +1,53 @@
+"""StepFun Step-3 family: ``--reasoning-parser step3``, ``--tool-parser step3``.
+
+Reasoning (Step-3 chat template; vLLM ``step3``): the prompt opens the thinking, the output is
+reasoning up to ``</think>`` and content after it; no ``</think>`` -> all reasoning.
+
+Tool calls (Step-3 template; vLLM ``step3``): a section of calls, each an XML invoke:
+
+    <｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="get_weather">
+    <steptml:parameter name="city">Beijing</steptml:parameter></steptml:invoke><｜tool_call_end｜>
+    <｜tool_calls_end｜>
+
+values are typed by the request's tool schema (undeclared parameters stay strings).
+"""
+import re
+
+from worker.parsers.registry import register_reasoning, register_tool
+from worker.parsers.tagged import TaggedState, TaggedToolParser
+from worker.parsers.think import ThinkReasoningParser, ThinkSpec
+from worker.parsers.xmlcall import match_all, parse_invokes
+
+_CALL = re.compile(r"<｜tool_call_begin｜>\s*function\s*<｜tool_sep｜>(.*?)<｜tool_call_end｜>", re.DOTALL)
+
+
+def parse_step3_section(body: str, types: dict) -> list[tuple[str, str]] | None:
+    calls = match_all(_CALL, body)
+    if calls is None:
+        return None
+    out = []
+    for m in calls:
+        one = parse_invokes(m.group(1), "steptml:invoke", "steptml:parameter", types)
+        if one is None:
+            return None
+        out.extend(one)
+    return out
+
+
+@register_reasoning("step3", "StepFun Step-3", "reasoning until </think> (prompt pre-opens it)")
+class Step3ReasoningParser(ThinkReasoningParser):
+    needs_special_tokens = True
+    spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True)
+
+
+@register_tool("step3", "StepFun Step-3",
+               '<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="f">'
+               '<steptml:parameter name="k">v</steptml:parameter></steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>')
+class Step3ToolParser(TaggedToolParser):
+    needs_special_tokens = True
+    starts = ("<｜tool_calls_begin｜>",)
+    ends = ("<｜tool_calls_end｜>",)
+    param_types = True
+
+    def parse_call(self, st: TaggedState, body: str):
+        return parse_step3_section(body.strip(), st.types)

@@ -1,0 +1,88 @@
+"""Pythonic tool calls: the output is a Python list of calls with keyword arguments,
+``[get_weather(city="Paris", unit="c"), get_time(tz="CET")]`` (vLLM ``pythonic``,
+``llama4_pythonic``, ``olmo3`` parsers; Llama 3.2/4, ToolACE, Olmo 3 chat templates).
+
+Engine: ``MarkerToolParser`` with ``at_start`` (the list is the whole output: its first
+non-whitespace text is the opening marker, e.g. ``[`` or a wrapper token) and a parser built on
+Python's ``ast`` (no evaluation: ``ast.literal_eval`` on each argument value). Anything that is
+not exactly a list of ``name(kw=literal, ...)`` calls (positional arguments, trailing text,
+non-literal values) comes back as content, verbatim.
+
+Options a family sets: ``wrappers`` (start marker -> end marker that must close the body, e.g.
+Llama 4's ``<|python_start|>``/``<|python_end|>``), ``newline_calls`` (the body is one call per
+line without brackets, Olmo 3) and ``json_literals`` (``true``/``false``/``null`` accepted as
+values, Olmo 3).
+"""
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any, ClassVar
+
+from worker.parsers.marker import MarkerToolParser
+
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+def _value(node: ast.AST, json_literals: bool) -> Any:
+    if json_literals:
+        if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+            return _JSON_NAMES[node.id]
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return [_value(e, True) for e in node.elts]
+        if isinstance(node, ast.Dict):
+            if any(k is None for k in node.keys):
+                raise ValueError("dict unpacking")
+            return {_value(k, True): _value(v, True) for k, v in zip(node.keys, node.values, strict=True)}
+    v = ast.literal_eval(node)
+    if isinstance(v, (tuple, set)):
+        v = list(v)
+    return v
+
+
+def parse_pythonic_list(src: str, json_literals: bool = False) -> list[tuple[str, str]] | None:
+    """``[f(a=1), g(b="x")]`` -> ``[("f", '{"a": 1}'), ("g", '{"b": "x"}')]``; None when ``src``
+    is not exactly such a list. Never raises."""
+    try:
+        tree = ast.parse(src.strip(), mode="eval")
+        lst = tree.body
+        if not isinstance(lst, ast.List) or not lst.elts:
+            return None
+        out = []
+        for call in lst.elts:
+            if not isinstance(call, ast.Call) or call.args or not isinstance(call.func, ast.Name):
+                return None
+            args = {}
+            for kw in call.keywords:
+                if kw.arg is None:
+                    return None
+                args[kw.arg] = _value(kw.value, json_literals)
+            out.append((call.func.id, json.dumps(args, ensure_ascii=False)))
+        return out
+    except Exception:  # noqa: BLE001  (SyntaxError, ValueError, RecursionError, TypeError ...)
+        return None
+
+
+class PythonicToolParser(MarkerToolParser):
+    """Whole-output pythonic call list (module docstring)."""
+
+    markers: ClassVar[tuple[str, ...]] = ("[",)
+    at_start: ClassVar[bool] = True
+    #: start marker -> end marker closing the body (the body is the text between them)
+    wrappers: ClassVar[dict[str, str]] = {}
+    newline_calls: ClassVar[bool] = False
+    json_literals: ClassVar[bool] = False
+
+    def parse(self, marker: str, body: str) -> list[tuple[str, str]] | None:
+        body = body.strip()
+        end = self.wrappers.get(marker)
+        if end is not None:
+            if not body.endswith(end):
+                return None
+            body = body[: len(body) - len(end)].strip()
+        elif marker == "[":
+            body = "[" + body
+        if self.newline_calls and not body.startswith("["):
+            lines = [ln.strip() for ln in body.splitlines() if ln.strip()]
+            body = "[" + ", ".join(lines) + "]"
+        return parse_pythonic_list(body, self.json_literals)
