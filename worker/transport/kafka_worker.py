@@ -313,6 +313,11 @@ def _proc_job(value: bytes | None, kind: str | None) -> JobOutcome:
     return derender_job(_PROC_SERVICE, value, kind)
 
 
+def _proc_jobs(items: list[tuple[bytes | None, str | None]]) -> list[JobOutcome]:
+    """Several ``(value, kind)`` jobs in one pool call (one pickling round trip)."""
+    return [derender_job(_PROC_SERVICE, v, k) for v, k in items]
+
+
 def _proc_ping() -> int:
     return os.getpid()
 
@@ -419,9 +424,18 @@ class KafkaDerenderWorker:
         self._prom = _Prom.get() if settings.metrics_port is not None else None
         self._assigned = asyncio.Event()
         self._job_fn: Callable[..., JobOutcome] | None = None
+        self._jobs_fn: Callable[..., list[JobOutcome]] | None = None
 
     # -- executor ------------------------------------------------------------------------------
     def _make_executor(self) -> None:
+        self._make_executor_inner()
+        if self._job_fn is _proc_job:
+            self._jobs_fn = _proc_jobs
+        else:
+            fn = self._job_fn
+            self._jobs_fn = lambda items: [fn(v, k) for v, k in items]
+
+    def _make_executor_inner(self) -> None:
         s = self.settings
         if self._executor is not None:
             self._job_fn = (lambda v, k: derender_job(self._service, v, k)) if self._service else _proc_job
@@ -574,8 +588,14 @@ class KafkaDerenderWorker:
                 await asyncio.gather(fetch, return_exceptions=True)
                 break
             batches = fetch.result()
+            total = sum(len(m) for m in batches.values())
+            chunk_size = self._chunk_size(total)
+            chunk: list[tuple[Any, asyncio.Future]] = []
             for tp, msgs in batches.items():
                 for msg in msgs:
+                    if self._sem.locked() and chunk:
+                        self._flush(chunk)  # never hold unsubmitted work while waiting for capacity
+                        chunk = []
                     await self._sem.acquire()
                     st = self._parts.get(tp)
                     if st is None:
@@ -586,7 +606,46 @@ class KafkaDerenderWorker:
                     if st.closed:
                         self._sem.release()
                         continue
-                    st.jobs.put_nowait(_Job(msg, self._submit(msg.value, self._kind_header(msg))))
+                    placeholder = asyncio.get_running_loop().create_future()
+                    chunk.append((msg, placeholder))
+                    st.jobs.put_nowait(_Job(msg, placeholder))
+                    if len(chunk) >= chunk_size:
+                        self._flush(chunk)
+                        chunk = []
+            if chunk:
+                self._flush(chunk)
+
+    def _chunk_size(self, total: int) -> int:
+        """Messages per executor call: 1 for threads; for processes, enough to split a fetched
+        batch of ``total`` messages evenly over the pool, at most 16 (amortizes pickling/IPC)."""
+        if not isinstance(self._executor, cf.ProcessPoolExecutor):
+            return 1
+        n = self.settings.num_workers
+        return max(1, min(16, -(-total // n)))
+
+    def _flush(self, chunk: list[tuple[Any, asyncio.Future]]) -> None:
+        """Submit ``chunk`` (message, placeholder future) as one executor call; resolve each
+        placeholder with its ``JobOutcome`` (or the call's exception) when it returns."""
+        items = [(msg.value, self._kind_header(msg)) for msg, _ in chunk]
+        futs = [f for _, f in chunk]
+        call = asyncio.get_running_loop().run_in_executor(self._executor, self._jobs_fn, items)
+
+        def done(c: asyncio.Future) -> None:
+            if c.cancelled():
+                for f in futs:
+                    if not f.done():
+                        f.cancel()
+                return
+            exc = c.exception()
+            for i, f in enumerate(futs):
+                if f.done():
+                    continue
+                if exc is not None:
+                    f.set_exception(exc)
+                else:
+                    f.set_result(c.result()[i])
+
+        call.add_done_callback(done)
 
     @staticmethod
     def _header(msg, name: str) -> bytes | None:
