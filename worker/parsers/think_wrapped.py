@@ -2,7 +2,8 @@
 (ERNIE 4.5 ``<response>…</response>``, Hunyuan-A13B ``<answer>…</answer>``, Cohere Command
 ``<|START_RESPONSE|>…<|END_RESPONSE|>``): a ``ThinkReasoningParser`` whose content stream is
 filtered once more, dropping the spec's ``drop`` markers wherever they occur (a marker split
-across deltas is held back, at most one marker long) and the ``lstrip`` characters at the very
+across deltas is held back, at most one marker long; the longest marker wins, so a complete
+marker that begins a longer one waits for the text that decides) and the ``lstrip`` characters at the very
 start of the content. Per-feed work stays O(delta + longest marker).
 """
 from __future__ import annotations
@@ -43,6 +44,9 @@ class WrappedThinkReasoningParser(ThinkReasoningParser):
                 st.cbuf = s[len(s) - keep:]
                 break
             out.append(s[:i])
+            if not final and any(len(x) > len(m) and x.startswith(s[i:]) for x in self.drop):
+                st.cbuf = s[i:]  # a longer marker may still complete: decide on more text
+                break
             s = s[i + len(m):]
         res = "".join(out)
         if not st.cstarted and self.lstrip:
