@@ -47,7 +47,8 @@ A message is dead-lettered, instead of answered, exactly when no useful reply ca
    UTF-8 or JSON, a JSON array/scalar) **and** there is no ``reply-topic`` header. (With the header
    the sender explicitly asked for a reply and gets a 400 error object instead.);
 3. ``no-correlation-id``: no ``correlation-id`` header, no key and no readable request id;
-4. ``derender-crashed``: the derender process died twice on this message (poison pill);
+4. ``derender-crashed``: a derender process died on this message, and again when the message
+   was rerun alone in a one-process quarantine pool (poison pill);
 5. ``reply-publish-failed``: the broker refused the reply (e.g. unknown topic, too large).
 
 A dead-letter record carries the original key and value, the original headers, plus
@@ -425,6 +426,8 @@ class KafkaDerenderWorker:
         self._assigned = asyncio.Event()
         self._job_fn: Callable[..., JobOutcome] | None = None
         self._jobs_fn: Callable[..., list[JobOutcome]] | None = None
+        self._qpool: cf.ProcessPoolExecutor | None = None  # quarantine for crash retries
+        self._qlock: asyncio.Lock | None = None
 
     # -- executor ------------------------------------------------------------------------------
     def _make_executor(self) -> None:
@@ -571,6 +574,9 @@ class KafkaDerenderWorker:
                     await client.stop()
                 except Exception:
                     log.exception("closing %s failed", type(client).__name__)
+        if self._qpool is not None:
+            self._qpool.shutdown(wait=True, cancel_futures=True)
+            self._qpool = None
         if self._own_executor and self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
@@ -696,23 +702,45 @@ class KafkaDerenderWorker:
 
     # -- per-partition pipeline ----------------------------------------------------------------
     async def _outcome(self, job: _Job) -> JobOutcome:
-        """Await a job's derender; on a broken pool restart it and retry once, then give up."""
+        """Await a job's derender. When a pool process died (``BrokenProcessPool``: segfault, OOM
+        kill...), restart the pool and rerun this message alone in a one-process quarantine
+        pool, one message at a time, so only the message that kills it again is dead-lettered
+        (``derender-crashed``) and messages that merely shared the broken pool are answered."""
         msg = job.msg
-        for attempt in (1, 2):
+        try:
+            return await job.future
+        except BrokenProcessPool:
+            log.error("derender process died while %s[%d]@%d was in the pool; retrying it in quarantine",
+                      msg.topic, msg.partition, msg.offset)
+            if isinstance(self._executor, cf.ProcessPoolExecutor) and getattr(self._executor, "_broken", False):
+                self._restart_pool()
+            return await self._quarantine(msg)
+        except Exception as e:
+            log.exception("derender job failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
+            return JobOutcome(_error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500,
+                              None, None, False, crash=repr(e))
+
+    async def _quarantine(self, msg) -> JobOutcome:
+        """Derender ``msg`` alone in a dedicated one-process pool (serialized by a lock). A crash
+        there convicts this message: returns an outcome with ``crash="derender-crashed"``."""
+        if self.models is None:  # no models to build a quarantine service from
+            return JobOutcome(b"", 500, None, None, False, crash="derender-crashed")
+        if self._qlock is None:
+            self._qlock = asyncio.Lock()
+        async with self._qlock:
+            if self._qpool is None:
+                method = "forkserver" if sys.platform.startswith("linux") else "spawn"
+                self._qpool = cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context(method),
+                                                     initializer=_proc_init, initargs=(self.models,))
             try:
-                return await job.future
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._qpool, _proc_job, msg.value, self._kind_header(msg))
             except BrokenProcessPool:
-                log.error("derender process died on %s[%d]@%d (attempt %d)", msg.topic, msg.partition,
-                          msg.offset, attempt)
-                if isinstance(self._executor, cf.ProcessPoolExecutor) and getattr(self._executor, "_broken", False):
-                    self._restart_pool()
-                if attempt == 1:
-                    job.future = self._submit(msg.value, self._kind_header(msg))
-            except Exception as e:
-                log.exception("derender job failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
-                return JobOutcome(_error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500,
-                                  None, None, False, crash=repr(e))
-        return JobOutcome(b"", 500, None, None, False, crash="derender-crashed")
+                log.error("derender process died again on %s[%d]@%d: poison message", msg.topic, msg.partition,
+                          msg.offset)
+                self._qpool.shutdown(wait=False, cancel_futures=True)
+                self._qpool = None
+                return JobOutcome(b"", 500, None, None, False, crash="derender-crashed")
 
     def _plan(self, msg, out: JobOutcome) -> tuple[str, bytes | None, bytes | None, list, str | None]:
         """Decide where a finished message goes: ``(topic, key, value, headers, dlq_reason)``;
@@ -768,7 +796,15 @@ class KafkaDerenderWorker:
                 plan = self._plan(msg, out)
                 if plan[4] is not None:
                     log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4])
-                delivery = await self._send(plan)
+                try:
+                    delivery = await self._send(plan)
+                except KafkaError as e:  # e.g. metadata timeout: the reply topic does not exist
+                    if plan[4] is not None:
+                        raise
+                    log.error("reply of %s[%d]@%d to %s refused (%s: %s); dead-lettering", msg.topic,
+                              msg.partition, msg.offset, plan[0], type(e).__name__, e)
+                    plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                    delivery = await self._send(plan)
                 st.acks.put_nowait((job, plan, out, delivery))
             except Exception as e:
                 log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset)
