@@ -484,3 +484,22 @@ def test_needs_special_tokens_flags() -> None:
         assert make_tool_parser(name, tok).needs_special_tokens
     assert not make_reasoning_parser("olmo3", tok).needs_special_tokens
     assert not make_reasoning_parser("hunyuan_a13b", tok).needs_special_tokens
+
+
+def test_docs_table_is_current() -> None:
+    """``docs/parsers.md`` embeds ``python -m worker.parsers.table``; regenerate it when the
+    registry changes."""
+    from worker.parsers.table import markdown
+
+    doc = (Path(__file__).parent.parent / "docs" / "parsers.md").read_text(encoding="utf-8")
+    begin = doc.index("-->\n", doc.index("<!-- BEGIN parser table")) + len("-->\n")
+    end = doc.index("<!-- END parser table -->")
+    assert doc[begin:end] == markdown(), "docs/parsers.md is stale: rerun python -m worker.parsers.table"
+
+
+def test_table_lists_every_registered_parser() -> None:
+    from worker.parsers.table import rows
+
+    listed = {(kind, name) for name, kind, *_ in rows()}
+    assert listed == {("reasoning", n) for n in REASONING_PARSERS} | {("tool", n) for n in TOOL_PARSERS}
+    assert all(r[4] == "yes" for r in rows())
