@@ -119,6 +119,7 @@ VECTORS: list[V] = [
     R("r1", "mistral", "mistral", "[THINK]2+2 is 4.[/THINK]The answer is 4.", "2+2 is 4.", "The answer is 4."),
     R("r4", "mistral", "mistral", "No thinking here.", "", "No thinking here."),
     R("r3", "mistral", "mistral", "Intro [THINK]cut off", "cut off", "Intro "),
+    R("r2", "mistral", "mistral", "stray[/THINK] end", "", "stray end"),
     R("r1", "cohere_command3", "cohere",
       "<|START_THINKING|>Check units.<|END_THINKING|><|START_RESPONSE|>5 km.<|END_RESPONSE|>", "Check units.", "5 km."),
     R("r4", "cohere_command3", "cohere", "Plain answer.", "", "Plain answer."),

@@ -39,11 +39,12 @@ def strip_newline(v: str) -> str:
     return v
 
 
-def parse_invokes(body: str, invoke: str, param: str, types: dict[str, dict[str, Any]]
-                  ) -> list[tuple[str, str]] | None:
+def parse_invokes(body: str, invoke: str, param: str, types: dict[str, dict[str, Any]],
+                  strip_values: bool = False) -> list[tuple[str, str]] | None:
     """Calls in ``body``: ``<{invoke} name="N"> <{param} name="K">V</{param}> ... </{invoke}>``
     repeated, only whitespace between/around them; values typed by ``types`` (``{function:
-    {param: type}}``). None when anything else is there (malformed: the block is content)."""
+    {param: type}}``; a value loses one leading/trailing newline, or all surrounding whitespace
+    with ``strip_values``). None when anything else is there (malformed: the block is content)."""
     inv_re = re.compile(r'\s*<' + re.escape(invoke) + r'\s+name="([^"]*)"\s*>(.*?)</' + re.escape(invoke) + r'>\s*',
                         re.DOTALL)
     par_re = re.compile(r'\s*<' + re.escape(param) + r'\s+name="([^"]*)"\s*>(.*?)</' + re.escape(param) + r'>\s*',
@@ -64,7 +65,8 @@ def parse_invokes(body: str, invoke: str, param: str, types: dict[str, dict[str,
                 if inner[p:].strip():
                     return None
                 break
-            key, raw = pm.group(1), strip_newline(pm.group(2))
+            raw = pm.group(2).strip() if strip_values else strip_newline(pm.group(2))
+            key = pm.group(1)
             args[key] = typed_value(raw, fn_types, key)
             p = pm.end()
         out.append((name, json.dumps(args, ensure_ascii=False)))

@@ -9,7 +9,8 @@ Tool calls (Step-3 template; vLLM ``step3``): a section of calls, each an XML in
     <steptml:parameter name="city">Beijing</steptml:parameter></steptml:invoke><｜tool_call_end｜>
     <｜tool_calls_end｜>
 
-values are typed by the request's tool schema (undeclared parameters stay strings).
+values are stripped of surrounding whitespace (as vLLM does) and typed by the request's tool
+schema (undeclared parameters stay strings).
 """
 import re
 
@@ -27,7 +28,7 @@ def parse_step3_section(body: str, types: dict) -> list[tuple[str, str]] | None:
         return None
     out = []
     for m in calls:
-        one = parse_invokes(m.group(1), "steptml:invoke", "steptml:parameter", types)
+        one = parse_invokes(m.group(1), "steptml:invoke", "steptml:parameter", types, strip_values=True)
         if one is None:
             return None
         out.extend(one)
