@@ -223,20 +223,3 @@ def test_tokenizer_api():
         load_tokenizer(str(TOKDIR / "qwen3"), "bogus")
 
 
-def test_add_benchmark(capsys):
-    tok = load_tokenizer(str(TOKDIR / "qwen3"))
-    ids = tok._fast.encode("The quick brown fox jumps over the lazy dog. 你好，世界！ " * 40)
-    ids = ids.ids[:256]
-    assert len(ids) == 256
-    prompt = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
-    best = float("inf")
-    for _ in range(5):
-        d = IncrementalDetokenizer(tok, prompt_token_ids=prompt)
-        t0 = time.perf_counter()
-        for t in ids:
-            d.add([t])
-        best = min(best, time.perf_counter() - t0)
-    rate = len(ids) / best
-    with capsys.disabled():
-        print(f"\nadd() one id at a time, 256-token Qwen3 output: {rate:,.0f} tokens/s")
-    assert rate > 5000

@@ -130,6 +130,30 @@ class IncrementalDetokenizer:
         return DetokState(tokens=list(self._tokens), prefix_offset=self._prefix_offset,
                           read_offset=self._read_offset)
 
+    def whole_output(self, token_ids: list[int]) -> str | None:
+        """Text of a whole output in one decode call, or None when that shortcut could differ
+        from stepping the ids one by one (then use ``add``).
+
+        For a fast tokenizer, stepping the decode stream emits, chunk by chunk, exactly
+        ``decode(window + ids)`` past ``decode(window)`` whenever no step hits an invalid prefix
+        and the final text holds no U+FFFD (incomplete bytes are held back, then completed):
+        byte-level and Metaspace decoders are prefix-stable on complete characters. Any U+FFFD,
+        prefix mismatch, out-of-vocab id or space suppression falls back to ``add``. Does not
+        change the detokenizer's state; meant for one-shot (non-streaming) use."""
+        if not self.fast or self._suppress_spaces or self._prefix:
+            return None
+        tok = self.tok
+        vocab = tok.vocab_size
+        for t in token_ids:
+            if t < 0 or t >= vocab:
+                return None
+        window = self._ids
+        p = tok.raw_decode(window, self.skip_special_tokens) if window else ""
+        s = tok.raw_decode(window + list(token_ids), self.skip_special_tokens)
+        if _FFFD in s or not s.startswith(p):
+            return None
+        return s[len(p):]
+
     # ------------------------------------------------------------------------- fast path ---
     def _stream_step(self, token_id: int) -> str | None:
         tok = self.tok
@@ -264,4 +288,5 @@ def detokenize_output(tok: Tokenizer, token_ids: list[int], *, skip_special_toke
     d = IncrementalDetokenizer(tok, skip_special_tokens=skip_special_tokens,
                                spaces_between_special_tokens=spaces_between_special_tokens,
                                prompt_token_ids=prompt_token_ids)
-    return d.add(ids)
+    text = d.whole_output(ids)
+    return text if text is not None else d.add(ids)

@@ -167,6 +167,16 @@ class Tokenizer:
             return self._mc.decode(ids, special_token_policy=pol)
         return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no BOS/EOS added; added/special token strings in the text
+        become their ids (fast tokenizers; mistral-common keeps control tokens out of text).
+        Used to build demo, benchmark and test outputs, never on the derender path."""
+        if self._fast is not None:
+            return self._fast.encode(text, add_special_tokens=False).ids
+        if self._mc is not None:
+            return list(self._mc.encode(text, bos=False, eos=False))
+        return list(self._hf.encode(text, add_special_tokens=False))
+
     def decode_single(self, token_id: int) -> str:
         """``tokenizer.decode([token_id])`` (special tokens kept), cached per id: the text vLLM
         gives a logprob entry before U+FFFD repair."""

@@ -1,0 +1,107 @@
+"""``derender-worker bench``: single-core derender throughput on parsed chat outputs.
+
+Builds N distinct Qwen3 chat outputs of exactly ``--tokens`` output tokens each (reasoning in
+``<think>``, an answer, and a Hermes tool call, closed by ``<|im_end|>``), tokenized with the real
+Qwen3 tokenizer shipped for the demo, wraps each in a ``DerenderChatRequest`` body (with prompt
+ids and the OpenAI request carrying tools), and times ``DerenderService.derender`` (JSON decode,
+validation, detokenization, reasoning + tool parsing, response encode) in this one process.
+Prints responses/s and output tokens/s; nothing is asserted (targets live in the README).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from worker.config import load_config_file
+from worker.core.service import DerenderService
+
+DEMO = Path(__file__).resolve().parent / "demo_data"
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+_WORDS = ("the user wants weather for a city so I should call the tool with the city name and a unit "
+          "then summarise the answer briefly in plain words for them").split()
+
+
+def build_bodies(service: DerenderService, model: str, n_tokens: int, count: int) -> list[bytes]:
+    """``count`` distinct chat derender bodies whose outputs are exactly ``n_tokens`` ids long.
+    Raises ``ValueError`` when ``n_tokens`` is too small to hold the markup (< 64)."""
+    if n_tokens < 64:
+        raise ValueError("--tokens must be at least 64")
+    tok = service.runtime(model).tokenizer
+    encode = tok.encode
+    prompt = encode("<|im_start|>user\nWhat's the weather like in Paris today?<|im_end|>\n<|im_start|>assistant\n")
+    bodies = []
+    for k in range(count):
+        tail = encode(f"</think>\n\nLet me check that.\n<tool_call>\n"
+                      f'{{"name": "get_weather", "arguments": {{"city": "Paris {k}", "unit": "c"}}}}'
+                      f"\n</tool_call><|im_end|>")
+        head = encode("<think>\n")
+        filler: list[int] = []
+        i = k
+        while len(head) + len(filler) + len(tail) < n_tokens:
+            filler.extend(encode(" " + _WORDS[i % len(_WORDS)]))
+            i += 1
+        ids = (head + filler)[: n_tokens - len(tail)] + tail
+        body = {"model": model, "prompt_tokens": len(prompt), "prompt_token_ids": prompt,
+                "generate_response": {"request_id": f"bench-{k}", "choices": [
+                    {"index": 0, "token_ids": ids, "finish_reason": "stop"}]},
+                "chat_request": {"model": model, "messages": [{"role": "user", "content": "weather?"}],
+                                 "tools": TOOLS}}
+        bodies.append(json.dumps(body).encode())
+    return bodies
+
+
+def add_bench_args(ap: argparse.ArgumentParser) -> None:
+    """Flags of ``bench``."""
+    ap.add_argument("--config", default=str(DEMO / "models.json"), help="served models (default: demo Qwen3)")
+    ap.add_argument("--model", default="qwen3", help="served model name to benchmark")
+    ap.add_argument("--tokens", type=int, default=256, help="output tokens per response")
+    ap.add_argument("--distinct", type=int, default=64, help="distinct bodies cycled through")
+    ap.add_argument("--seconds", type=float, default=5.0, help="time per repeat")
+    ap.add_argument("--repeats", type=int, default=3)
+
+
+def run_bench(service: DerenderService, model: str, tokens: int, distinct: int, seconds: float,
+              repeats: int) -> dict:
+    """Time derenders; returns ``{"responses_per_s": median, "tokens_per_s": median, "runs": [...]}``.
+    Raises ``RuntimeError`` if a body does not derender (the benchmark would be meaningless)."""
+    bodies = build_bodies(service, model, tokens, distinct)
+    for b in bodies[:2]:
+        res = service.derender(b)
+        if res.is_error:
+            raise RuntimeError(f"benchmark body rejected: {res.body[:300]!r}")
+        resp = json.loads(res.body)
+        msg = resp["choices"][0]["message"]
+        if not (msg.get("reasoning") and msg.get("tool_calls")):
+            raise RuntimeError(f"benchmark body was not parsed into reasoning + tool call: {msg}")
+    runs = []
+    for _ in range(repeats):
+        n = 0
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        while time.perf_counter() < deadline:
+            for b in bodies:
+                service.derender(b)
+            n += len(bodies)
+        dt = time.perf_counter() - t0
+        runs.append(n / dt)
+    med = statistics.median(runs)
+    return {"responses_per_s": med, "tokens_per_s": med * tokens, "runs": runs}
+
+
+def main_bench(args: argparse.Namespace) -> int:
+    """Print single-core throughput figures; returns 0."""
+    service = DerenderService(load_config_file(args.config))
+    r = run_bench(service, args.model, args.tokens, args.distinct, args.seconds, args.repeats)
+    print(f"derender bench: model={args.model} output_tokens={args.tokens} (reasoning + content + tool call), "
+          f"1 process")
+    print(f"  responses/s: {r['responses_per_s']:.0f}  (runs: {', '.join(f'{x:.0f}' for x in r['runs'])})")
+    print(f"  output tokens/s: {r['tokens_per_s']:.0f}")
+    return 0
