@@ -19,10 +19,11 @@ Parsers (both built on ``HarmonyScanner`` below; all markers are special tokens)
   -> content with their headers removed; messages addressed to a recipient (tool calls) pass
   through as raw Harmony text in the content, for the tool parser. Text outside any message
   (no Harmony markup) is content.
-* ``openai`` (tool): a message to ``functions.NAME`` -> a call (its body must be a JSON object,
-  else the message comes back as content verbatim); ``final``/``commentary`` bodies -> content;
-  ``analysis`` bodies are dropped (reasoning, seen only when no reasoning parser runs), as vLLM's
-  tool parser keeps only the final channel as content.
+* ``openai`` (tool): a message to ``functions.NAME`` -> a call, arguments re-dumped the way
+  vLLM does (``json.dumps(json.loads(body))``, ASCII-escaped; a body that is not JSON makes the
+  message content, verbatim); ``final``/``commentary`` bodies -> content; ``analysis`` bodies
+  are dropped (reasoning, seen only when no reasoning parser runs). vLLM keeps only one of
+  final / commentary-preamble text (final preferred); here both stay, in order.
 
 Per-feed work is O(delta + marker); a header is buffered up to ``MAX_HEADER`` chars (longer is
 not a header: it comes back as text), a call's body until its terminator.
@@ -31,6 +32,7 @@ text).
 """
 from __future__ import annotations
 
+import json
 import re
 
 import msgspec
@@ -45,7 +47,6 @@ from worker.parsers.base import (
     hold_back,
 )
 from worker.parsers.registry import register_reasoning, register_tool
-from worker.parsers.xmlcall import json_args
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -134,6 +135,18 @@ def scan(st: HarmonyState, text: str, final: bool) -> list[tuple[str, str]]:
     return ev
 
 
+def _harmony_args(body: str) -> str | None:
+    """Arguments as vLLM's ``openai`` parser returns them: the body's JSON re-dumped with
+    ``json.dumps`` defaults (ASCII-escaped); ``{}`` for an empty body; None when not JSON (vLLM
+    would pass the raw text on; here the message stays content, never a call with broken JSON)."""
+    if not body.strip():
+        return "{}"
+    try:
+        return json.dumps(json.loads(body))
+    except ValueError:
+        return None
+
+
 def open_message(st: HarmonyState, header: str) -> None:
     """Record the message whose ``header`` just completed (channel and recipient)."""
     cm = _CHANNEL.search(header)
@@ -220,7 +233,7 @@ class GptOssToolParser(ToolParser):
             elif kind == "close":
                 if st.mode == "call":
                     body, st.body = st.body, ""
-                    args = json_args(body.strip()) if body.strip() else "{}"
+                    args = _harmony_args(body)
                     if args is None or t not in ("<|call|>", "<|end|>"):
                         out.content += st.header + MESSAGE + body + t
                     elif st.parallel or st.calls == 0:
