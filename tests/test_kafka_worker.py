@@ -319,3 +319,44 @@ async def test_cli_run_drains_and_commits_on_sigterm(kafka_bootstrap, kafka_brok
     assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
     committed, end = await _committed_and_end(bs, n.group, n.inp, 1)
     assert committed == end == {0: N}
+
+
+@pytest.mark.kafka
+async def test_two_workers_share_the_group_without_duplicates(kafka_bootstrap, kafka_broker_kind, qwen3_models):
+    """A second member joins mid-stream: partitions are rebalanced (the first drains and commits
+    what it gives up), every message is answered exactly once, per-key order holds."""
+    bs, n = kafka_bootstrap, _names()
+    tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
+    await ensure_topics(bs, {n.inp: 4, n.reply: 1, n.dlq: 1})
+    N = 200
+    await _produce(bs, n.inp, [(f"key-{i % 10}".encode(), chat_body(tok, model, f"r{i}", f"message {i}"),
+                                [(HDR_CORRELATION_ID, str(i).encode())]) for i in range(N)])
+    settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
+                         group_id=n.group, max_in_flight=8)
+    async with KafkaDerenderWorker(settings, qwen3_models) as w1:
+        await w1.wait_assigned(30)
+        async with KafkaDerenderWorker(settings, qwen3_models) as w2:
+            got = await _collect(bs, [n.reply], N, timeout=60, settle=0.5)
+    ids = [int(_h(r)[HDR_CORRELATION_ID]) for r in got[n.reply]]
+    assert sorted(ids) == list(range(N))  # all answered, none twice
+    assert w1.stats.processed + w2.stats.processed == N
+    by_key: dict[bytes, list[int]] = {}
+    for r in got[n.reply]:
+        by_key.setdefault(r.key, []).append(int(_h(r)[HDR_CORRELATION_ID]))
+    assert all(v == sorted(v) for v in by_key.values())
+    committed, end = await _committed_and_end(bs, n.group, n.inp, 4)
+    assert committed == end and sum(end.values()) == N
+
+
+@pytest.mark.kafka
+def test_demo_exits_zero(capsys):
+    """``derender-worker demo`` end to end (its own embedded broker unless KAFKA_BOOTSTRAP_SERVERS)."""
+    from worker.demo import add_demo_args, main_demo
+    ap = argparse.ArgumentParser()
+    add_demo_args(ap)
+    argv = ["--quiet"]
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        argv += ["--bootstrap-servers", os.environ["KAFKA_BOOTSTRAP_SERVERS"]]
+    assert main_demo(ap.parse_args(argv)) == 0
+    out = capsys.readouterr().out
+    assert "examples derendered OK" in out and "status 200" in out
