@@ -7,7 +7,10 @@ What each response field comes from (coupled ``vllm serve`` semantics, vLLM 0.32
 * ``id``: ``generate_response.request_id`` (completions: the first response's); ``model``: the
   served name in the body; ``created``: the engine response's ``created`` or 0 (deterministic);
 * text: the choice's token ids minus the final stop token (EOS or the int ``stop_reason``) unless
-  ``include_stop_str_in_output``, detokenized incrementally, seeded from the prompt tail;
+  ``include_stop_str_in_output``, detokenized incrementally, seeded from the prompt tail; the
+  request's ``stop`` strings are applied here, as vLLM's detokenizer applies them (cut at the
+  first match, ``finish_reason`` ``stop``, ``stop_reason`` the string, ids/logprobs after the
+  matching token dropped, usage unchanged);
 * chat ``reasoning``/``content``/``tool_calls``: the model's parser stack (worker.parsers.stack);
   tool call ids are deterministic (request_id, choice index, call index);
 * ``finish_reason``/``stop_reason``/``kv_transfer_params`` passed through; ``stop`` becomes
@@ -39,7 +42,7 @@ from schemas import (
     UsageInfo,
 )
 from worker.config import ServedModelConfig
-from worker.core.detokenize import detokenize_output, stop_token_trimmed
+from worker.core.detokenize import detokenize_with_stop, stop_strings, stop_token_trimmed
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, completion_logprobs
 from worker.core.tokenizer import Tokenizer, load_tokenizer
@@ -72,10 +75,10 @@ class ModelRuntime:
 
 
 # ------------------------------------------------------------------------------ validation ---
-def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str) -> None:
+def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str, allow_empty: bool = False) -> None:
     cfg, tok = rt.config, rt.tokenizer
     ids = c.token_ids
-    if not ids:
+    if ids is None or (not ids and not allow_empty):
         raise BadRequest(f"{where} has empty or null token_ids", param=f"{where}.token_ids")
     if cfg.max_model_len is not None and len(ids) > cfg.max_model_len:
         raise BadRequest(f"token_ids length ({len(ids)}) in {where} exceeds max_model_len ({cfg.max_model_len}).",
@@ -154,7 +157,8 @@ def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> No
         if not g.choices:
             raise BadRequest(f"generate_responses[{pi}].choices must not be empty", param="generate_responses")
         for c in g.choices:
-            _check_choice(rt, c, f"generate_responses[{pi}] choice {c.index}")
+            # an empty completion is valid OpenAI output (text ""); chat keeps vLLM's rejection
+            _check_choice(rt, c, f"generate_responses[{pi}] choice {c.index}", allow_empty=True)
 
 
 # -------------------------------------------------------------------------------- assembly ---
@@ -179,16 +183,52 @@ def _skip_special(rt: ModelRuntime, requested: bool, tool_mode: str) -> bool:
     return requested
 
 
+class _Text:
+    """A choice's detokenized output: ``text``, ``ids`` (for the parsers), ``used`` (engine ids
+    kept: all of them unless a stop string cut the output), ``stop`` (that stop string)."""
+
+    __slots__ = ("text", "ids", "used", "stop")
+
+    def __init__(self, text: str, ids: list[int], used: int, stop: str | None):
+        self.text, self.ids, self.used, self.stop = text, ids, used, stop
+
+    def __iter__(self):  # ``text, ids = _text_of(...)``
+        return iter((self.text, self.ids))
+
+    def finish(self, c: GenerateTokensChoice) -> tuple[str | None, int | str | None]:
+        """(finish_reason, stop_reason): a matched stop string finishes with ``stop``."""
+        if self.stop is not None:
+            return "stop", self.stop
+        return c.finish_reason, c.stop_reason
+
+    def token_ids(self, c: GenerateTokensChoice) -> list[int]:
+        return list(c.token_ids[: self.used]) if self.stop is not None else list(c.token_ids)
+
+    def logprob_entries(self, c: GenerateTokensChoice):
+        lp = c.logprobs.content
+        return lp[: self.used] if self.stop is not None else lp
+
+
 def _text_of(rt: ModelRuntime, c: GenerateTokensChoice, prompt_ids, skip_special: bool,
-             spaces: bool, include_stop: bool) -> tuple[str, list[int]]:
+             spaces: bool, include_stop: bool, stop: str | list[str] | None = None,
+             min_tokens: int = 0) -> _Text:
+    """Detokenize a choice as vLLM's output processor does: final stop token dropped, then the
+    request's stop strings applied (vLLM checks them in its detokenizer, not in the engine, so
+    an engine behind a derender never stopped on them: text after the first match is cut,
+    finish_reason becomes ``stop`` with the string as ``stop_reason``, and the ids/logprobs
+    after the matching token are dropped; usage still counts every engine token)."""
     ids = stop_token_trimmed(c.token_ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids,
                              include_stop)
-    text = detokenize_output(rt.tokenizer, ids, skip_special_tokens=skip_special,
-                             spaces_between_special_tokens=spaces, prompt_token_ids=prompt_ids)
+    text, used, matched = detokenize_with_stop(
+        rt.tokenizer, ids, stop_strings(stop), include_stop_str_in_output=include_stop,
+        min_tokens=min_tokens or 0, skip_special_tokens=skip_special,
+        spaces_between_special_tokens=spaces, prompt_token_ids=prompt_ids)
+    if matched is not None:
+        ids = ids[:used]
     if skip_special:  # skipped special tokens never reach the parsers (nor reasoning_tokens)
         special = rt.tokenizer.special_ids
         ids = [t for t in ids if t not in special]
-    return text, ids
+    return _Text(text, ids, used, matched)
 
 
 def merge_tool_calls(request_id: str, choice_index: int, d: Delta, fmt: str) -> list[ToolCall]:
@@ -226,10 +266,11 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletion
     choices = []
     completion_tokens = reasoning_tokens = 0
     for c in gr.choices:
-        text, ids = _text_of(rt, c, prompt_ids, skip, req.spaces_between_special_tokens,
-                             req.include_stop_str_in_output)
+        out = _text_of(rt, c, prompt_ids, skip, req.spaces_between_special_tokens,
+                       req.include_stop_str_in_output, req.stop, req.min_tokens)
+        finish_reason, stop_reason = out.finish(c)
         st = stack.initial_state(ctx)
-        d = stack.feed(st, text, ids)
+        d = stack.feed(st, out.text, out.ids)
         d.extend(stack.finish(st))
         calls = merge_tool_calls(request_id, c.index, d, stack.id_format)
         content = d.content or None
@@ -238,12 +279,12 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletion
         msg = ChatMessage(content=content, reasoning=d.reasoning or None, tool_calls=calls or None)
         logprobs = None
         if want_lp and c.logprobs is not None and c.logprobs.content is not None:
-            logprobs = ChatLogprobs(content=chat_logprobs(rt.tokenizer, c.logprobs.content, top_k))
+            logprobs = ChatLogprobs(content=chat_logprobs(rt.tokenizer, out.logprob_entries(c), top_k))
         choices.append(ChatCompletionChoice(
             index=c.index, message=msg, logprobs=logprobs,
-            finish_reason=final_finish_reason(c.finish_reason, bool(calls), mode),
-            stop_reason=c.stop_reason,
-            token_ids=list(c.token_ids) if req.return_token_ids else None,
+            finish_reason=final_finish_reason(finish_reason, bool(calls), mode),
+            stop_reason=stop_reason,
+            token_ids=out.token_ids(c) if req.return_token_ids else None,
         ))
         completion_tokens += len(c.token_ids)
         reasoning_tokens += d.reasoning_tokens
@@ -273,19 +314,21 @@ def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> Co
     for pi, gr in enumerate(body.generate_responses):
         prompt_ids = body.prompt_token_ids[pi] if body.prompt_token_ids is not None else gr.prompt_token_ids
         for c in gr.choices:
-            text, _ = _text_of(rt, c, prompt_ids, req.skip_special_tokens, req.spaces_between_special_tokens,
-                               req.include_stop_str_in_output)
+            out = _text_of(rt, c, prompt_ids, req.skip_special_tokens, req.spaces_between_special_tokens,
+                           req.include_stop_str_in_output, req.stop, req.min_tokens)
+            text = out.text
+            finish_reason, stop_reason = out.finish(c)
             prefix = ""
             if req.echo and prompt_ids:
                 prefix = tok.decode(prompt_ids, skip_special_tokens=req.skip_special_tokens)
             logprobs = None
             if want_lp and c.logprobs is not None and c.logprobs.content is not None:
-                logprobs = completion_logprobs(tok, c.logprobs.content, req.logprobs or 0,
+                logprobs = completion_logprobs(tok, out.logprob_entries(c), req.logprobs or 0,
                                                text_offset_start=len(prefix))
             choices.append(CompletionChoice(
                 index=offset + c.index, text=prefix + text, logprobs=logprobs,
-                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                token_ids=list(c.token_ids) if req.return_token_ids else None,
+                finish_reason=finish_reason, stop_reason=stop_reason,
+                token_ids=out.token_ids(c) if req.return_token_ids else None,
                 prompt_token_ids=prompt_ids if req.return_token_ids else None,
             ))
             completion_tokens += len(c.token_ids)

@@ -25,6 +25,7 @@ import msgspec
 from .tokenizer import Tokenizer
 
 __all__ = ["DetokState", "IncrementalDetokenizer", "detokenize_output", "stop_token_trimmed",
+           "stop_strings", "check_stop_strings", "detokenize_with_stop",
            "INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET"]
 
 INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET = 5
@@ -107,6 +108,13 @@ class IncrementalDetokenizer:
             return
         if self.fast:
             self._ids = _prompt_tail(tok, prompt, self.skip_special_tokens)
+            p = tok.raw_decode(self._ids, self.skip_special_tokens)
+            if p.endswith(_FFFD):
+                # the prompt ends inside a multi-byte character: its dangling bytes belong to
+                # the prompt, so they are part of the prefix (never emitted as output text);
+                # vLLM falls back to an earlier prefix and leaks U+FFFD / prompt text
+                self._prefix = p
+                self._prefix_index = len(self._ids)
         else:
             toks = self._ids_to_tokens(prompt[-INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET - 2:])
             self._tokens = toks
@@ -167,6 +175,12 @@ class IncrementalDetokenizer:
         ids.append(token_id)
         s = tok.raw_decode(ids, skip)
         prefix = self._prefix
+        if prefix.endswith(_FFFD) and not s.startswith(prefix):
+            # only a prompt-primed prefix ends in U+FFFD (dangling prompt bytes): output bytes
+            # that complete that character emit the whole character
+            clean = prefix.rstrip(_FFFD)
+            if s.startswith(clean) and len(s) > len(clean) and not s.endswith(_FFFD):
+                prefix = clean
         if s.startswith(prefix):
             if len(s) <= len(prefix) or s.endswith(_FFFD):
                 return None
@@ -290,3 +304,68 @@ def detokenize_output(tok: Tokenizer, token_ids: list[int], *, skip_special_toke
                                prompt_token_ids=prompt_token_ids)
     text = d.whole_output(ids)
     return text if text is not None else d.add(ids)
+
+
+# ------------------------------------------------------------------------- stop strings ---
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """The request's ``stop`` as a tuple of non-empty strings."""
+    if not stop:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    return tuple(x for x in stop if isinstance(x, str) and x)
+
+
+def check_stop_strings(output_text: str, new_char_count: int, stop: tuple[str, ...],
+                       include_in_output: bool) -> tuple[str, int] | None:
+    """vLLM's ``check_stop_strings``: ``(stop string, truncate-to index or -1)`` when one of
+    ``stop`` ends in the last ``new_char_count`` chars of ``output_text`` (list order wins)."""
+    if not new_char_count or not stop:
+        return None
+    for s in stop:
+        n = len(s)
+        i = output_text.find(s, max(0, len(output_text) + 1 - new_char_count - n))
+        if i == -1:
+            continue
+        if include_in_output:
+            i += n
+            if i >= len(output_text):
+                return s, -1
+        return s, i
+    return None
+
+
+def detokenize_with_stop(tok: Tokenizer, token_ids: list[int], stop: tuple[str, ...], *,
+                         include_stop_str_in_output: bool = False, min_tokens: int = 0,
+                         skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True,
+                         prompt_token_ids: list[int] | None = None) -> tuple[str, int, str | None]:
+    """Whole-output text with the request's stop strings applied as vLLM's detokenizer applies
+    them (the engine behind a derender never sees them): ``(text, ids used, stop string)``.
+
+    The ids are stepped one by one; after each step that adds text (and once more than
+    ``min_tokens`` ids were seen) the new text is checked for a stop string ending in it; on a
+    match the text is cut before it (after it with ``include_stop_str_in_output``) and the ids
+    after the matching one are dropped (``ids used``). No match: the whole text, all ids, None.
+    ``token_ids`` are the ids to detokenize (stop token already trimmed)."""
+    kw = dict(skip_special_tokens=skip_special_tokens, spaces_between_special_tokens=spaces_between_special_tokens,
+              prompt_token_ids=prompt_token_ids)
+    d = IncrementalDetokenizer(tok, **kw)
+    text = d.whole_output(token_ids)
+    if text is None:
+        text = d.add(token_ids)
+    if not stop or not any(s in text for s in stop):
+        return text, len(token_ids), None
+    d = IncrementalDetokenizer(tok, **kw)
+    out = ""
+    for k, t in enumerate(token_ids):
+        new = d.add([t])
+        if not new:
+            continue
+        out += new
+        if k + 1 <= min_tokens:
+            continue
+        hit = check_stop_strings(out, len(new), stop, include_stop_str_in_output)
+        if hit is not None:
+            s, cut = hit
+            return (out if cut == -1 else out[:cut]), k + 1, s
+    return out, len(token_ids), None

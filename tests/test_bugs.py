@@ -1,0 +1,212 @@
+"""Bug-report cases (tests/data/parity/bugs_public.jsonl) through the core, in-process.
+
+Bodies are built with the case runner's own functions (tests/parity_tools/run_bugs.py: prompt
+construction, output encoding, synthesized logprobs) against the project's tokenizers in
+tests/data/tokenizers/, sent to ``worker.core.service.DerenderService`` and checked with the
+runner's check functions (``check_result``, ``check_must_not``, ``check_usage``,
+``check_additional``, ``check_logprobs``). Cases whose tokenizer is not in the project are
+skipped with that reason.
+
+Where a case's ``expected_correct`` (the right answer by the OpenAI/model format) differs from
+what a coupled vLLM server returns, the case wins; the deviations are named per case in
+``CASE_RULES`` below, and pinned by the dedicated tests at the end of this file.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+TOKENIZERS_DIR = TESTS_DIR / "data" / "tokenizers"
+CASES_FILE = TESTS_DIR / "data" / "parity" / "bugs_public.jsonl"
+
+# run_bugs reads $DERENDER_MODELS_DIR at import; point its module global at the project's
+# tokenizers afterwards as well (the import may already have happened elsewhere)
+os.environ.setdefault("DERENDER_MODELS_DIR", str(TOKENIZERS_DIR))
+from tests.parity_tools import run_bugs as rb  # noqa: E402
+
+rb.MODELS_DIR = str(TOKENIZERS_DIR)
+
+from worker.config import ServedModelConfig  # noqa: E402
+from worker.core.service import DerenderService  # noqa: E402
+
+#: where our answer deliberately differs from coupled vLLM (the case's expected_correct wins)
+CASE_RULES = {
+    "bug-005": "hermes: a call ends where its JSON object ends, not at a '</tool_call>' quoted "
+               "inside a JSON string (vLLM's regex cuts the call there and drops it)",
+    "bug-013": "llama3_json: prose after the JSON call is content (vLLM drops the call)",
+    "bug-016": "pythonic: prose before the [call, ...] list is content (vLLM returns all as content)",
+    "bug-020": "kimi_k2: a non-canonical call id (functionsexec5) resolves to the declared tool",
+    "bug-029": "qwen3: '<tool_call>' inside an explicit <think> block does not end reasoning",
+    "bug-040": "an empty output derenders to empty text (vLLM's render server rejects it)",
+    "bug-046": "request stop strings are applied by the derender (the engine never sees them)",
+    "bug-047": "request stop strings are applied by the derender (the engine never sees them)",
+}
+
+
+def _cases() -> list[dict]:
+    with open(CASES_FILE, encoding="utf-8") as fh:
+        return [json.loads(ln) for ln in fh if ln.strip()]
+
+
+CASES = _cases()
+
+_services: dict[str, DerenderService] = {}
+
+
+def _service(plan: "rb.Plan") -> DerenderService:
+    """One service per run_bugs group (tokenizer dir, tool parser, reasoning parser), with the
+    flags BatchBackend passes to ``derender-worker batch``."""
+    svc = _services.get(plan.group)
+    if svc is None:
+        cfg = ServedModelConfig(
+            name=plan.group, tokenizer=str(TOKENIZERS_DIR / plan.tokdir),
+            reasoning_parser=plan.reasoning_parser, tool_parser=plan.tool_parser,
+            enable_auto_tool_choice=bool(plan.tool_parser),
+            max_model_len=rb.MAX_MODEL_LEN, max_logprobs=rb.MAX_LOGPROBS)
+        svc = _services[plan.group] = DerenderService([cfg])
+    return svc
+
+
+def _missing_tokenizers(case: dict) -> list[str]:
+    """Tokenizer dirs the case's tokenizer choice needs that the project does not ship."""
+    need = {rb.FAMILY_TOKENIZER[case["model"]]} if case["model"] != "generic" \
+        else set(rb.GENERIC_CANDIDATES)
+    return sorted(d for d in need if not (TOKENIZERS_DIR / d / "tokenizer.json").is_file())
+
+
+def run_case(case: dict) -> tuple[list[str], dict]:
+    """(failures, response) of one case's non-streaming body, checked as run_bugs checks it."""
+    plan = rb.Plan(case)
+    body = plan.nonstream_body(plan.group)
+    res = _service(plan).derender(json.dumps(body, ensure_ascii=False).encode())
+    resp = json.loads(res.body)
+    if res.is_error:
+        return [f"error {res.status}: {rb._err_text(resp)}"], resp
+    exp = case["expected_correct"]
+    manual: list[str] = []
+    views = rb.nonstream_view(plan, resp)
+    v = views.get(0)
+    if v is None:
+        return ["response has no choice 0"], resp
+    fails = rb.check_result(plan, v, exp, "")
+    fails += rb.check_must_not(v, exp, manual)
+    fails += rb.check_usage(plan, resp, exp, manual)
+    fails += rb.check_additional(plan, views, exp, "")
+    fails += rb.check_logprobs(plan, v, exp, manual)
+    if any(not c.get("id") for c in v["tool_calls"]):
+        fails.append("tool call without id")
+    return fails, resp
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_bug_case_nonstream(case):
+    missing = _missing_tokenizers(case)
+    if missing:
+        pytest.skip(f"needs tokenizer(s) not in tests/data/tokenizers: {', '.join(missing)}")
+    try:
+        fails, _ = run_case(case)
+    except rb.NotRunnable as e:
+        pytest.skip(f"not runnable: {e}")
+    assert not fails, "; ".join(fails)
+
+
+def _case(cid: str) -> dict:
+    return next(c for c in CASES if c["id"] == cid)
+
+
+def _send(case: dict, mutate=None) -> tuple[int, dict, "rb.Plan"]:
+    plan = rb.Plan(case)
+    body = plan.nonstream_body(plan.group)
+    if mutate is not None:
+        mutate(body)
+    res = _service(plan).derender(json.dumps(body, ensure_ascii=False).encode())
+    return res.status, json.loads(res.body), plan
+
+
+# ---------------------------------------------------------------- stop strings (bug-046/047) ---
+def test_stop_string_cuts_text_but_usage_counts_engine_tokens():
+    """The engine behind a derender never sees ``stop``: vLLM applies stop strings in its
+    detokenizer, so the derender does. Coupled vLLM would have stopped the engine there; we get
+    the extra tokens, cut the text at the first match, report ``stop``/the string, drop the
+    logprobs and token ids after the matching token (as vLLM returns them), but usage counts
+    every token the engine generated (they were generated and billed)."""
+    case = _case("bug-047")
+
+    def mutate(body):
+        body["chat_request"]["logprobs"] = True
+        body["chat_request"]["top_logprobs"] = 1
+        body["chat_request"]["return_token_ids"] = True
+        ids = body["generate_response"]["choices"][0]["token_ids"]
+        body["generate_response"]["choices"][0]["logprobs"] = rb.synth_logprobs(ids, {"top_k": 1})
+
+    status, resp, plan = _send(case, mutate)
+    assert status == 200, resp
+    ch = resp["choices"][0]
+    assert ch["message"]["content"] == "Monday, Tuesday, Wednesday, "
+    assert (ch["finish_reason"], ch["stop_reason"]) == ("stop", "Thursday")
+    n_engine = len(plan.choices[0]["token_ids"])
+    assert resp["usage"]["completion_tokens"] == n_engine
+    kept = ch["token_ids"]
+    assert 0 < len(kept) < n_engine and kept == plan.choices[0]["token_ids"][: len(kept)]
+    assert len(ch["logprobs"]["content"]) == len(kept)
+    # the token that completed the stop string is the last one kept
+    assert "".join(e["token"] for e in ch["logprobs"]["content"]).endswith("Thursday")
+
+
+def test_stop_string_include_in_output_and_completion():
+    case = _case("bug-046")
+    status, resp, _ = _send(case, lambda b: b["completion_request"].update(include_stop_str_in_output=True))
+    assert status == 200, resp
+    ch = resp["choices"][0]
+    assert ch["text"] == " four five six seven"
+    assert (ch["finish_reason"], ch["stop_reason"]) == ("stop", "six seven")
+
+
+def test_stop_string_absent_or_min_tokens_keeps_engine_finish():
+    case = _case("bug-046")
+    status, resp, _ = _send(case, lambda b: b["completion_request"].update(stop=["eleven"]))
+    ch = resp["choices"][0]
+    assert ch["text"] == " four five six seven eight nine"
+    assert (ch["finish_reason"], ch["stop_reason"]) == ("length", None)
+    # min_tokens: no stop string is checked until more than min_tokens ids were generated
+    status, resp, _ = _send(case, lambda b: b["completion_request"].update(stop=["four"], min_tokens=2))
+    assert resp["choices"][0]["text"] == " four five six seven eight nine"
+
+
+# ------------------------------------------------------------------- empty output (bug-040) ---
+def test_empty_output_rule():
+    """Rule chosen: a *completion* choice with no token ids is valid and derenders to ``text ""``
+    (OpenAI semantics: a completion that generated nothing is the empty string, finish_reason
+    as the engine gave it, usage 0 completion tokens; never the prompt: the case's notes). A
+    *chat* choice with no token ids stays a 400, as vLLM's render server rejects it and the
+    parity corpus pins it (``qwen3-err-empty-token-ids-*``, source ``override:invalid-body``)."""
+    status, resp, _ = _send(_case("bug-040"))
+    assert status == 200, resp
+    ch = resp["choices"][0]
+    assert ch["text"] == "" and ch["finish_reason"] == "stop"
+    assert resp["usage"]["completion_tokens"] == 0
+
+    def empty_chat(body):
+        body["generate_response"]["choices"][0]["token_ids"] = []
+    status, resp, _ = _send(_case("bug-047"), empty_chat)
+    assert status == 400 and "empty" in resp["error"]["message"]
+
+
+# ---------------------------------------------------------- prompt ends mid-UTF-8 (bug-041) ---
+def test_prompt_partial_char_completed_by_output():
+    """Dangling prompt bytes are part of the detokenization prefix: never emitted alone (no
+    U+FFFD, no prompt text); output bytes that complete the character emit the character."""
+    case = dict(_case("bug-041"))
+    plan = rb.Plan(case)
+    tail = [plan.tok.byte_token(b) for b in bytes.fromhex("98 80".replace(" ", ""))]
+
+    def complete(body):
+        ch = body["generate_responses"][0]["choices"][0]
+        ch["token_ids"] = tail + ch["token_ids"]
+    status, resp, _ = _send(case, complete)
+    assert status == 200, resp
+    assert resp["choices"][0]["text"] == "\U0001F600 and more"
