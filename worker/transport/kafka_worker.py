@@ -319,7 +319,8 @@ def _proc_jobs(items: list[tuple[bytes | None, str | None]]) -> list[JobOutcome]
     return [derender_job(_PROC_SERVICE, v, k) for v, k in items]
 
 
-def _proc_ping() -> int:
+def _proc_ping(delay: float = 0.0) -> int:
+    time.sleep(delay)
     return os.getpid()
 
 
@@ -468,11 +469,15 @@ class KafkaDerenderWorker:
             await asyncio.get_running_loop().run_in_executor(self._executor, preload)
             log.info("models loaded in %.2fs", time.perf_counter() - t0)
         if isinstance(self._executor, cf.ProcessPoolExecutor):
+            # ping until every process answered (each one preloads in its initializer first)
             loop = asyncio.get_running_loop()
             t0 = time.perf_counter()
-            pids = await asyncio.gather(*(loop.run_in_executor(self._executor, _proc_ping)
-                                          for _ in range(self.settings.num_workers * 2)))
-            log.info("derender pool ready: %d processes in %.2fs", len(set(pids)), time.perf_counter() - t0)
+            n = self.settings.num_workers
+            pids: set[int] = set()
+            while len(pids) < n and time.perf_counter() - t0 < 300:
+                pids.update(await asyncio.gather(*(loop.run_in_executor(self._executor, _proc_ping, 0.05)
+                                                   for _ in range(n))))
+            log.info("derender pool ready: %d processes in %.2fs", len(pids), time.perf_counter() - t0)
 
     def _submit(self, value: bytes | None, kind: str | None) -> asyncio.Future:
         return asyncio.get_running_loop().run_in_executor(self._executor, self._job_fn, value, kind)
@@ -494,6 +499,14 @@ class KafkaDerenderWorker:
     async def start(self) -> None:
         """Create the pool, producer and consumer and join the group. Raises ``KafkaError`` when
         the broker is unreachable, ``BrokenProcessPool`` when the derender processes cannot start."""
+        try:
+            await self._start()
+        except BaseException:
+            log.error("worker start failed; releasing what was started")
+            await self._close()
+            raise
+
+    async def _start(self) -> None:
         s = self.settings
         self._sem = asyncio.Semaphore(max(1, s.max_in_flight))
         self._stopping = asyncio.Event()
