@@ -9,6 +9,8 @@ A subclass sets:
 * ``hold_all``: no marker is required: the whole output is held and parsed at the end (a
   complete call drops the text around it; otherwise it is all content) — Llama 3;
 * ``parse_body(text)``: ``[(name, arguments JSON)]`` or None when the text is not calls;
+  (or ``parse_calls(text)``: ``(calls, content)`` when text around the calls is kept as
+  content, e.g. Llama 3's prose after the call);
 * ``malformed_content(body)``: the content a body that does not parse becomes.
 
 Per ``feed`` work is O(delta + marker length): text is appended, never re-scanned; the parse
@@ -69,6 +71,10 @@ class JsonTailToolParser(ToolParser):
     def malformed_content(self, body: str) -> str:
         return body
 
+    def parse_calls(self, body: str) -> tuple[list[tuple[str, str]] | None, str]:
+        """``(calls, content kept beside them)``; by default the calls are the whole body."""
+        return self.parse_body(body), ""
+
     # -- machine ------------------------------------------------------------------------------
     def initial_state(self, ctx: RequestContext) -> JsonTailState:
         return JsonTailState(in_body=self.hold_all, parallel=ctx.parallel_tool_calls is not False)
@@ -96,12 +102,13 @@ class JsonTailToolParser(ToolParser):
             out.content = body
             return out
         try:
-            calls = self.parse_body(body)
+            calls, rest = self.parse_calls(body)
         except Exception:  # noqa: BLE001 - bad markup never raises
-            calls = None
+            calls, rest = None, ""
         if not calls:
             out.content = self.malformed_content(body)
             return out
+        out.content = rest
         if not state.parallel:
             calls = calls[:1]
         out.tool_calls = [ToolCallDelta(index=i, name=n, arguments=a) for i, (n, a) in enumerate(calls)]

@@ -9,7 +9,8 @@ Parity rules (README rule d): vLLM's non-streaming parser extracts the JSON call
 starts, so text before a complete call is dropped and the call returned
 (``llama3-tool-content-before-v0``); an incomplete or invalid call leaves the whole output as
 content (``llama3-tool-malformed-v0``). Hence, with tools in play, the output is held and
-parsed at the end (``JsonTailToolParser.hold_all``).
+parsed at the end (``JsonTailToolParser.hold_all``). Prose after the call chain is the
+assistant's content (bug-013: vLLM required the whole rest to be JSON and lost the call).
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ _MAX_STARTS = 32
 _DECODER = json.JSONDecoder()
 
 
-def _chain(text: str, i: int) -> list[tuple[str, str]] | None:
-    """``call; call; ...`` starting at ``text[i] == "{"``; None unless every segment is a call."""
+def _chain(text: str, i: int) -> tuple[list[tuple[str, str]], int] | None:
+    """``call; call; ...`` starting at ``text[i] == "{"`` -> (calls, end offset of the last
+    call); None unless every segment is a call."""
     calls = []
     n = len(text)
     while True:
@@ -36,6 +38,7 @@ def _chain(text: str, i: int) -> list[tuple[str, str]] | None:
         if c is None:
             return None
         calls.append(c)
+        end = j
         while j < n and text[j].isspace():
             j += 1
         if j < n and text[j] == ";":
@@ -45,12 +48,18 @@ def _chain(text: str, i: int) -> list[tuple[str, str]] | None:
             if j < n and text[j] == "{":
                 i = j
                 continue
-        return calls
+        return calls, end
 
 
 def parse_llama_output(text: str) -> list[tuple[str, str]] | None:
     """Calls in a Llama 3 output: after ``<|python_tag|>`` if present, else from the first
     ``{`` that starts a call chain (a bounded number of candidates)."""
+    return parse_llama_calls(text)[0]
+
+
+def parse_llama_calls(text: str) -> tuple[list[tuple[str, str]] | None, str]:
+    """``(calls, text after the call chain)`` of a Llama 3 output (``parse_llama_output``); the
+    trailing text is ``""`` when it is only whitespace."""
     k = text.find(_PYTHON_TAG)
     if k >= 0:
         text = text[k + len(_PYTHON_TAG):]
@@ -58,12 +67,14 @@ def parse_llama_output(text: str) -> list[tuple[str, str]] | None:
     for _ in range(_MAX_STARTS):
         i = text.find("{", pos)
         if i < 0:
-            return None
-        calls = _chain(text, i)
-        if calls:
-            return calls
+            return None, ""
+        found = _chain(text, i)
+        if found and found[0]:
+            calls, end = found
+            rest = text[end:]
+            return calls, (rest if rest.strip() else "")
         pos = i + 1
-    return None
+    return None, ""
 
 
 @register_tool("llama3_json", "Llama 3.1/3.2/3.3", '<|python_tag|>? {"name", "parameters"}; …')
@@ -74,3 +85,6 @@ class Llama3JsonToolParser(JsonTailToolParser):
 
     def parse_body(self, body: str) -> list[tuple[str, str]] | None:
         return parse_llama_output(body)
+
+    def parse_calls(self, body: str) -> tuple[list[tuple[str, str]] | None, str]:
+        return parse_llama_calls(body)
