@@ -13,6 +13,10 @@ each call's id is ``functions.NAME:INDEX`` and its arguments are JSON:
 
 The singular spelling ``<|tool_call_section_begin|>``/``…_end|>`` is accepted too. The section is
 parsed when it closes; a section that does not parse (or never closes) is content.
+
+Kimi-K2.5 sometimes drops the ``.``/``:`` of the call id (``functionsexec5``, bug-020): an id
+whose canonical name is not a declared tool resolves to the declared tool it spells with
+those separators removed (``functions`` prefix and index digits around it).
 """
 import re
 
@@ -33,13 +37,28 @@ def kimi_name(call_id: str) -> str | None:
     return head or None
 
 
-def parse_kimi_section(body: str) -> list[tuple[str, str]] | None:
+def resolve_kimi_name(call_id: str, declared) -> str | None:
+    """The function a call id names: ``kimi_name`` when that is a declared tool (or no tools
+    are known), else the longest declared tool the id spells in a non-canonical form
+    (``functionsexec5``, ``functions_exec_5``, ``exec5``), else ``kimi_name``."""
+    name = kimi_name(call_id)
+    if not declared or name in declared:
+        return name
+    best = None
+    for tool in declared:
+        if re.fullmatch(r"(?:functions[._:]?)?" + re.escape(tool) + r"(?:[._:]?\d+)?", call_id.strip()):
+            if best is None or len(tool) > len(best):
+                best = tool
+    return best or name
+
+
+def parse_kimi_section(body: str, declared=()) -> list[tuple[str, str]] | None:
     calls = match_all(_CALL, body)
     if calls is None:
         return None
     out = []
     for m in calls:
-        name, args = kimi_name(m.group(1)), json_args(m.group(2).strip())
+        name, args = resolve_kimi_name(m.group(1), declared), json_args(m.group(2).strip())
         if name is None or args is None:
             return None
         out.append((name, args))
@@ -62,3 +81,7 @@ class KimiK2ToolParser(TaggedToolParser):
     starts = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
     ends = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")
     parse_body = staticmethod(parse_kimi_section)
+    param_types = True  # the state keeps the declared tool names (call ids resolve against them)
+
+    def parse_call(self, st, body: str):
+        return parse_kimi_section(body.strip(), st.types)

@@ -7,6 +7,9 @@ Format (mistral-common tokenizers v3/v7 and the v0.3 chat template; vLLM
 token, so the parser needs ``skip_special_tokens`` off (vLLM's ``adjust_request``). Tool call ids
 are 9 alphanumerics (the v0.3 template rejects any other shape).
 
+Newer Mistral tokenizers (v11+) write each call as ``[TOOL_CALLS]NAME[ARGS]{json}``, one
+``[TOOL_CALLS]`` per call (bug-011): a body in that shape gives one call per segment.
+
 Parity rules (corpus ``mistral-tool-*``): text before the marker is content, as written
 (``" Let me check. "``); a body that is not such a list (``mistral-tool-malformed-v0``) is
 content, stripped and without the marker (coupled's non-stream answer).
@@ -19,12 +22,37 @@ from worker.parsers.jsontail import JsonTailToolParser, call_of
 from worker.parsers.registry import register_tool
 
 
+_ARGS = "[ARGS]"
+_DECODER = json.JSONDecoder()
+
+
+def parse_args_segments(body: str) -> list[tuple[str, str]] | None:
+    """``NAME[ARGS]{json}[TOOL_CALLS]NAME[ARGS]{json}...`` (the first marker already removed)
+    -> one call per segment; None unless every segment is ``name[ARGS]`` + one JSON object."""
+    out = []
+    for seg in body.split("[TOOL_CALLS]"):
+        name, sep, args = seg.partition(_ARGS)
+        name = name.strip()
+        if not sep or not name or any(c.isspace() for c in name):
+            return None
+        args = args.strip()
+        try:
+            obj, end = _DECODER.raw_decode(args)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or args[end:].strip():
+            return None
+        out.append((name, json.dumps(obj, ensure_ascii=False)))
+    return out or None
+
+
 def parse_mistral_body(body: str) -> list[tuple[str, str]] | None:
-    """Calls of a ``[TOOL_CALLS]`` body: a JSON list of call objects (a lone object accepted)."""
+    """Calls of a ``[TOOL_CALLS]`` body: a JSON list of call objects (a lone object accepted),
+    or ``NAME[ARGS]{json}`` segments."""
     try:
         obj = json.loads(body.strip())
     except ValueError:
-        return None
+        return parse_args_segments(body) if _ARGS in body else None
     items = obj if isinstance(obj, list) else [obj]
     calls = [call_of(x) for x in items]
     if not calls or any(c is None for c in calls):
