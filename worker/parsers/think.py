@@ -11,7 +11,10 @@ Rules (from the models' chat templates and vLLM's reasoning parsers):
   start in content; and from the prompt's last assistant turn (ids after the last
   ``turn_token``): a closed block (end id after the last start id) starts in content, an open one
   (start id last) starts in reasoning;
-* reasoning runs to the first end marker; text after it is content;
+* reasoning runs to the first end marker; text after it is content; an ``implicit_end`` marker
+  (e.g. Qwen3's ``<tool_call>``) also ends it, except, with ``explicit_needs_end``, in a block
+  the output opened with a start marker: there the model may quote tool-call syntax while
+  reasoning and only the end marker closes the block (Qwen3, bug-029);
 * ``reasoning_tokens`` counts token ids seen in reasoning mode, markers excluded, following the
   id stream (so it is split-independent and counts tokens whose text is empty).
 """
@@ -31,6 +34,9 @@ class ThinkState(msgspec.Struct, kw_only=True, array_like=True):
     mode: str = "start"
     buf: str = ""
     tok_reasoning: bool = False
+    #: the output opened the block with a start marker (text / id level): implicit ends off
+    explicit: bool = False
+    tok_explicit: bool = False
 
 
 class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,7 +46,9 @@ class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
     reasoning; ``start_anywhere``: a start marker inside content opens reasoning again;
     ``turn_token``: token string that opens a prompt turn (prompt scan scope), or None;
     ``implicit_end``: markers that end reasoning without an end marker and stay in the content
-    (e.g. Qwen3's ``<tool_call>`` emitted straight from the thinking block)."""
+    (e.g. Qwen3's ``<tool_call>`` emitted straight from the thinking block);
+    ``explicit_needs_end``: ``implicit_end`` markers do not end a block the output opened with
+    a start marker."""
 
     start: tuple[str, ...] = ("<think>",)
     end: tuple[str, ...] = ("</think>",)
@@ -48,6 +56,7 @@ class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
     start_anywhere: bool = False
     turn_token: str | None = None
     implicit_end: tuple[str, ...] = ()
+    explicit_needs_end: bool = False
 
 
 class ThinkReasoningParser(ReasoningParser):
@@ -100,14 +109,20 @@ class ThinkReasoningParser(ReasoningParser):
     def _count(self, st: ThinkState, token_ids: list[int]) -> int:
         n = 0
         r = st.tok_reasoning
+        explicit = st.tok_explicit
+        needs_end = self.spec.explicit_needs_end
         for t in token_ids:
             if t in self.start_ids:
                 r = True
-            elif t in self.end_ids or t in self.implicit_end_ids:
+                explicit = needs_end
+            elif t in self.end_ids:
+                r = False
+            elif t in self.implicit_end_ids and not explicit:
                 r = False
             elif r:
                 n += 1
         st.tok_reasoning = r
+        st.tok_explicit = explicit
         return n
 
     def feed(self, state: ThinkState, text: str, token_ids: list[int]) -> Delta:
@@ -124,14 +139,16 @@ class ThinkReasoningParser(ReasoningParser):
                     if s.startswith(m):
                         s = s[len(m):]
                         state.mode = "reasoning"
+                        state.explicit = spec.explicit_needs_end
                         break
                 else:
                     state.mode = "reasoning" if spec.default_reasoning else "content"
                 continue
             if state.mode == "reasoning":
-                i, m = find_first(s, self._end_markers)
+                ends = spec.end if state.explicit else self._end_markers
+                i, m = find_first(s, ends)
                 if i < 0:
-                    keep = hold_back(s, self._end_markers)
+                    keep = hold_back(s, ends)
                     out.reasoning += s[: len(s) - keep]
                     state.buf = s[len(s) - keep:]
                     return out

@@ -5,7 +5,8 @@ then the answer; ``enable_thinking=false`` makes the template emit an empty clos
 prompt, so the output is all content. vLLM 0.32's ``qwen3`` parser treats output without
 ``</think>`` as reasoning when thinking is on (Qwen3-2507 templates pre-open ``<think>``), and a
 ``<tool_call>`` emitted straight from the thinking block ends the reasoning (the call is content
-for the tool parser).
+for the tool parser) — unless the output opened the block with ``<think>``: then only
+``</think>`` ends it, so tool-call text quoted while reasoning stays reasoning (bug-029).
 Tool calls (Hermes format): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
 one block per call.
 """
@@ -19,7 +20,7 @@ class Qwen3ReasoningParser(ThinkReasoningParser):
     """Qwen3 reasoning: ``<think>`` optional at the start, reasoning until ``</think>``."""
 
     spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
-                     turn_token="<|im_start|>", implicit_end=("<tool_call>",))
+                     turn_token="<|im_start|>", implicit_end=("<tool_call>",), explicit_needs_end=True)
 
 
 @register_tool("hermes", "Qwen2.5/Qwen3, Hermes 2/3, many fine-tunes", '<tool_call>{"name", "arguments"}</tool_call>')
