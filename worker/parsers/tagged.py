@@ -8,17 +8,22 @@ Content rules (coupled vLLM's non-streaming answer, kept split-independent):
 
 * text before the first call is content, except that a whitespace-only stretch before a call is
   dropped (content ``null``), also between calls and after the last call;
-* with ``parallel_tool_calls=false`` only the first call is returned.
+* with ``parallel_tool_calls=false`` only the first call is returned;
+* JSON bodies (``json_body``; on by default for the JSON body parsers): a call ends at the
+  first end marker *outside* a JSON string of the body, found by a small incremental lexer
+  (string / escape / nesting depth), so arguments may quote the end marker text (bug-005).
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import msgspec
 
 from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back
+from worker.parsers.marker import json_call_list
 
 
 class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
@@ -38,6 +43,51 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     #: per-function parameter types from the request's tool schemas (``{name: {param: type}}``),
     #: for families whose markup carries untyped values (``TaggedToolParser.param_types``)
     types: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    #: JSON lexer over the open call's body (``json_body``): offset lexed up to, inside a
+    #: string, after a backslash in a string, nesting depth
+    lex: int = 0
+    lex_str: bool = False
+    lex_esc: bool = False
+    lex_depth: int = 0
+
+
+_STR_STOP = re.compile(r'["\\]')
+_OUT_STOP = re.compile(r'["{}\[\]]')
+
+
+def lex_json(st: TaggedState, s: str, end: int) -> None:
+    """Advance the state's JSON lexer over ``s[st.lex:end]`` (string, escape, depth)."""
+    i = st.lex
+    ins, esc, depth = st.lex_str, st.lex_esc, st.lex_depth
+    while i < end:
+        if ins:
+            if esc:
+                esc = False
+                i += 1
+                continue
+            m = _STR_STOP.search(s, i, end)
+            if m is None:
+                i = end
+                break
+            i = m.end()
+            if m.group() == "\\":
+                esc = True
+            else:
+                ins = False
+        else:
+            m = _OUT_STOP.search(s, i, end)
+            if m is None:
+                i = end
+                break
+            i = m.end()
+            c = m.group()
+            if c == '"':
+                ins = True
+            elif c in "{[":
+                depth += 1
+            elif depth > 0:
+                depth -= 1
+    st.lex, st.lex_str, st.lex_esc, st.lex_depth = i, ins, esc, depth
 
 
 def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
@@ -85,6 +135,9 @@ class TaggedToolParser(ToolParser):
     as content)."""
 
     param_types: ClassVar[bool] = False
+    #: bodies are JSON: an end marker inside a JSON string does not close the call (None:
+    #: on when ``parse_body`` is one of the JSON body parsers)
+    json_body: ClassVar[bool | None] = None
 
     starts: ClassVar[tuple[str, ...]] = ("<tool_call>",)
     ends: ClassVar[tuple[str, ...]] = ("</tool_call>",)
@@ -92,6 +145,10 @@ class TaggedToolParser(ToolParser):
 
     def __init__(self, tok):
         self.tok = tok
+        jb = type(self).json_body
+        if jb is None:
+            jb = type(self).parse_body in (json_name_arguments, json_call_list)
+        self._json_body = jb
 
     def initial_state(self, ctx: RequestContext) -> TaggedState:
         return TaggedState(parallel=ctx.parallel_tool_calls is not False,
@@ -152,6 +209,7 @@ class TaggedToolParser(ToolParser):
                 if not st.seg_text:
                     st.pending_ws = ""
                 st.in_call, st.marker, st.buf, st.scan = True, m, s[i + len(m):], 0
+                st.lex, st.lex_str, st.lex_esc, st.lex_depth = 0, False, False, 0
                 continue
             s = st.buf
             longest = max(len(e) for e in self.ends)
@@ -160,6 +218,11 @@ class TaggedToolParser(ToolParser):
                 st.scan = max(0, len(s) - longest + 1)
                 return out
             j += st.scan
+            if self._json_body:
+                lex_json(st, s, j)
+                if st.lex_str and st.lex_depth > 0:  # the marker is text inside a JSON string
+                    st.scan = j + 1
+                    continue
             st.in_call, st.buf, st.scan = False, s[j + len(e):], 0
             self._close(st, out, s[:j], e)
         return out
