@@ -18,7 +18,11 @@ Rules:
   with an ``ast`` parser;
 * a body that does not parse comes back as content, verbatim (marker included);
 * content before calls that is only whitespace is dropped; ``parallel_tool_calls=false`` keeps
-  the first call.
+  the first call;
+* ``after_text`` (with ``at_start``): once the output began with text, a later marker still
+  opens the body when ``confirm_start`` accepts it (e.g. pythonic: ``[`` followed by
+  ``name(`` of a declared tool); the text before it is content. While undecided, the marker
+  and the few chars after it are held back (bounded).
 """
 from __future__ import annotations
 
@@ -105,6 +109,18 @@ class MarkerState(msgspec.Struct, kw_only=True, array_like=True):
     marker: str = ""
     ws: str = ""
     parallel: bool = True
+    #: declared tool names (``after_text`` parsers only)
+    names: list[str] = msgspec.field(default_factory=list)
+
+
+def declared_tool_names(tools: list[dict[str, Any]] | None) -> list[str]:
+    """Function names of an OpenAI tool list."""
+    out = []
+    for t in tools or ():
+        fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            out.append(fn["name"])
+    return out
 
 
 class MarkerToolParser(ToolParser):
@@ -113,6 +129,7 @@ class MarkerToolParser(ToolParser):
 
     markers: ClassVar[tuple[str, ...]] = ()
     at_start: ClassVar[bool] = False
+    after_text: ClassVar[bool] = False
     parse_body: ClassVar[Callable[[str], list[tuple[str, str]] | None]] = staticmethod(json_call_list)
 
     def __init__(self, tok):
@@ -123,7 +140,36 @@ class MarkerToolParser(ToolParser):
         return type(self).parse_body(body.strip())
 
     def initial_state(self, ctx: RequestContext) -> MarkerState:
-        return MarkerState(parallel=ctx.parallel_tool_calls is not False)
+        return MarkerState(parallel=ctx.parallel_tool_calls is not False,
+                           names=declared_tool_names(ctx.tools) if self.after_text else [])
+
+    def confirm_start(self, st: MarkerState, marker: str, rest: str) -> bool | None:
+        """``after_text``: does ``marker`` followed by ``rest`` (the text after it so far) open
+        the call body? True / False / None (undecided yet: hold it back)."""
+        return True
+
+    def _scan_text(self, st: MarkerState, out: Delta, s: str) -> None:
+        """``after_text``: content up to a confirmed marker, which opens the body."""
+        pos = 0
+        while True:
+            i, m = find_first(s[pos:], self.markers)
+            if i < 0:
+                keep = hold_back(s[pos:], self.markers)
+                self._content(st, out, s[pos: len(s) - keep])
+                st.buf = s[len(s) - keep:]
+                return
+            i += pos
+            ok = self.confirm_start(st, m, s[i + len(m):])
+            if ok is None:
+                self._content(st, out, s[pos:i])
+                st.buf = s[i:]
+                return
+            if ok:
+                self._content(st, out, s[pos:i])
+                st.phase, st.marker, st.buf = "body", m, s[i + len(m):]
+                return
+            self._content(st, out, s[pos: i + len(m)])
+            pos = i + len(m)
 
     def _content(self, st: MarkerState, out: Delta, t: str) -> None:
         if not t:
@@ -145,7 +191,10 @@ class MarkerToolParser(ToolParser):
         s = st.buf + text
         st.buf = ""
         if st.phase == "text" and self.at_start:
-            out.content = s
+            if self.after_text:
+                self._scan_text(st, out, s)
+            else:
+                out.content = s
             return out
         if self.at_start:
             # only the first non-whitespace text may be the marker
@@ -162,7 +211,10 @@ class MarkerToolParser(ToolParser):
             if any(m.startswith(stripped) for m in self.markers):
                 st.buf = stripped
                 return out
-            self._content(st, out, stripped)
+            if self.after_text:
+                self._scan_text(st, out, stripped)
+            else:
+                self._content(st, out, stripped)
             return out
         i, m = find_first(s, self.markers)
         if i < 0:

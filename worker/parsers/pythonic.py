@@ -8,6 +8,9 @@ Python's ``ast`` (no evaluation: ``ast.literal_eval`` on each argument value). A
 not exactly a list of ``name(kw=literal, ...)`` calls (positional arguments, trailing text,
 non-literal values) comes back as content, verbatim.
 
+Prose before the list (``after_text``, bug-016): a ``[`` later in the output opens the list
+when it is followed by ``name(`` with ``name`` a declared tool; the prose is content.
+
 Options a family sets: ``wrappers`` (start marker -> end marker that must close the body, e.g.
 Llama 4's ``<|python_start|>``/``<|python_end|>``), ``newline_calls`` (the body is one call per
 line without brackets, Olmo 3) and ``json_literals`` (``true``/``false``/``null`` accepted as
@@ -17,11 +20,14 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from typing import Any, ClassVar
 
 from worker.parsers.marker import MarkerToolParser
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
+_CALL_HEAD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(\()?")
+_HEAD_MAX = 256
 
 
 def _value(node: ast.AST, json_literals: bool) -> Any:
@@ -72,6 +78,19 @@ class PythonicToolParser(MarkerToolParser):
     wrappers: ClassVar[dict[str, str]] = {}
     newline_calls: ClassVar[bool] = False
     json_literals: ClassVar[bool] = False
+    after_text: ClassVar[bool] = True
+
+    def confirm_start(self, st, marker: str, rest: str) -> bool | None:
+        """After prose, ``[`` opens the list only before ``name(`` of a declared tool; a
+        wrapper marker always opens it."""
+        if marker != "[":
+            return True
+        m = _CALL_HEAD.match(rest)
+        if m is None:
+            return None if not rest.strip() and len(rest) < _HEAD_MAX else False
+        if m.group(2):
+            return m.group(1) in st.names
+        return None if m.end() == len(rest) and len(rest) < _HEAD_MAX else False
 
     def parse(self, marker: str, body: str) -> list[tuple[str, str]] | None:
         body = body.strip()
