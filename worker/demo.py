@@ -33,6 +33,11 @@ def add_demo_args(ap: argparse.ArgumentParser) -> None:
                     help="derender pool kind (thread starts fastest)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for all replies")
     ap.add_argument("--quiet", action="store_true", help="print one status line per example, not the JSON")
+    ap.add_argument("--no-worker", action="store_true",
+                    help="only publish and read replies: a worker pool (derender-worker run) elsewhere "
+                         "serves --input-topic / --reply-topic (the compose.yaml pipeline)")
+    ap.add_argument("--input-topic", default="engine-outputs", help="with --no-worker: topic to publish to")
+    ap.add_argument("--reply-topic", default="derender-replies", help="with --no-worker: topic to read")
 
 
 def load_examples(path: str | Path) -> list[dict]:
@@ -76,7 +81,10 @@ async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) 
     )
 
     run = uuid.uuid4().hex[:8]
-    inp, reply, dlq = f"demo-engine-outputs-{run}", f"demo-replies-{run}", f"demo-dlq-{run}"
+    if args.no_worker:
+        inp, reply, dlq = args.input_topic, args.reply_topic, "derender-dlq"
+    else:
+        inp, reply, dlq = f"demo-engine-outputs-{run}", f"demo-replies-{run}", f"demo-dlq-{run}"
     models = load_config_file(args.config)
     await ensure_topics(bootstrap, {inp: 2, reply: 1, dlq: 1})
 
@@ -87,7 +95,7 @@ async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) 
             await producer.send_and_wait(
                 inp, json.dumps(ex["body"]).encode(), key=_request_id(ex, i).encode(),
                 headers=[("content-type", b"application/json"), (HDR_KIND, ex["kind"].encode()),
-                         (HDR_CORRELATION_ID, str(i).encode())])
+                         (HDR_CORRELATION_ID, f"{run}:{i}".encode()), ("reply-topic", reply.encode())])
     finally:
         await producer.stop()
     print(f"published {len(examples)} engine outputs to {inp} on {bootstrap}", flush=True)
@@ -104,7 +112,7 @@ async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) 
                                 enable_auto_commit=False)
     await consumer.start()
     try:
-        async with KafkaDerenderWorker(settings, models) as worker:
+        async with (contextlib.nullcontext() if args.no_worker else KafkaDerenderWorker(settings, models)) as worker:
             deadline = time.monotonic() + args.timeout
             while len(replies) < len(examples) and time.monotonic() < deadline:
                 for tp, msgs in (await consumer.getmany(timeout_ms=200)).items():
@@ -114,8 +122,11 @@ async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) 
                             log.error("dead letter: %s", h.get("x-dlq-reason"))
                             continue
                         try:
-                            idx = int(h[HDR_CORRELATION_ID])
-                        except (KeyError, ValueError):
+                            cid_run, _, cid_i = h[HDR_CORRELATION_ID].decode().partition(":")
+                            if cid_run != run:
+                                continue  # a reply to an earlier demo run on the same topic
+                            idx = int(cid_i)
+                        except (KeyError, ValueError, UnicodeDecodeError):
                             log.error("reply without a usable correlation-id: %r", h)
                             continue
                         replies[idx] = (int(h.get(HDR_STATUS, b"0")), json.loads(m.value))
@@ -132,8 +143,8 @@ async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) 
               f"{'no reply' if status is None else f'status {status}'}", flush=True)
         if body is not None and not args.quiet:
             print(json.dumps(body, indent=2, ensure_ascii=False), flush=True)
-    print(f"\n{ok}/{len(examples)} examples derendered OK in {elapsed:.2f}s (worker stats: {worker.stats.as_dict()})",
-          flush=True)
+    stats = f" (worker stats: {worker.stats.as_dict()})" if worker is not None else ""
+    print(f"\n{ok}/{len(examples)} examples derendered OK in {elapsed:.2f}s{stats}", flush=True)
     return 0 if ok == len(examples) else 1
 
 
