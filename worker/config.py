@@ -7,8 +7,10 @@ Two ways to configure, mirroring ``vllm serve`` flags:
 * several models from ``--config FILE`` (JSON): ``{"<served name>": {"tokenizer": DIR,
   "tokenizer_mode": "auto", "reasoning_parser": null, "tool_parser": null,
   "enable_auto_tool_choice": false, "max_model_len": 4096, "max_logprobs": 20}, ...}``; keys
-  starting with ``_`` are ignored and relative tokenizer paths are resolved against the file's
-  directory (the format of the parity corpus' ``models.json``).
+  starting with ``_`` are ignored and relative tokenizer paths are resolved against
+  ``--tokenizer-root`` when given, else the file's directory, else the current directory (the
+  format of the parity corpus' ``models.json``, whose paths are relative to its parent folder:
+  ``--tokenizer-root ../shared``).
 
 Every flag also reads an environment variable ``DERENDER_<FLAG>`` (``DERENDER_TOKENIZER``,
 ``DERENDER_CONFIG``, ...), flags winning.
@@ -59,6 +61,8 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     """Add the model/parser flags shared by ``run``, ``batch`` and ``bench`` (vLLM's names)."""
     g = ap.add_argument_group("served model (vLLM flag names; or --config for several models)")
     g.add_argument("--config", default=_env("config"), help="JSON file: served name -> model settings")
+    g.add_argument("--tokenizer-root", default=_env("tokenizer_root"),
+                   help="base directory of relative tokenizer paths in --config (default: the file's directory)")
     g.add_argument("--tokenizer", "--model", dest="tokenizer", default=_env("tokenizer"),
                    help="tokenizer directory or hub id")
     g.add_argument("--tokenizer-mode", default=_env("tokenizer_mode", "auto"),
@@ -73,8 +77,11 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--max-n", type=int, default=int(_env("max_n", DEFAULT_MAX_N)))
 
 
-def load_config_file(path: str | os.PathLike) -> list[ServedModelConfig]:
-    """Read a multi-model JSON config (see module docstring). Raises ``ValueError`` on a bad file."""
+def load_config_file(path: str | os.PathLike, tokenizer_root: str | os.PathLike | None = None
+                     ) -> list[ServedModelConfig]:
+    """Read a multi-model JSON config (see module docstring). Relative tokenizer paths resolve
+    against ``tokenizer_root`` when given, else the file's directory when the path exists there,
+    else stay relative to the current directory. Raises ``ValueError`` on a bad file."""
     p = Path(path)
     try:
         raw = json.loads(p.read_text(encoding="utf-8"))
@@ -90,8 +97,11 @@ def load_config_file(path: str | os.PathLike) -> list[ServedModelConfig]:
             raise ValueError(f"model config {path}: entry {name!r} needs a 'tokenizer'")
         entry = dict(entry)
         tok = entry["tokenizer"]
-        if not os.path.isabs(tok) and (p.parent / tok).exists():
-            entry["tokenizer"] = str((p.parent / tok).resolve())
+        if not os.path.isabs(tok):
+            if tokenizer_root is not None:
+                entry["tokenizer"] = str((Path(tokenizer_root) / tok).resolve())
+            elif (p.parent / tok).exists():
+                entry["tokenizer"] = str((p.parent / tok).resolve())
         entry.setdefault("tokenizer_mode", "auto")
         for k in ("max_logprobs", "max_n"):
             if entry.get(k) is None:
@@ -109,7 +119,7 @@ def models_from_args(args: argparse.Namespace) -> list[ServedModelConfig]:
     """Served models from parsed flags: ``--config`` or the single-model flags.
     Raises ``ValueError`` when neither names a tokenizer."""
     if args.config:
-        return load_config_file(args.config)
+        return load_config_file(args.config, getattr(args, "tokenizer_root", None))
     if not args.tokenizer:
         raise ValueError("give --tokenizer DIR (and parser flags) or --config FILE")
     return [ServedModelConfig(
