@@ -126,6 +126,85 @@ def test_bug_case_nonstream(case):
     assert not fails, "; ".join(fails) + (f" [rule: {CASE_RULES[case['id']]}]" if case["id"] in CASE_RULES else "")
 
 
+class InProcessStreamBackend:
+    """run_bugs' stream back end, in-process: the case's chunk bodies (``Plan.stream_steps`` /
+    ``Plan.stream_body``, as HttpBackend sends them) through ``DerenderService.derender_stream``
+    with the request's state bytes carried between calls (the worker's transport contract: one
+    state per request id). Records as HttpBackend's: one per OpenAI chunk returned."""
+
+    streams = True
+
+    def __init__(self):
+        self.usage: dict | None = None
+
+    def stream(self, plan: "rb.Plan", sizes: list[int]) -> tuple[str, object]:
+        svc = _service(plan)
+        records: list[dict] = []
+        state: bytes | None = None
+        seen: set[int] = set()
+        positions: dict[int, int] = {}
+        self.usage = None
+        for k, (choice, delta, last) in enumerate(plan.stream_steps(sizes)):
+            idx = choice["index"]
+            pos = positions.get(idx, 0)
+            body = plan.stream_body(plan.group, choice, delta, idx not in seen, last, pos, None)
+            body.pop("stream_state", None)
+            res, new_state = svc.derender_stream(json.dumps(body, ensure_ascii=False).encode(), state)
+            out = json.loads(res.body)
+            if res.is_error:
+                return "error", f"chunk {k}: HTTP {res.status}: {rb._err_text(out)}"
+            state = new_state
+            seen.add(idx)
+            positions[idx] = pos + len(delta)
+            for chunk in out:
+                if chunk.get("usage"):
+                    self.usage = chunk["usage"]
+                records.append({"token_ids": delta, "choice_index": idx, "chunk": chunk})
+        return "ok", records
+
+
+STREAM_CASES = [c for c in CASES if c.get("stream_chunks")]
+
+
+def run_stream_case(case: dict) -> tuple[list[str], list[dict]]:
+    """(failures, records) of one case streamed with its own ``stream_chunks``, checked as
+    run_bugs' stream mode checks it (``check_result``, ``check_must_not``, ``check_stream``
+    against the non-streaming view) plus ``check_usage`` on the stream's usage chunk."""
+    plan = rb.Plan(case)
+    exp = case["expected_correct"]
+    ns_view = None
+    body = plan.nonstream_body(plan.group)
+    res = _service(plan).derender(json.dumps(body, ensure_ascii=False).encode())
+    if not res.is_error:
+        ns_view = rb.nonstream_view(plan, json.loads(res.body))
+    backend = InProcessStreamBackend()
+    st, recs = backend.stream(plan, case["stream_chunks"])
+    if st != "ok":
+        return [str(recs)], []
+    sv = rb.stream_view(plan, recs)
+    v = sv.get(0)
+    if v is None:
+        return ["stream produced no choice 0"], recs
+    manual: list[str] = []
+    fails = rb.check_result(plan, v, exp, "")
+    fails += rb.check_must_not(v, exp, [])
+    fails += rb.check_stream(plan, backend, sv, ns_view, exp, manual, {}, [])
+    fails += rb.check_usage(plan, {"usage": backend.usage or {}}, exp, [])
+    return fails, recs
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=[c["id"] for c in STREAM_CASES])
+def test_bug_case_stream(case):
+    missing = _missing_tokenizers(case)
+    if missing:
+        pytest.skip(f"needs tokenizer(s) not in tests/data/tokenizers: {', '.join(missing)}")
+    try:
+        fails, _ = run_stream_case(case)
+    except rb.NotRunnable as e:
+        pytest.skip(f"not runnable: {e}")
+    assert not fails, "; ".join(fails) + (f" [rule: {CASE_RULES[case['id']]}]" if case["id"] in CASE_RULES else "")
+
+
 def _case(cid: str) -> dict:
     return next(c for c in CASES if c["id"] == cid)
 
