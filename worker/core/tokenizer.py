@@ -373,8 +373,26 @@ _CACHE: dict[tuple[str, str], Tokenizer] = {}
 _LOCK = threading.Lock()
 
 
+_HUB_FILES = ["tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json",
+              "special_tokens_map.json", "tokenizer.model", "tokenizer.model.v*", "tekken*.json", "*.tiktoken"]
+
+
+def _from_hub(repo_id: str) -> Path:
+    """Download (or take from the local Hugging Face cache) only the tokenizer files of hub repo
+    ``repo_id`` (``org/name``). Raises ``ValueError`` when it is not a hub id or no hub answers."""
+    if repo_id.count("/") != 1 or repo_id.startswith((".", "/")):
+        raise ValueError(f"tokenizer directory not found: {repo_id}")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+    except Exception as e:  # offline, unknown repo, gated repo...
+        raise ValueError(f"tokenizer directory not found: {repo_id}, and it could not be fetched as a "
+                         f"hub id ({type(e).__name__}: {e})") from e
+
+
 def load_tokenizer(path: str, mode: str = "auto") -> Tokenizer:
-    """Load (cached per ``(path, mode)``) the tokenizer in directory ``path``.
+    """Load (cached per ``(path, mode)``) the tokenizer in directory ``path``, or of hub id
+    ``org/name`` (tokenizer files only, through the Hugging Face cache) where a hub is reachable.
 
     Modes (vLLM's ``--tokenizer-mode``): ``auto``/``hf``: ``tokenizer.json`` through ``tokenizers``
     (a directory with only a SentencePiece model goes through transformers' ``AutoTokenizer``);
@@ -391,7 +409,7 @@ def load_tokenizer(path: str, mode: str = "auto") -> Tokenizer:
             return tok
         d = Path(path)
         if not d.is_dir():
-            raise ValueError(f"tokenizer directory not found: {path}")
+            d = _from_hub(path)
         tok = Tokenizer(str(path), mode)
         tj = d / "tokenizer.json"
         if mode == "mistral":
