@@ -1,5 +1,7 @@
-"""``derender-worker`` command line: ``run`` (Kafka worker), ``batch`` (offline logs), ``demo``
-(embedded broker end to end), ``bench`` (throughput), ``schemas`` (regenerate JSON Schemas).
+"""Derender LLM engine output token ids into OpenAI responses: Kafka worker, batch mode, demo.
+
+Subcommands: ``run`` (Kafka worker), ``batch`` (offline logs), ``demo`` (embedded broker end to
+end), ``bench`` (throughput), ``schemas`` (regenerate JSON Schemas).
 
 Each subcommand lives in its own module; this file only wires arguments to them.
 """
