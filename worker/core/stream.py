@@ -40,6 +40,18 @@ Output rules (same answer as non-streaming for the same tokens, whatever the chu
 * the final stop token (EOS or int ``stop_reason``) of the chunk carrying ``finish_reason`` is
   not detokenized unless ``include_stop_str_in_output`` (``stop_token_trimmed``); it is still
   counted in usage and present in logprobs;
+* stop strings (the request's ``stop``, applied here as vLLM's detokenizer applies them: the
+  engine behind a derender never sees them): per choice the last ``max(len(s)) - 1`` characters
+  of new text are held back (``ChoiceState.held``), each token that adds text is checked with
+  ``check_stop_strings`` (once more than ``min_tokens`` ids were seen), exactly as the
+  non-streaming ``detokenize_with_stop``; on a match the text up to the cut (through it with
+  ``include_stop_str_in_output``) is released, the chunk carries ``finish_reason`` ``stop`` and
+  the string as ``stop_reason`` (chat: ``tool_calls`` when calls were made, as non-streaming),
+  its logprobs / ``token_ids`` end at the matching token, and the choice is ``stopped``: the
+  engine's later tokens of that choice (it keeps generating until it learns) produce no output
+  but are counted in usage; the choice finishes (usage chunk) with the engine's own finish.
+  Without a match the held-back text is released on the choice's final chunk. Released text
+  goes through the parser stack like any other text (chat), so parsing stays split-independent;
 * usage: once every expected choice (chat ``n``; completion ``n`` x prompts) has finished, a last
   chunk with ``choices: []`` and ``usage`` for the whole request (``completion_tokens_details.
   reasoning_tokens`` when a reasoning parser is configured) when ``stream_options.include_usage``
@@ -77,7 +89,13 @@ from schemas import (
     UsageInfo,
 )
 from worker.core.derender import ModelRuntime, _skip_special, final_finish_reason, request_context
-from worker.core.detokenize import DetokState, IncrementalDetokenizer, stop_token_trimmed
+from worker.core.detokenize import (
+    DetokState,
+    IncrementalDetokenizer,
+    check_stop_strings,
+    stop_strings,
+    stop_token_trimmed,
+)
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
 from worker.parsers.stack import tool_call_id
@@ -103,6 +121,9 @@ class StreamOpts(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=Tr
     n: int = 1
     expected_choices: int | None = 1
     tool_mode: str = "off"
+    #: the request's stop strings (``stop_strings``) and ``min_tokens``
+    stop: list[str] = msgspec.field(default_factory=list)
+    min_tokens: int = 0
 
 
 class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
@@ -118,6 +139,11 @@ class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
     reasoning_tokens: int = 0
     prompt_tokens: int = 0
     finished: bool = False
+    #: text held back while it may be the start of a stop string (< the longest stop string)
+    held: str = ""
+    #: a stop string matched: the OpenAI stream of this choice has ended; the engine's later
+    #: tokens are only counted (``finished`` comes with the engine's own finish_reason)
+    stopped: bool = False
 
 
 class StreamState(msgspec.Struct, kw_only=True, array_like=True):
@@ -277,6 +303,7 @@ def _new_chat_state(rt: ModelRuntime, body: DerenderChatStreamRequest) -> Stream
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
         return_token_ids=bool(req.return_token_ids),
         include_usage=bool(so and so.include_usage), n=n, expected_choices=n, tool_mode=mode,
+        stop=list(stop_strings(req.stop)), min_tokens=req.min_tokens or 0,
     )
     st = StreamState(kind="chat", request_id=body.generate_chunk.request_id or "", model=body.model, opts=opts)
     _reseed(rt, st, body, ctx)
@@ -313,27 +340,101 @@ def _choice_state(rt: ModelRuntime, st: StreamState, index: int) -> ChoiceState:
     return cs
 
 
-def _step_ids(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice) -> tuple[list[int], list[int]]:
-    """(ids to detokenize, ids fed to the parsers) of one chunk choice."""
+def _step_ids(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice) -> list[int]:
+    """The ids of one chunk choice to detokenize (the final stop token trimmed)."""
     ids = list(c.token_ids or [])
     if c.finish_reason is not None:
         ids = stop_token_trimmed(ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids,
                                  st.opts.include_stop)
-    pids = ids
+    return ids
+
+
+def _parser_ids(rt: ModelRuntime, st: StreamState, ids: list[int]) -> list[int]:
+    """The ids fed to the parsers (skipped special tokens never reach them)."""
     if st.opts.skip_special:
         special = rt.tokenizer.special_ids
-        pids = [t for t in ids if t not in special]
-    return ids, pids
+        return [t for t in ids if t not in special]
+    return ids
 
 
-def _detok(rt: ModelRuntime, st: StreamState, cs: ChoiceState, ids: list[int]) -> str:
-    if not ids:
-        return ""
-    d = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
-                               spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
-    text = d.add(ids)
-    cs.detok = d.state()
-    return text
+def _detok(rt: ModelRuntime, st: StreamState, cs: ChoiceState, ids: list[int],
+           final: bool) -> tuple[str, int, str | None]:
+    """Detokenize a chunk's ids with the request's stop strings applied (module docstring):
+    ``(text to release, ids used, matched stop string or None)``. ``ids used`` is ``len(ids)``
+    unless a stop string matched (then up to and including the matching id)."""
+    stop = st.opts.stop
+    if not stop:
+        if not ids:
+            return "", 0, None
+        d = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
+                                   spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
+        text = d.add(ids)
+        cs.detok = d.state()
+        return text, len(ids), None
+    keep = max(len(s) for s in stop) - 1
+    held = cs.held
+    out: list[str] = []
+    if ids:
+        d = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
+                                   spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
+        base = cs.completion_tokens
+        min_tokens = st.opts.min_tokens
+        include = st.opts.include_stop
+        for j, t in enumerate(ids):
+            new = d.add([t])
+            if not new:
+                continue
+            buf = held + new  # ends with the last len(held) + len(new) chars of the output
+            if base + j + 1 > min_tokens:
+                hit = check_stop_strings(buf, len(new), stop, include)
+                if hit is not None:
+                    s, cut = hit
+                    out.append(buf if cut == -1 else buf[:cut])
+                    cs.held = ""
+                    return "".join(out), j + 1, s
+            if len(buf) > keep:
+                out.append(buf[: len(buf) - keep])
+                held = buf[len(buf) - keep:]
+            else:
+                held = buf
+        cs.detok = d.state()
+    if final:
+        out.append(held)
+        held = ""
+    cs.held = held
+    return "".join(out), len(ids), None
+
+
+def _kept(xs, used: int, matched: str | None):
+    """A chunk's token ids / logprob entries as sent: up to the matching id after a stop string."""
+    if xs is None:
+        return None
+    return list(xs[:used]) if matched is not None else list(xs)
+
+
+def _end_choice(cs: ChoiceState, c: GenerateTokensStreamChoice) -> bool:
+    """The choice's OpenAI stream ends with this chunk (engine finish or stop-string match):
+    drop its decoding state. Returns whether the engine finished it (``finished``); a stop
+    string match before that only marks it ``stopped``."""
+    cs.detok = None
+    cs.parser = None
+    cs.lp_ctx = []
+    cs.held = ""
+    if c.finish_reason is None:
+        cs.stopped = True
+        return False
+    cs.finished = True
+    return True
+
+
+def _count_after_stop(cs: ChoiceState, c: GenerateTokensStreamChoice) -> bool:
+    """A chunk for a choice a stop string already ended: its tokens are only counted (usage);
+    returns whether the engine finished the choice with it."""
+    cs.completion_tokens += len(c.token_ids or [])
+    if c.finish_reason is not None:
+        cs.finished = True
+        return True
+    return False
 
 
 def _usage(rt: ModelRuntime, st: StreamState, with_reasoning: bool) -> UsageInfo:
@@ -378,13 +479,17 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
     any_finished = False
     for c in body.generate_chunk.choices:
         cs = _choice_state(rt, st, c.index)
+        if cs.stopped:
+            any_finished |= _count_after_stop(cs, c)
+            continue
         if not cs.role_sent:
             cs.role_sent = True
             out.append(ChatCompletionStreamResponse(id=rid, model=st.model, choices=[ChatCompletionStreamChoice(
                 index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
-        ids, pids = _step_ids(rt, st, c)
-        text = _detok(rt, st, cs, ids)
-        final = c.finish_reason is not None
+        ids = _step_ids(rt, st, c)
+        text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
+        pids = _parser_ids(rt, st, ids[:used])
+        final = c.finish_reason is not None or matched is not None
         if cs.parser is not None:
             d = stack.feed(cs.parser, text, pids) if (text or pids) else None
             if final:
@@ -409,25 +514,23 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
                     type="function" if first else None,
                     function=DeltaFunctionCall(name=tc.name, arguments=tc.arguments)))
         lp = None
-        if st.opts.logprobs and c.logprobs is not None and c.logprobs.content:
-            lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, c.logprobs.content, st.opts.top_logprobs,
-                                                    cs.lp_ctx))
+        entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
+        if st.opts.logprobs and entries:
+            lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx))
         if c.token_ids:
             cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
-        finish = None
+        finish = stop_reason = None
         if final:
-            finish = final_finish_reason(c.finish_reason, bool(cs.tool_ids), st.opts.tool_mode)
-            cs.finished = True
-            cs.detok = None
-            cs.parser = None
-            cs.lp_ctx = []
-            any_finished = True
+            finish_reason, stop_reason = ("stop", matched) if matched is not None else (c.finish_reason,
+                                                                                       c.stop_reason)
+            finish = final_finish_reason(finish_reason, bool(cs.tool_ids), st.opts.tool_mode)
+            any_finished |= _end_choice(cs, c)
         if content or reasoning or tcs or lp is not None or final:
             out.append(ChatCompletionStreamResponse(id=rid, model=st.model, choices=[ChatCompletionStreamChoice(
                 index=c.index,
                 delta=DeltaMessage(content=content or None, reasoning=reasoning or None, tool_calls=tcs),
-                logprobs=lp, finish_reason=finish, stop_reason=c.stop_reason if final else None,
-                token_ids=list(c.token_ids or []) if st.opts.return_token_ids else None)]))
+                logprobs=lp, finish_reason=finish, stop_reason=stop_reason,
+                token_ids=_kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None)]))
     st.next_seq += 1
     if _want_usage(st, force_include_usage, any_finished):
         st.usage_sent = st.done
@@ -449,6 +552,7 @@ def _new_completion_state(rt: ModelRuntime, body: DerenderCompletionStreamReques
         top_logprobs=req.logprobs or 0, return_token_ids=bool(req.return_token_ids),
         include_usage=bool(so and so.include_usage), echo=bool(req.echo), n=n,
         expected_choices=n * prompts if prompts is not None else None,
+        stop=list(stop_strings(req.stop)), min_tokens=req.min_tokens or 0,
     )
     st = StreamState(kind="completion", request_id=body.generate_chunk.request_id or "", model=body.model,
                      opts=opts)
@@ -475,30 +579,33 @@ def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRe
     for c in body.generate_chunk.choices:
         fresh = c.index not in st.choices
         cs = _choice_state(rt, st, c.index)
+        if cs.stopped:
+            any_finished |= _count_after_stop(cs, c)
+            continue
         prefix = ""
         if fresh and st.opts.echo and pids_prompt:
             prefix = tok.decode(pids_prompt, skip_special_tokens=st.opts.skip_special)
-        ids, _ = _step_ids(rt, st, c)
-        text = prefix + _detok(rt, st, cs, ids)
+        ids = _step_ids(rt, st, c)
+        text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
+        text = prefix + text
         cs.completion_tokens += len(c.token_ids or [])
         lp = None
-        if st.opts.logprobs and c.logprobs is not None and c.logprobs.content:
-            lp = completion_logprobs(tok, c.logprobs.content, st.opts.top_logprobs,
+        entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
+        if st.opts.logprobs and entries:
+            lp = completion_logprobs(tok, entries, st.opts.top_logprobs,
                                      text_offset_start=cs.text_offset + len(prefix), context_token_ids=cs.lp_ctx)
         cs.text_offset += len(text)
         if c.token_ids:
             cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
-        final = c.finish_reason is not None
+        final = c.finish_reason is not None or matched is not None
+        finish = stop_reason = None
         if final:
-            cs.finished = True
-            cs.detok = None
-            cs.lp_ctx = []
-            any_finished = True
+            finish, stop_reason = ("stop", matched) if matched is not None else (c.finish_reason, c.stop_reason)
+            any_finished |= _end_choice(cs, c)
         if text or lp is not None or final:
             out.append(CompletionStreamResponse(id=rid, model=st.model, choices=[CompletionStreamChoice(
-                index=c.index, text=text, logprobs=lp, finish_reason=c.finish_reason if final else None,
-                stop_reason=c.stop_reason if final else None,
-                token_ids=list(c.token_ids or []) if st.opts.return_token_ids else None)]))
+                index=c.index, text=text, logprobs=lp, finish_reason=finish, stop_reason=stop_reason,
+                token_ids=_kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None)]))
     st.next_seq += 1
     if _want_usage(st, force_include_usage, any_finished):
         st.usage_sent = st.done
