@@ -92,7 +92,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "add_run_args", "main_run", "WorkerSettings", "WorkerStats", "KafkaDerenderWorker", "JobOutcome",
     "derender_job", "ensure_topics", "HDR_REPLY_TOPIC", "HDR_CORRELATION_ID", "HDR_KIND",
-    "HDR_STATUS", "HDR_CONTENT_TYPE", "HDR_DLQ_REASON",
+    "HDR_STATUS", "HDR_CONTENT_TYPE", "HDR_DLQ_REASON", "HDR_SEQ", "HDR_STREAM_END",
 ]
 
 HDR_REPLY_TOPIC = "reply-topic"
@@ -101,6 +101,8 @@ HDR_KIND = "derender-kind"
 HDR_STATUS = "derender-status"
 HDR_CONTENT_TYPE = "content-type"
 HDR_DLQ_REASON = "x-dlq-reason"
+HDR_SEQ = "derender-seq"  # stream chunk sequence number (see worker.transport.kafka_stream)
+HDR_STREAM_END = "derender-stream-end"
 JSON_CT = b"application/json"
 KINDS = ("chat", "completion")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -146,6 +148,12 @@ class WorkerSettings:
     heartbeat_interval_ms: int = 3000
     metrics_port: int | None = None
     security: dict[str, Any] = field(default_factory=dict)
+    #: streaming (records with a ``derender-seq`` header, see ``worker.transport.kafka_stream``):
+    #: ``redis`` = ``worker.state.RedisSettings`` of the shared state store; None = in-process
+    #: ``MemoryStateStore`` (one worker only: state is lost with the process)
+    redis: Any = None
+    stream_gap_timeout_s: float = 10.0
+    stream_replay_window: int = 32
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WorkerSettings:
@@ -160,7 +168,16 @@ class WorkerSettings:
             auto_offset_reset=args.auto_offset_reset, metrics_port=args.metrics_port,
             session_timeout_ms=args.session_timeout_ms, heartbeat_interval_ms=args.heartbeat_interval_ms,
             security=security_kwargs(args),
+            redis=_redis_settings(args), stream_gap_timeout_s=args.stream_gap_timeout,
+            stream_replay_window=args.stream_replay_window,
         )
+
+
+def _redis_settings(args: argparse.Namespace) -> Any:
+    if getattr(args, "stream_state", "redis") != "redis":
+        return None
+    from worker.state.redis_store import settings_from_args
+    return settings_from_args(args)
 
 
 def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -225,6 +242,16 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     s.add_argument("--ssl-certfile", default=_env("ssl_certfile"))
     s.add_argument("--ssl-keyfile", default=_env("ssl_keyfile"))
     s.add_argument("--ssl-password", default=_env("ssl_password"))
+    st = ap.add_argument_group("streaming (records with a derender-seq header)")
+    st.add_argument("--stream-state", choices=["redis", "memory"], default=_env("stream_state", "redis"),
+                    help="where stream state lives between chunks: Redis (shared by the group, default) or "
+                         "this process only (single worker, lost on restart)")
+    st.add_argument("--stream-gap-timeout", type=float, default=float(_env("stream_gap_timeout", 10.0)),
+                    help="seconds a chunk beyond a missing one is held before the stream ends with an error")
+    st.add_argument("--stream-replay-window", type=int, default=int(_env("stream_replay_window", 32)),
+                    help="replies per stream kept (memory and store) to answer redelivered chunks identically")
+    from worker.state.redis_store import add_redis_args
+    add_redis_args(ap)
 
 
 # ------------------------------------------------------------------ derender job (executor) ----
@@ -314,6 +341,12 @@ def _proc_job(value: bytes | None, kind: str | None) -> JobOutcome:
     return derender_job(_PROC_SERVICE, value, kind)
 
 
+def _proc_stream_job(value: bytes | None, state: bytes | None, seq: int, kind: str | None):
+    """One stream chunk in a pool process: ``(value, state, seq, kind) -> StreamOutcome``."""
+    from worker.transport.kafka_stream import derender_stream_job
+    return derender_stream_job(_PROC_SERVICE, value, state, seq, kind)
+
+
 def _proc_jobs(items: list[tuple[bytes | None, str | None]]) -> list[JobOutcome]:
     """Several ``(value, kind)`` jobs in one pool call (one pickling round trip)."""
     return [derender_job(_PROC_SERVICE, v, k) for v, k in items]
@@ -337,6 +370,11 @@ class WorkerStats:
         self.dead_lettered = 0
         self.crashes = 0
         self.commits = 0
+        self.stream_chunks = 0  # stream chunks derendered
+        self.stream_replayed = 0  # duplicates answered from the replay window
+        self.stream_skipped = 0  # duplicates older than the window (already acked), not answered
+        self.stream_gaps = 0  # streams ended by a gap timeout (or never-seen first chunk)
+        self.state_writes = 0  # batched checkpoint pipelines
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -375,10 +413,20 @@ class _Partition:
     jobs: asyncio.Queue
     acks: asyncio.Queue
     tasks: list = field(default_factory=list)
-    committable: int | None = None  # next offset to commit (highest contiguous done + 1)
+    committable: int | None = None  # next offset to commit: lowest unfinished, else highest fetched + 1
     committed: int | None = None
     closed: bool = False
     failed: bool = False
+    inflight: set = field(default_factory=set)  # fetched offsets not finished (reply acked [+ state])
+    stream_inflight: set = field(default_factory=set)  # the stream records among them
+    hi: int | None = None  # highest fetched offset + 1
+    streams: dict = field(default_factory=dict)  # request id -> kafka_stream._Stream
+    sacks: Any = None  # stream acker queue
+
+    def update_committable(self) -> int | None:
+        if self.hi is not None:
+            self.committable = min(self.inflight) if self.inflight else self.hi
+        return self.committable
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -429,10 +477,18 @@ class KafkaDerenderWorker:
         self._jobs_fn: Callable[..., list[JobOutcome]] | None = None
         self._qpool: cf.ProcessPoolExecutor | None = None  # quarantine for crash retries
         self._qlock: asyncio.Lock | None = None
+        self._stream_fn: Callable[..., Any] | None = None
+        self._router: Any = None  # kafka_stream.StreamRouter, created by start()
 
     # -- executor ------------------------------------------------------------------------------
     def _make_executor(self) -> None:
         self._make_executor_inner()
+        if self._job_fn is _proc_job:
+            self._stream_fn = _proc_stream_job
+        else:
+            from worker.transport.kafka_stream import derender_stream_job
+            svc = self._service
+            self._stream_fn = lambda v, s, q, k: derender_stream_job(svc, v, s, q, k)
         if self._job_fn is _proc_job:
             self._jobs_fn = _proc_jobs
         else:
@@ -482,6 +538,40 @@ class KafkaDerenderWorker:
     def _submit(self, value: bytes | None, kind: str | None) -> asyncio.Future:
         return asyncio.get_running_loop().run_in_executor(self._executor, self._job_fn, value, kind)
 
+    async def _stream_submit(self, value, state, seq, kind):
+        """Derender one stream chunk in the pool (state travels both ways) -> ``StreamOutcome``."""
+        from worker.transport.kafka_stream import StreamOutcome
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._stream_fn, value, state,
+                                                                    seq, kind)
+        except BrokenProcessPool:
+            log.error("derender process died on a stream chunk (seq %s); ending that stream with a 500", seq)
+            if isinstance(self._executor, cf.ProcessPoolExecutor) and getattr(self._executor, "_broken", False):
+                self._restart_pool()
+            return StreamOutcome(_error_body("internal error: derender process died", 500, None), 500, False,
+                                 None, None, crash="derender process died")
+        except Exception as e:
+            return StreamOutcome(_error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, False,
+                                 None, None, crash=repr(e))
+
+    def _stream_done(self, st: _Partition, offset: int) -> None:
+        """A stream record is finished (reply acked, checkpoint written): committable."""
+        st.inflight.discard(offset)
+        if offset in st.stream_inflight:
+            st.stream_inflight.discard(offset)
+            self._sem.release()
+
+    def _stream_abandon(self, st: _Partition, offset: int) -> None:
+        """A held stream record is given up (revoke/stop): not committed, capacity released."""
+        if offset in st.stream_inflight:
+            st.stream_inflight.discard(offset)
+            self._sem.release()
+
+    def _stream_fatal(self, e: BaseException) -> None:
+        self._fatal = self._fatal or e
+        if self._stopping is not None:
+            self._stopping.set()
+
     def _restart_pool(self) -> None:
         log.error("derender process pool broke; starting a new one")
         old = self._executor
@@ -516,6 +606,16 @@ class KafkaDerenderWorker:
             log.info("metrics on :%s/metrics", s.metrics_port)
         self._make_executor()
         await self._warm_up()
+        from worker.transport.kafka_stream import MemoryStateStore, StreamRouter
+        if s.redis is not None:
+            from worker.state.redis_store import RedisStateStore
+            store = RedisStateStore.from_settings(s.redis)
+            await store.ping()  # StoreConnectError: no stream state store
+            log.info("stream state in Redis %s (prefix %r, ttl %.0fs)", s.redis.url, s.redis.prefix, s.redis.ttl_s)
+        else:
+            store = MemoryStateStore()
+        self._router = StreamRouter(self, store, s.stream_gap_timeout_s, s.stream_replay_window)
+        self._router.start()
         self._producer = AIOKafkaProducer(**self._client_kwargs(), acks="all", enable_idempotence=False,
                                           linger_ms=2, max_request_size=s.max_request_size)
         await self._producer.start()
@@ -577,10 +677,15 @@ class KafkaDerenderWorker:
 
     async def _close(self) -> None:
         for p in list(self._parts.values()):
+            if self._router is not None:
+                self._router.drop_partition(p)
             for t in p.tasks:
                 t.cancel()
             await asyncio.gather(*p.tasks, return_exceptions=True)
         self._parts.clear()
+        if self._router is not None:
+            await self._router.close()
+            self._router = None
         for client in (self._consumer, self._producer):
             if client is not None:
                 try:
@@ -610,11 +715,15 @@ class KafkaDerenderWorker:
             total = sum(len(m) for m in batches.values())
             chunk_size = self._chunk_size(total)
             chunk: list[tuple[Any, asyncio.Future]] = []
+            streamed: list[tuple[_Partition, Any]] = []
             for tp, msgs in batches.items():
                 for msg in msgs:
                     if self._sem.locked() and chunk:
                         self._flush(chunk)  # never hold unsubmitted work while waiting for capacity
                         chunk = []
+                    if self._sem.locked() and streamed:
+                        await self._dispatch_streams(streamed)
+                        streamed = []
                     await self._sem.acquire()
                     st = self._parts.get(tp)
                     if st is None:
@@ -625,6 +734,12 @@ class KafkaDerenderWorker:
                     if st.closed:
                         self._sem.release()
                         continue
+                    st.inflight.add(msg.offset)
+                    st.hi = max(st.hi or 0, msg.offset + 1)
+                    if self._header(msg, HDR_SEQ) is not None:  # a stream chunk
+                        st.stream_inflight.add(msg.offset)
+                        streamed.append((st, msg))
+                        continue
                     placeholder = asyncio.get_running_loop().create_future()
                     chunk.append((msg, placeholder))
                     st.jobs.put_nowait(_Job(msg, placeholder))
@@ -633,6 +748,27 @@ class KafkaDerenderWorker:
                         chunk = []
             if chunk:
                 self._flush(chunk)
+            if streamed:
+                await self._dispatch_streams(streamed)
+
+    async def _dispatch_streams(self, items: list[tuple[_Partition, Any]]) -> None:
+        """Load the unknown streams of a poll from the store (one read per partition), then hand
+        each record to its stream. Raises ``StateStoreError`` when the store cannot be read."""
+        by_part: dict[int, list] = {}
+        for st, msg in items:
+            by_part.setdefault(id(st), [st, []])[1].append(msg)
+        for st, msgs in by_part.values():
+            if st.closed or self._parts.get(st.tp) is not st:
+                for m in msgs:
+                    self._stream_abandon(st, m.offset)
+                continue
+            await self._router.load(st, msgs)
+            if st.closed or self._parts.get(st.tp) is not st:  # revoked while reading the store
+                for m in msgs:
+                    self._stream_abandon(st, m.offset)
+                continue
+            for m in msgs:
+                self._router.dispatch(st, m)
 
     def _chunk_size(self, total: int) -> int:
         """Messages per executor call: 1 for threads; for processes, enough to split a fetched
@@ -683,6 +819,8 @@ class KafkaDerenderWorker:
         st = _Partition(tp, asyncio.Queue(), asyncio.Queue())
         st.tasks = [asyncio.create_task(self._sequencer(st), name=f"derender-seq-{tp.topic}-{tp.partition}"),
                     asyncio.create_task(self._acker(st), name=f"derender-ack-{tp.topic}-{tp.partition}")]
+        if self._router is not None:
+            self._router.open_partition(st)
         self._parts[tp] = st
         return st
 
@@ -702,6 +840,8 @@ class KafkaDerenderWorker:
         await self._commit()
         for tp in revoked:
             st = self._parts.pop(tp)
+            if self._router is not None:
+                self._router.drop_partition(st)  # in-memory stream states of the partition
             for t in st.tasks:
                 t.cancel()
             await asyncio.gather(*st.tasks, return_exceptions=True)
@@ -709,6 +849,8 @@ class KafkaDerenderWorker:
     async def _drain(self, st: _Partition) -> None:
         await st.jobs.join()
         await st.acks.join()
+        if self._router is not None and st.sacks is not None:
+            await self._router.drain(st)
 
     async def _drain_all(self) -> None:
         await asyncio.gather(*(self._drain(st) for st in list(self._parts.values())))
@@ -848,7 +990,7 @@ class KafkaDerenderWorker:
                     await (await self._send(plan))
                 self._count(plan, out)
                 if not st.failed:
-                    st.committable = msg.offset + 1
+                    st.inflight.discard(msg.offset)
             except Exception as e:
                 st.failed = True  # never commit past an undelivered message
                 log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
@@ -885,20 +1027,24 @@ class KafkaDerenderWorker:
         progress, broker away) are logged; the offsets stay pending and are retried next time."""
         if self._consumer is None:
             return
-        offsets = {tp: st.committable for tp, st in self._parts.items()
-                   if st.committable is not None and st.committable != st.committed}
+        offsets = {tp: st.update_committable() for tp, st in self._parts.items()}
+        offsets = {tp: o for tp, o in offsets.items() if o is not None and o != self._parts[tp].committed}
         if not offsets:
             return
         try:
             await self._consumer.commit(offsets)
         except Exception as e:
-            log.warning("offset commit of %s failed: %s: %s", {f"{t.topic}[{t.partition}]": o for t, o in offsets.items()},
-                        type(e).__name__, e)
+            from worker.transport.kafka_stream import OffsetCommitError
+            err = OffsetCommitError(f"offset commit of {({f'{t.topic}[{t.partition}]': o for t, o in offsets.items()})} "
+                                    f"failed: {type(e).__name__}: {e}")
+            log.warning("%s", err)
             return
         self.stats.commits += 1
         for tp, off in offsets.items():
             if tp in self._parts:
                 self._parts[tp].committed = off
+                if self._router is not None:
+                    self._router.on_committed(self._parts[tp], off)
 
 
 # -------------------------------------------------------------------------------- helpers ----

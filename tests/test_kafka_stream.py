@@ -1,0 +1,394 @@
+"""Chunked streaming through the Kafka worker (``worker.transport.kafka_stream``), with a real
+Kafka-protocol broker (``kafka_bootstrap``) and a real Redis (``REDIS_URL``, else
+redis://127.0.0.1:6379/0; skipped with the reason when none answers).
+
+Streams are parsed Qwen3 answers (``<think>`` reasoning + a hermes ``<tool_call>``) tokenized with
+the real tokenizer (``tests/data/tokenizers/qwen3``, served model ``qwen3``), sent as 1-token
+chunks; the joined reply deltas must equal the non-streaming answer for the same tokens.
+
+* ``test_stream_end_to_end``: parity, duplicate chunks replayed byte-identically, a gap times out
+  into a 409 error chunk, an unknown stream (chunk 5 first) gets one, the Redis key has a TTL while
+  the stream is live and is deleted after the end.
+* ``test_redelivery_after_restart``: a second worker instance, after the group's offsets were
+  rewound, answers redelivered chunks from the Redis replay window (identical bytes) and
+  continues the stream from the Redis state.
+* ``test_failover_two_processes``: two ``derender-worker run`` processes, 50 concurrent streams
+  over 8 partitions, SIGKILL of one mid-way: every stream completes, no chunk missing, duplicates
+  identical.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from tests.parity_tools.compare import stream_view
+from tests.test_kafka_worker import _collect, _h, _names, _produce, _settings, _tokenizer
+from worker.core.service import DerenderService
+from worker.state import RedisSettings, RedisStateStore, StoreConnectError
+from worker.transport.kafka_worker import HDR_STATUS, KafkaDerenderWorker, ensure_topics
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+
+REPO = Path(__file__).resolve().parent.parent
+REDIS_URL = os.environ.get("REDIS_URL") or os.environ.get("DERENDER_REDIS_URL") or "redis://127.0.0.1:6379/0"
+SEQ, END = "derender-seq", "derender-stream-end"
+CITIES = ["Paris", "Oslo", "Lima", "Kyoto", "Accra", "Quito", "Perth", "Riga", "Bern", "Cairo"]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}}}}]
+
+
+# ----------------------------------------------------------------------------------- helpers ---
+@pytest.fixture
+def redis_prefix():
+    """A unique key prefix on a live Redis (skips when none answers); keys removed afterwards."""
+    prefix = f"derender:test:{uuid.uuid4().hex[:10]}:"
+
+    async def ping():
+        store = RedisStateStore.from_settings(RedisSettings(url=REDIS_URL, prefix=prefix, timeout_s=2.0))
+        try:
+            await store.ping()
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(ping())
+    except StoreConnectError as e:
+        pytest.skip(f"no Redis answers at {REDIS_URL}: {e}")
+    yield prefix
+
+    async def cleanup():
+        store = RedisStateStore.from_settings(RedisSettings(url=REDIS_URL, prefix=prefix))
+        keys = [k async for k in store.client.scan_iter(match=prefix + "*")]
+        if keys:
+            await store.client.delete(*keys)
+        await store.close()
+
+    asyncio.run(cleanup())
+
+
+def make_stream(tok, rid: str, i: int) -> tuple[bytes, list[bytes]]:
+    """(non-streaming body, 1-token chunk bodies) of one parsed Qwen3 answer: reasoning, content,
+    one hermes tool call, EOS. Chunk 0 carries chat_request and the prompt."""
+    city = CITIES[i % len(CITIES)]
+    text = (f"<think>\nRequest {i}: the user wants the weather in {city}. I will call the tool.\n</think>\n\n"
+            f"Checking {city} now.\n<tool_call>\n"
+            f'{{"name": "get_weather", "arguments": {{"city": "{city}", "unit": "celsius"}}}}\n</tool_call>')
+    ids = tok.encode(text, add_special_tokens=False).ids + [tok.token_to_id("<|im_end|>")]
+    prompt = tok.encode(f"<|im_start|>user\nWeather in {city}?<|im_end|>\n<|im_start|>assistant\n").ids
+    req = {"model": "qwen3", "messages": [{"role": "user", "content": f"Weather in {city}?"}], "tools": TOOLS}
+    full = {"model": "qwen3", "generate_response": {"request_id": rid, "choices": [
+        {"index": 0, "token_ids": ids, "finish_reason": "stop", "stop_reason": None}]},
+        "prompt_tokens": len(prompt), "prompt_token_ids": prompt, "chat_request": req}
+    chunks = []
+    for k, t in enumerate(ids):
+        last = k == len(ids) - 1
+        gc = {"request_id": rid, "choices": [{"index": 0, "token_ids": [t], "finish_reason": "stop" if last else None}]}
+        if last:
+            gc["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                           "total_tokens": len(prompt) + len(ids)}
+        b = {"model": "qwen3", "stream": True, "generate_chunk": gc}
+        if k == 0:
+            b.update(chat_request=req, prompt_token_ids=prompt, prompt_tokens=len(prompt))
+        chunks.append(json.dumps(b).encode())
+    return json.dumps(full).encode(), chunks
+
+
+def expected_view(service: DerenderService, full_body: bytes) -> dict:
+    """The non-streaming answer in ``stream_view`` terms (plus the tool call ids)."""
+    res = service.derender(full_body)
+    assert res.status == 200, res.body
+    r = json.loads(res.body)
+    ch = r["choices"][0]
+    m = ch["message"]
+    return {"content": m.get("content") or None, "reasoning": m.get("reasoning") or None,
+            "tool_calls": [(t["function"]["name"], t["function"]["arguments"], t["id"]) for t in m.get("tool_calls") or []],
+            "finish_reason": ch["finish_reason"],
+            "usage": {k: v for k, v in r["usage"].items() if v is not None}}
+
+
+def joined_view(chunks: list[dict]) -> dict:
+    """The joined deltas of a stream (``stream_view``) in ``expected_view`` terms."""
+    v = stream_view(chunks)
+    assert v["error"] is None, v["error"]
+    c = v["choices"]["0"]
+    ids = [t["id"] for ck in chunks for cc in ck.get("choices") or []
+           for t in (cc.get("delta") or {}).get("tool_calls") or [] if t.get("id")]
+    return {"content": c["content"], "reasoning": c["reasoning"],
+            "tool_calls": [(t["name"], t["arguments"], i) for t, i in zip(c["tool_calls"], ids, strict=True)],
+            "finish_reason": c["finish_reason"], "usage": v["usage"]}
+
+
+def by_seq(records) -> dict[int, list]:
+    out: dict[int, list] = defaultdict(list)
+    for r in records:
+        out[int(_h(r)[SEQ])].append(r)
+    return out
+
+
+def assert_complete(records, n: int, want: dict, label: str) -> int:
+    """Every seq 0..n-1 present, copies identical (value and stream headers), end marker only on
+    the last, joined deltas == the non-streaming answer. Returns the number of duplicates."""
+    groups = by_seq(records)
+    assert sorted(groups) == list(range(n)), f"{label}: seqs {sorted(groups)[:5]}... missing {set(range(n)) - set(groups)}"
+    dups = 0
+    for seq, recs in groups.items():
+        first = recs[0]
+        for r in recs[1:]:
+            dups += 1
+            assert r.value == first.value, f"{label} seq {seq}: non-identical duplicate"
+            assert [(k, v) for k, v in r.headers if k in (SEQ, END, HDR_STATUS)] == \
+                [(k, v) for k, v in first.headers if k in (SEQ, END, HDR_STATUS)]
+        assert _h(first)[HDR_STATUS] == b"200", (label, seq, first.value[:300])
+        assert (_h(first).get(END) == b"1") == (seq == n - 1), (label, seq)
+    chunks = [c for seq in range(n) for c in json.loads(groups[seq][0].value)]
+    assert joined_view(chunks) == want, label
+    return dups
+
+
+# --------------------------------------------------------------------------------------- tests ---
+def test_stream_end_to_end(kafka_bootstrap, kafka_broker_kind, qwen3_models, redis_prefix):
+    tok = _tokenizer(qwen3_models)
+    svc = DerenderService(qwen3_models)
+    n = _names()
+    u = uuid.uuid4().hex[:6]
+    rid_ok, rid_gap, rid_unk = f"ok-{u}", f"gap-{u}", f"unk-{u}"
+    full, chunks = make_stream(tok, rid_ok, 0)
+    want = expected_view(svc, full)
+    _, gchunks = make_stream(tok, rid_gap, 1)
+    _, uchunks = make_stream(tok, rid_unk, 2)
+    N = len(chunks)
+    redis = RedisSettings(url=REDIS_URL, prefix=redis_prefix, ttl_s=120)
+    settings = _settings(kafka_bootstrap, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
+                         dead_letter_topic=n.dlq, group_id=n.group, redis=redis, stream_gap_timeout_s=1.5)
+
+    def rec(rid, body, seq):
+        return (rid.encode(), body, [(SEQ, str(seq).encode())])
+
+    async def go():
+        await ensure_topics(kafka_bootstrap, {n.inp: 2, n.reply: 1, n.dlq: 1})
+        store = RedisStateStore.from_settings(redis)
+        async with KafkaDerenderWorker(settings, qwen3_models) as w:
+            await w.wait_assigned(30)
+            # first 10 chunks, plus the gap and unknown streams
+            t_gap = time.monotonic()
+            await _produce(kafka_bootstrap, n.inp, [rec(rid_ok, chunks[k], k) for k in range(10)]
+                           + [rec(rid_gap, gchunks[k], k) for k in (0, 1, 2, 4)]
+                           + [rec(rid_unk, uchunks[5], 5)])
+            got = await _collect(kafka_bootstrap, [n.reply], 10 + 5, timeout=30)
+            # live stream: key with a TTL, seq of the last written checkpoint
+            key = store.key(rid_ok)
+            for _ in range(100):
+                q = await store.client.hget(key, "q")
+                if q == b"9":
+                    break
+                await asyncio.sleep(0.05)
+            assert q == b"9"
+            assert 0 < await store.client.pttl(key) <= 120_000
+            # the rest, a duplicate of seq 3 after seq 6 (in the replay window), a duplicate of the last
+            rest = [rec(rid_ok, chunks[k], k) for k in range(10, N)]
+            await _produce(kafka_bootstrap, n.inp, rest[:1] + [rec(rid_ok, chunks[3], 3)] + rest[1:]
+                           + [rec(rid_ok, chunks[-1], N - 1)])
+            got = await _collect(kafka_bootstrap, [n.reply], N + 2 + 5, timeout=30, settle=0.5)
+            # end of stream: the key is deleted once the offsets past it are committed
+            for _ in range(100):
+                if not await store.client.exists(key):
+                    break
+                await asyncio.sleep(0.05)
+            assert not await store.client.exists(key)
+            gap_elapsed = time.monotonic() - t_gap
+        await store.close()
+        return got[n.reply], w.stats, gap_elapsed
+
+    replies, stats, gap_elapsed = asyncio.run(go())
+    per = defaultdict(list)
+    for r in replies:
+        per[r.key.decode()].append(r)
+    dups = assert_complete(per[rid_ok], N, want, rid_ok)
+    assert dups == 2 and stats.stream_replayed == 2
+    # gap: 0, 1, 2 answered, then one 409 error chunk on seq 4 that ends the stream
+    g = by_seq(per[rid_gap])
+    assert sorted(g) == [0, 1, 2, 4] and all(len(v) == 1 for v in g.values())
+    err = g[4][0]
+    assert _h(err)[HDR_STATUS] == b"409" and _h(err)[END] == b"1"
+    assert "missing" in json.loads(err.value)["error"]["message"]
+    assert gap_elapsed >= 1.5
+    # unknown stream: chunk 5 first -> one 409 error chunk
+    (unk,) = per[rid_unk]
+    assert _h(unk)[SEQ] == b"5" and _h(unk)[HDR_STATUS] == b"409" and _h(unk)[END] == b"1"
+    assert "unknown stream" in json.loads(unk.value)["error"]["message"]
+    assert stats.stream_gaps == 2 and stats.crashes == 0
+
+
+def test_redelivery_after_restart(kafka_bootstrap, kafka_broker_kind, qwen3_models, redis_prefix):
+    """Worker 1 answers chunks 0..11 and stops; the group's offset is rewound to 7 (as after a
+    crash before the commit); worker 2 (fresh memory) re-publishes 7..11 from the Redis replay
+    window, identical bytes, then continues the stream from the Redis state."""
+    tok = _tokenizer(qwen3_models)
+    svc = DerenderService(qwen3_models)
+    n = _names()
+    rid = f"re-{uuid.uuid4().hex[:6]}"
+    full, chunks = make_stream(tok, rid, 3)
+    want = expected_view(svc, full)
+    N = len(chunks)
+    redis = RedisSettings(url=REDIS_URL, prefix=redis_prefix, ttl_s=120)
+    settings = _settings(kafka_bootstrap, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
+                         dead_letter_topic=n.dlq, group_id=n.group, redis=redis)
+    recs = [(rid.encode(), chunks[k], [(SEQ, str(k).encode())]) for k in range(N)]
+
+    async def go():
+        await ensure_topics(kafka_bootstrap, {n.inp: 1, n.reply: 1, n.dlq: 1})
+        async with KafkaDerenderWorker(settings, qwen3_models) as w:
+            await w.wait_assigned(30)
+            await _produce(kafka_bootstrap, n.inp, recs[:12])
+            await _collect(kafka_bootstrap, [n.reply], 12, timeout=30)
+        tp = TopicPartition(n.inp, 0)
+        # rewind as a group member (brokers like Tansu refuse commits from non-members)
+        c = AIOKafkaConsumer(n.inp, bootstrap_servers=kafka_bootstrap, group_id=n.group, enable_auto_commit=False,
+                             session_timeout_ms=settings.session_timeout_ms, heartbeat_interval_ms=500)
+        await c.start()
+        try:
+            assert await c.committed(tp) == 12
+            for _ in range(100):
+                if tp in c.assignment():
+                    break
+                await c.getmany(timeout_ms=100, max_records=1)
+            await c.commit({tp: 7})
+            assert await c.committed(tp) == 7
+        finally:
+            await c.stop()
+        async with KafkaDerenderWorker(settings, qwen3_models) as w2:
+            await w2.wait_assigned(30)
+            await _collect(kafka_bootstrap, [n.reply], 17, timeout=30)
+            await _produce(kafka_bootstrap, n.inp, recs[12:])
+            got = await _collect(kafka_bootstrap, [n.reply], N + 5, timeout=30, settle=0.5)
+        return got[n.reply], w2.stats
+
+    replies, stats2 = asyncio.run(go())
+    assert assert_complete(replies, N, want, rid) == 5
+    assert stats2.stream_replayed == 5 and stats2.stream_chunks == N - 12
+
+
+# ----------------------------------------------------------------------------------- failover ---
+class _Proc:
+    """A ``derender-worker run`` subprocess (own process group) whose stderr lines are kept."""
+
+    def __init__(self, name: str, args: list[str]):
+        self.name = name
+        self.lines: list[str] = []
+        self.p = subprocess.Popen([sys.executable, "-m", "worker.cli", "--log-level", "INFO", "run", *args],
+                                  cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.p.stderr:
+            self.lines.append(line.rstrip())
+
+    def assignments(self) -> list[str]:
+        return [x for x in self.lines if "assigned partitions:" in x]
+
+    def owns_partitions(self) -> bool:
+        a = self.assignments()
+        return bool(a) and "[]" not in a[-1].split("assigned partitions:")[-1]
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, sig)  # the worker and its pool children (its own session)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.kill(signal.SIGTERM)
+            try:
+                self.p.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                self.p.wait(5)
+
+
+@pytest.mark.slow
+def test_failover_two_processes(kafka_bootstrap, kafka_broker_kind, qwen3_models, redis_prefix):
+    tok = _tokenizer(qwen3_models)
+    svc = DerenderService(qwen3_models)
+    n = _names()
+    u = uuid.uuid4().hex[:6]
+    streams = {}
+    for i in range(50):
+        rid = f"fo-{u}-{i}"
+        full, chunks = make_stream(tok, rid, i)
+        streams[rid] = (expected_view(svc, full), chunks)
+    parts = 8
+    from aiokafka.partitioner import murmur2  # the default partitioner hash
+    used = {(murmur2(r.encode()) & 0x7FFFFFFF) % parts for r in streams}
+    assert len(used) >= 4
+    session = 2000 if kafka_broker_kind == "tansu" else 6000
+    args = ["--config", str(REPO / "tests" / "data" / "models.json"), "--bootstrap-servers", kafka_bootstrap,
+            "--input-topic", n.inp, "--reply-topic", n.reply, "--dead-letter-topic", n.dlq, "--group-id", n.group,
+            "--executor", "process", "--num-threads", "2", "--commit-interval-ms", "100",
+            "--session-timeout-ms", str(session), "--heartbeat-interval-ms", "300",
+            "--redis-url", REDIS_URL, "--redis-key-prefix", redis_prefix, "--redis-state-ttl", "300",
+            "--stream-gap-timeout", "60"]
+    asyncio.run(ensure_topics(kafka_bootstrap, {n.inp: parts, n.reply: 1, n.dlq: 1}))
+    a = _Proc("A", args)
+    b = None
+    try:
+        deadline = time.monotonic() + 60
+        while not a.owns_partitions():
+            assert a.p.poll() is None and time.monotonic() < deadline, "\n".join(a.lines[-30:])
+            time.sleep(0.1)
+        b = _Proc("B", args)
+        while not (b.owns_partitions() and len(a.assignments()) >= 2 and a.owns_partitions()):
+            assert b.p.poll() is None and time.monotonic() < deadline, "\n".join(b.lines[-30:])
+            time.sleep(0.1)
+        total = sum(len(c) for _, c in streams.values())
+        t0 = time.monotonic()
+        victim = a
+
+        async def produce():
+            p = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=5)
+            await p.start()
+            sent = 0
+            try:
+                width = max(len(c) for _, c in streams.values())
+                for k in range(width):
+                    for rid, (_, chunks) in streams.items():
+                        if k < len(chunks):
+                            await p.send(n.inp, chunks[k], key=rid.encode(), headers=[(SEQ, str(k).encode())])
+                            sent += 1
+                    await p.flush()
+                    if sent >= total * 0.4 and victim.p.poll() is None:
+                        victim.kill()  # SIGKILL mid-stream: no drain, no commit
+                    await asyncio.sleep(0.02)
+            finally:
+                await p.stop()
+
+        asyncio.run(produce())
+        t_produced = time.monotonic() - t0
+        got = asyncio.run(_collect(kafka_bootstrap, [n.reply], total, timeout=120, settle=1.0))[n.reply]
+        t_done = time.monotonic() - t0
+        per = defaultdict(list)
+        for r in got:
+            per[r.key.decode()].append(r)
+        dups = 0
+        for rid, (want, chunks) in streams.items():
+            dups += assert_complete(per[rid], len(chunks), want, rid)
+        assert b.p.poll() is None, "survivor died:\n" + "\n".join(b.lines[-30:])
+        print(f"\nfailover: {len(streams)} streams, {total} chunks, {len(got)} replies ({dups} identical "
+              f"duplicates); produced in {t_produced:.1f}s, all answered after {t_done:.1f}s; "
+              f"B assignments: {b.assignments()[-1].split('assigned partitions:')[-1]}")
+    finally:
+        for proc in (a, b):
+            if proc is not None:
+                proc.stop()

@@ -1,0 +1,664 @@
+"""Chunked streaming in the Kafka worker: one engine-output record = one streaming chunk
+(``DerenderChatStreamRequest`` / ``DerenderCompletionStreamRequest``) of a request; the worker
+publishes one reply record per chunk carrying the OpenAI stream chunk(s) it yields.
+
+Used by ``worker.transport.kafka_worker.KafkaDerenderWorker`` for every input record that has a
+``derender-seq`` header (see docs/kafka-message-format.md, "Streaming").
+
+Design
+======
+* **Identity and order.** The stream is the record key (the request id). All chunks of a stream
+  share the key, hence the partition, hence arrive in order. ``derender-seq`` (ASCII decimal)
+  numbers the chunks of a stream 0, 1, 2, ... without holes.
+* **Sequential per stream, parallel across streams.** Each live stream has a queue and at most one
+  runner task; the runner sends ``(value, state_bytes, seq, kind)`` to the derender pool and gets
+  ``(reply, new_state_bytes)`` back, so chunk k+1 always sees chunk k's state while different
+  streams run in parallel in the pool.
+* **State.** The owner keeps each live stream (state bytes, next expected seq, replay window) in
+  memory for its assigned partitions and writes it through to the state store (Redis:
+  ``worker.state.redis_store``), batched: every write waiting when the writer wakes goes into one
+  ``commit([...])`` pipeline, coalesced per request id (latest seq wins; fenced on seq). A worker
+  that meets a stream it does not hold (new partition owner after a rebalance or a crash) loads
+  it from the store (one ``get_many`` per poll) and continues. On partition revoke the in-memory
+  streams of the partition are dropped.
+* **Checkpoint** (the stored value, msgpack ``Checkpoint``): the state after chunk ``q`` (stored
+  with seq ``q``; None once the stream ended) plus the *replay window*: the reply values of the
+  stream's recent chunks (every chunk whose input offset is not known committed, and at least the
+  last ``--stream-replay-window``).
+* **Per-chunk commit order**, one typed error per step: (1) produce the reply
+  (``ReplyProduceError``), (2) broker ack, ``acks=all`` (``ReplyAckError``), (3) state write of
+  the checkpoint covering the chunk (``StateCommitError``), (4) offset commit up to the lowest
+  offset not through step 3 (``OffsetCommitError``; logged and retried, like the non-streaming
+  path). A failure of 1-3 (after a dead-letter attempt for 1-2, after retries for 3) stops the
+  worker without committing: the chunk is redelivered.
+* **Redelivery / duplicates.** A chunk with ``seq`` < next expected is a duplicate: when its reply
+  is in the replay window, the identical value (and headers) is published again; otherwise it is
+  skipped (it is older than the window and its offset was committed, i.e. its reply was acked
+  before). Because a checkpoint is written only after its replies are acked and offsets are
+  committed only after the checkpoint, every redelivered chunk after a crash is either in the
+  stored window (re-published byte-identically) or beyond the stored seq (re-derendered from the
+  stored state: deterministic, byte-identical).
+* **Gaps.** A chunk with ``seq`` > next expected is held (its offset stays uncommitted) until the
+  missing ones arrive, at most ``--stream-gap-timeout`` seconds since the stream last progressed;
+  then one 409 error reply ends the stream (``derender-stream-end: 1``). A stream whose chunk 0
+  never came (unknown stream) is a gap too and ends the same way.
+* **End of stream.** The reply of the chunk that completes the request (every choice finished,
+  usage sent), and every error reply, carries ``derender-stream-end: 1``. Its checkpoint is a
+  tombstone (state None, window kept); once the offsets past it are committed the key is deleted
+  (fenced on the seq), otherwise its TTL removes it. Later chunks of an ended stream get a 409
+  error reply (duplicates are replayed/skipped as above).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["HDR_SEQ", "HDR_STREAM_END", "StreamStepError", "ReplyProduceError", "ReplyAckError",
+           "StateCommitError", "OffsetCommitError", "ReplayEntry", "Checkpoint", "StreamOutcome",
+           "derender_stream_job", "MemoryStateStore", "StreamRouter", "encode_checkpoint", "decode_checkpoint"]
+
+HDR_SEQ = "derender-seq"
+HDR_STREAM_END = "derender-stream-end"
+CHECKPOINT_VERSION = 1
+
+
+# --------------------------------------------------------------------------- typed errors ----
+class StreamStepError(Exception):
+    """A step of the per-chunk commit order failed; ``step`` names it."""
+
+    step = "stream"
+
+
+class ReplyProduceError(StreamStepError):
+    """(1) the producer refused the reply (and its dead letter)."""
+
+    step = "produce"
+
+
+class ReplyAckError(StreamStepError):
+    """(2) the broker did not acknowledge the reply (nor its dead letter)."""
+
+    step = "ack"
+
+
+class StateCommitError(StreamStepError):
+    """(3) the checkpoint write failed (after retries); wraps a ``StateStoreError``."""
+
+    step = "state"
+
+
+class OffsetCommitError(StreamStepError):
+    """(4) the offset commit failed (logged; retried at the next commit)."""
+
+    step = "offsets"
+
+
+# ---------------------------------------------------------------------------- checkpoints ----
+class ReplayEntry(msgspec.Struct, array_like=True):
+    """One published reply of a stream: enough to publish the identical record again."""
+
+    seq: int
+    status: int
+    end: bool
+    kind: str | None
+    value: bytes
+
+
+class Checkpoint(msgspec.Struct, array_like=True):
+    """The stored value of a stream: format version, state after the stored seq (None = ended)
+    and the replay window (ascending seq)."""
+
+    v: int
+    state: bytes | None
+    replies: list[ReplayEntry]
+
+
+_ckpt_encoder = msgspec.msgpack.Encoder()
+_ckpt_decoder = msgspec.msgpack.Decoder(Checkpoint)
+
+
+def encode_checkpoint(state: bytes | None, replies: list[ReplayEntry]) -> bytes:
+    return _ckpt_encoder.encode(Checkpoint(CHECKPOINT_VERSION, state, replies))
+
+
+def decode_checkpoint(data: bytes) -> Checkpoint:
+    """Raises ``msgspec.DecodeError``/``ValidationError`` on a foreign value."""
+    return _ckpt_decoder.decode(data)
+
+
+# ------------------------------------------------------------------- derender (executor) ----
+class StreamOutcome(msgspec.Struct, array_like=True):
+    """Result of one stream chunk derender (small, picklable): reply ``body`` (JSON list of
+    chunks or error object), ``status``, ``done`` (request complete), ``kind``, new ``state``
+    (None on error), ``is_object`` (the value was a JSON object), ``crash`` (traceback)."""
+
+    body: bytes
+    status: int
+    done: bool
+    kind: str | None
+    state: bytes | None
+    is_object: bool = True
+    crash: str | None = None
+    seconds: float = 0.0
+
+
+def _is_object(value: bytes) -> bool:
+    v = value.lstrip()[:1]
+    return v == b"{"
+
+
+def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, seq: int,
+                        kind: str | None) -> StreamOutcome:
+    """Derender one chunk with ``service.derender_stream``; never raises (a core exception
+    becomes a 500 reply with its traceback in ``crash``)."""
+    t0 = time.perf_counter()
+    body = value or b""
+    try:
+        res, new_state = service.derender_stream(body, state, seq=seq, kind=kind)
+        return StreamOutcome(res.body, int(res.status), bool(getattr(res, "done", False)),
+                             getattr(res, "kind", None), new_state if res.status == 200 else None,
+                             _is_object(body), seconds=time.perf_counter() - t0)
+    except Exception as e:
+        from worker.core.service import error_body
+        return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500), 500, False, None, None,
+                             _is_object(body), crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
+
+
+def _error(message: str, status: int, rid: str | None) -> bytes:
+    from worker.core.service import error_body
+    return error_body(message, status, rid)
+
+
+# ----------------------------------------------------------------------- memory store ----
+class MemoryStateStore:
+    """In-process stand-in for ``RedisStateStore`` (same async API, same fencing, no TTL): one
+    worker only, state lost with the process. Default of ``WorkerSettings`` (tests, demo)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, tuple[bytes, int]] = {}
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def get_many(self, request_ids: list[str]) -> dict:
+        from worker.state import StoredState
+        out = {}
+        for rid in request_ids:
+            v = self.data.get(rid)
+            out[rid] = StoredState(v[0], v[1]) if v else None
+        return out
+
+    async def commit(self, writes: list) -> list[bool]:
+        res = []
+        for w in writes:
+            cur = self.data.get(w.request_id)
+            if w.state is None:
+                if cur and cur[1] > w.seq:
+                    res.append(False)
+                else:
+                    self.data.pop(w.request_id, None)
+                    res.append(True)
+            elif cur and cur[1] >= w.seq:
+                res.append(False)
+            else:
+                self.data[w.request_id] = (w.state, w.seq)
+                res.append(True)
+        return res
+
+
+# ------------------------------------------------------------------------------- router ----
+_GAP = object()  # queue marker: the gap timer fired
+
+
+@dataclass
+class _Stream:
+    rid: str
+    state: bytes | None = None  # state after next_seq - 1 (None before chunk 0 / once ended)
+    next_seq: int = 0
+    ended: bool = False
+    known: bool = False  # chunk 0 was seen (here or by a previous owner)
+    window: OrderedDict = field(default_factory=OrderedDict)  # seq -> (ReplayEntry, input offset)
+    queue: deque = field(default_factory=deque)
+    held: dict = field(default_factory=dict)  # seq -> msg (beyond a gap)
+    held_dups: list = field(default_factory=list)
+    gap_deadline: float | None = None
+    task: asyncio.Task | None = None
+    end_offset: int = -1  # highest input offset handled after the stream ended
+    deleted: bool = False
+    ended_at: float = 0.0
+
+
+@dataclass
+class _Write:
+    st: Any  # _Partition
+    rid: str
+    seq: int
+    value: bytes  # encoded checkpoint
+    offsets: list
+
+
+class StreamRouter:
+    """The streaming half of a ``KafkaDerenderWorker`` (see the module docstring). ``worker``
+    supplies the producer (``_send``), the reply planning (``_plan``/``_dlq``), the executor
+    (``_stream_submit``), stats and ``_stream_done(st, offset)`` (offset finished)."""
+
+    def __init__(self, worker: Any, store: Any, gap_timeout_s: float, replay_window: int,
+                 write_retries: int = 3):
+        self.w = worker
+        self.store = store
+        self.gap_timeout_s = gap_timeout_s
+        self.replay_window = max(0, replay_window)
+        self.write_retries = write_retries
+        self._pending: list[_Write] = []
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task | None = None
+        self._inflight_writes = 0
+        self._bg: set[asyncio.Task] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._writer = asyncio.create_task(self._write_loop(), name="derender-state-writer")
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            await asyncio.gather(self._writer, return_exceptions=True)
+        for t in list(self._bg):
+            t.cancel()
+        await asyncio.gather(*self._bg, return_exceptions=True)
+        try:
+            await self.store.close()
+        except Exception:
+            log.exception("closing the state store failed")
+
+    def open_partition(self, st) -> None:
+        st.streams = {}
+        st.sacks = asyncio.Queue()
+        st.tasks.append(asyncio.create_task(self._acker(st), name=f"derender-sack-{st.tp.topic}-{st.tp.partition}"))
+
+    def held_offsets(self, st) -> set[int]:
+        return {m.offset for s in st.streams.values() for m in (*s.held.values(), *s.held_dups)}
+
+    async def drain(self, st) -> None:
+        """Wait until every stream record of ``st`` is finished except the held ones (gaps)."""
+        while True:
+            busy = any(s.task is not None for s in st.streams.values())
+            if not busy and st.sacks.empty() and not any(w.st is st for w in self._pending) \
+                    and self._inflight_writes == 0 and not (st.stream_inflight - self.held_offsets(st)):
+                return
+            await asyncio.sleep(0.02)
+
+    def drop_partition(self, st) -> None:
+        """Forget the partition's streams (revoke/close); held records stay uncommitted."""
+        for s in st.streams.values():
+            if s.task is not None:
+                s.task.cancel()
+            for m in (*s.held.values(), *s.held_dups):
+                self.w._stream_abandon(st, m.offset)
+            s.held.clear()
+            s.held_dups.clear()
+        st.streams.clear()
+
+    # -- intake ----------------------------------------------------------------------------
+    @staticmethod
+    def parse_seq(msg) -> int | None:
+        for k, v in msg.headers or ():
+            if k == HDR_SEQ:
+                try:
+                    s = v.decode("ascii").strip()
+                    if s.isdigit():
+                        return int(s)
+                except (UnicodeDecodeError, AttributeError):
+                    pass
+                return None
+        return None
+
+    async def load(self, st, msgs: list) -> None:
+        """Make sure every stream named by ``msgs`` is in memory, reading the unknown ones from
+        the store in one ``get_many``. Raises ``StateStoreError`` after retries."""
+        rids = []
+        for m in msgs:
+            if m.key is None:
+                continue
+            rid = m.key.decode("utf-8", "replace")
+            if rid not in st.streams and rid not in rids:
+                rids.append(rid)
+        if not rids:
+            return
+        stored = await self._retry(lambda: self.store.get_many(rids), "read")
+        for rid in rids:
+            s = _Stream(rid)
+            got = stored.get(rid)
+            if got is not None:
+                try:
+                    ck = decode_checkpoint(got.state)
+                except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                    log.error("stream %r: unreadable checkpoint in the store (%s); treating as unknown", rid, e)
+                    ck = None
+                if ck is not None:
+                    s.known = True
+                    s.next_seq = got.seq + 1
+                    s.state = ck.state
+                    s.ended = ck.state is None
+                    if s.ended:
+                        s.ended_at = time.monotonic()
+                    for e in ck.replies:
+                        s.window[e.seq] = (e, -1)
+                    log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
+            st.streams[rid] = s
+
+    def dispatch(self, st, msg) -> None:
+        """Hand one stream record to its stream's runner (``load`` must have run for it)."""
+        seq = self.parse_seq(msg)
+        if msg.key is None or seq is None:
+            why = ("stream chunk without a key (the key must be the request id)" if msg.key is None
+                   else f"invalid {HDR_SEQ} header: expected ASCII decimal digits")
+            entry = ReplayEntry(seq if seq is not None else -1, 400, False, None, _error(why, 400, None))
+            async def answer():
+                try:
+                    await self._publish(st, None, msg, entry, is_object=_is_object(msg.value or b""))
+                except Exception as e:
+                    log.error("%s; stopping", e)
+                    self.w._stream_fatal(e)
+
+            task = asyncio.create_task(answer())
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+            return
+        rid = msg.key.decode("utf-8", "replace")
+        s = st.streams[rid]
+        s.queue.append(msg)
+        self._kick(st, s)
+
+    def _kick(self, st, s: _Stream) -> None:
+        if s.task is None and s.queue:
+            s.task = asyncio.create_task(self._run(st, s), name=f"derender-stream-{s.rid}")
+
+    async def _run(self, st, s: _Stream) -> None:
+        try:
+            while s.queue:
+                item = s.queue.popleft()
+                if item is _GAP:
+                    await self._gap_check(st, s)
+                else:
+                    await self._handle(st, s, item)
+        except Exception as e:  # a publish failure: stop the worker, nothing past it is committed
+            log.exception("stream %r failed", s.rid)
+            self.w._stream_fatal(e)
+        finally:
+            s.task = None
+
+    # -- per-chunk logic -------------------------------------------------------------------
+    async def _handle(self, st, s: _Stream, msg) -> None:
+        seq = self.parse_seq(msg)
+        if seq < s.next_seq or s.ended:
+            await self._old_or_ended(st, s, msg, seq)
+            return
+        if seq > s.next_seq:
+            if seq in s.held:
+                s.held_dups.append(msg)
+            else:
+                s.held[seq] = msg
+            if s.gap_deadline is None:
+                self._arm_gap(st, s)
+            return
+        await self._derender_publish(st, s, msg, seq)
+        while not s.ended and s.next_seq in s.held:
+            m = s.held.pop(s.next_seq)
+            await self._derender_publish(st, s, m, self.parse_seq(m))
+        if s.held or s.held_dups:
+            if s.ended:  # ended with later chunks held: they are chunks of an ended stream
+                later = [s.held[k] for k in sorted(s.held)] + s.held_dups
+                s.held.clear()
+                s.held_dups.clear()
+                s.gap_deadline = None
+                for m in later:
+                    await self._old_or_ended(st, s, m, self.parse_seq(m))
+            elif not s.held:  # only duplicates of already handled seqs remain
+                dups, s.held_dups = s.held_dups, []
+                s.gap_deadline = None
+                for m in dups:
+                    await self._old_or_ended(st, s, m, self.parse_seq(m))
+            else:
+                self._arm_gap(st, s)  # progress was made: the gap clock restarts
+        else:
+            s.gap_deadline = None
+
+    def _arm_gap(self, st, s: _Stream) -> None:
+        s.gap_deadline = time.monotonic() + self.gap_timeout_s
+
+        def fire(deadline=s.gap_deadline):
+            if s.gap_deadline == deadline and s.held and st.streams.get(s.rid) is s:
+                s.queue.append(_GAP)
+                self._kick(st, s)
+
+        asyncio.get_running_loop().call_later(self.gap_timeout_s + 0.001, fire)
+
+    async def _gap_check(self, st, s: _Stream) -> None:
+        if not s.held or s.gap_deadline is None or time.monotonic() < s.gap_deadline:
+            return
+        seqs = sorted(s.held)
+        last = seqs[-1]
+        if not s.known and s.next_seq == 0:
+            why = (f"unknown stream {s.rid!r}: its first chunk ({HDR_SEQ} 0) never came within "
+                   f"{self.gap_timeout_s:g}s; got {HDR_SEQ} {', '.join(map(str, seqs))}")
+        else:
+            why = (f"stream {s.rid!r}: chunk(s) {s.next_seq}..{seqs[0] - 1} missing after "
+                   f"{self.gap_timeout_s:g}s (held {HDR_SEQ} {', '.join(map(str, seqs))}); stream ended")
+        log.warning("%s", why)
+        self.w.stats.stream_gaps += 1
+        msgs = [s.held[k] for k in seqs]
+        dups, s.held_dups = s.held_dups, []
+        s.held.clear()
+        s.gap_deadline = None
+        entry = ReplayEntry(last, 409, True, None, _error(why, 409, s.rid))
+        s.next_seq = last + 1
+        self._end(s)
+        await self._publish(st, s, msgs[-1], entry, write=True, extra_offsets=[m.offset for m in msgs[:-1]])
+        for m in dups:
+            await self._old_or_ended(st, s, m, self.parse_seq(m))
+
+    def _end(self, s: _Stream) -> None:
+        s.ended = True
+        s.known = True
+        s.state = None
+        s.ended_at = time.monotonic()
+
+    async def _old_or_ended(self, st, s: _Stream, msg, seq: int) -> None:
+        s.end_offset = max(s.end_offset, msg.offset) if s.ended else s.end_offset
+        hit = s.window.get(seq)
+        if hit is not None:
+            self.w.stats.stream_replayed += 1
+            await self._publish(st, s, msg, hit[0])
+        elif seq < s.next_seq:
+            self.w.stats.stream_skipped += 1
+            log.info("stream %r: duplicate %s %d older than the replay window: skipped (its reply was acked)",
+                     s.rid, HDR_SEQ, seq)
+            self.w._stream_done(st, msg.offset)
+        else:
+            entry = ReplayEntry(seq, 409, True, None,
+                                _error(f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}); "
+                                       f"chunk {HDR_SEQ} {seq} ignored", 409, s.rid))
+            await self._publish(st, s, msg, entry)
+
+    async def _derender_publish(self, st, s: _Stream, msg, seq: int) -> None:
+        kind = self.w._kind_header(msg)
+        out = await self.w._stream_submit(msg.value, s.state, seq, kind)
+        if out.crash:
+            self.w.stats.crashes += 1
+            log.error("stream derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
+                      msg.key, out.crash)
+        if seq == 0 or out.status == 200:
+            s.known = True
+        s.next_seq = seq + 1
+        end = out.status != 200 or out.done
+        if end:
+            self._end(s)
+        else:
+            s.state = out.state
+        self.w.stats.stream_chunks += 1
+        entry = ReplayEntry(seq, out.status, end, out.kind, out.body)
+        await self._publish(st, s, msg, entry, write=True, is_object=out.is_object)
+
+    async def _publish(self, st, s: _Stream | None, msg, entry: ReplayEntry, *, write: bool = False,
+                       extra_offsets: list | None = None, is_object: bool = True) -> None:
+        """Steps 1 (produce) here; 2-4 follow in the partition's stream acker / state writer."""
+        from aiokafka.errors import KafkaError
+
+        from worker.transport.kafka_worker import JobOutcome
+        out = JobOutcome(entry.value, entry.status, s.rid if s else None, entry.kind, is_object)
+        plan = self.w._plan(msg, out)
+        if plan[4] is None:
+            plan[3].append((HDR_SEQ, str(entry.seq).encode()))
+            if entry.end:
+                plan[3].append((HDR_STREAM_END, b"1"))
+        try:
+            try:
+                delivery = await self.w._send(plan)
+            except KafkaError as e:
+                if plan[4] is not None:
+                    raise
+                log.error("stream reply of %s[%d]@%d refused (%s: %s); dead-lettering", msg.topic, msg.partition,
+                          msg.offset, type(e).__name__, e)
+                plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                delivery = await self.w._send(plan)
+        except Exception as e:
+            raise ReplyProduceError(f"producing the reply of {msg.topic}[{msg.partition}]@{msg.offset} failed: "
+                                    f"{type(e).__name__}: {e}") from e
+        wr = None
+        if write and s is not None:
+            s.window[entry.seq] = (entry, msg.offset)
+            wr = _Write(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
+                        [msg.offset, *(extra_offsets or ())])
+        if s is not None and s.ended:
+            s.end_offset = max(s.end_offset, msg.offset, *(extra_offsets or ()))
+        st.sacks.put_nowait((msg, plan, entry, delivery, wr))
+
+    async def _acker(self, st) -> None:
+        """Step 2 (ack) in send order, then hand the checkpoint to the writer (step 3)."""
+        from aiokafka.errors import KafkaError
+        while True:
+            msg, plan, entry, delivery, wr = await st.sacks.get()
+            try:
+                try:
+                    await delivery
+                except KafkaError as e:
+                    if plan[4] is not None:
+                        raise
+                    log.error("stream reply of %s[%d]@%d failed (%s); dead-lettering", msg.topic, msg.partition,
+                              msg.offset, e)
+                    plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                    await (await self.w._send(plan))
+                self.w._count(plan, _Counted(entry.status))
+                if wr is None:
+                    self.w._stream_done(st, msg.offset)
+                else:
+                    self._pending.append(wr)
+                    self._wake.set()
+            except Exception as e:
+                st.failed = True
+                err = ReplyAckError(f"reply of {msg.topic}[{msg.partition}]@{msg.offset} not acknowledged: "
+                                    f"{type(e).__name__}: {e}")
+                log.error("%s; stopping (it will be redelivered)", err)
+                self.w._stream_fatal(err)
+            finally:
+                st.sacks.task_done()
+
+    # -- step 3: batched checkpoint writes -------------------------------------------------
+    async def _write_loop(self) -> None:
+        from worker.state import StateWrite
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._pending:
+                continue
+            batch, self._pending = self._pending, []
+            self._inflight_writes = len(batch)
+            latest: dict[str, _Write] = {}
+            for wr in batch:
+                cur = latest.get(wr.rid)
+                if cur is None or wr.seq >= cur.seq:
+                    latest[wr.rid] = wr
+            writes = [StateWrite(w.rid, w.value, w.seq) for w in latest.values()]
+            try:
+                res = await self._retry(lambda w=writes: self.store.commit(w), "write")
+            except Exception as e:
+                err = StateCommitError(f"checkpoint write of {len(writes)} stream(s) failed: {type(e).__name__}: {e}")
+                log.error("%s; stopping (the chunks will be redelivered)", err)
+                for wr in batch:
+                    wr.st.failed = True
+                self._inflight_writes = 0
+                self.w._stream_fatal(err)
+                continue
+            self.w.stats.state_writes += 1
+            for w, ok in zip(latest.values(), res, strict=False):
+                if not ok:
+                    log.warning("stream %r: checkpoint at seq %d fenced off (a newer one is stored: another "
+                                "worker advanced the stream)", w.rid, w.seq)
+            for wr in batch:
+                if not wr.st.failed:
+                    for off in wr.offsets:
+                        self.w._stream_done(wr.st, off)
+            self._inflight_writes = 0
+
+    async def _retry(self, fn, what: str):
+        from worker.state import StateStoreError
+        delay = 0.1
+        for attempt in range(self.write_retries + 1):
+            try:
+                return await fn()
+            except StateStoreError as e:
+                if attempt >= self.write_retries:
+                    raise
+                log.warning("state store %s failed (%s: %s); retrying in %.1fs", what, type(e).__name__, e, delay)
+                await asyncio.sleep(delay)
+                delay *= 3
+
+    # -- after an offset commit ------------------------------------------------------------
+    def on_committed(self, st, offset: int) -> None:
+        """Offsets below ``offset`` of partition ``st`` are committed: trim replay windows and
+        delete the stored checkpoints of streams that ended before it."""
+        from worker.state import StateWrite
+        deletes = []
+        now = time.monotonic()
+        for rid, s in list(st.streams.items()):
+            w = s.window
+            while len(w) > self.replay_window:
+                first = next(iter(w.values()))
+                if first[1] >= offset:
+                    break
+                w.popitem(last=False)
+            if s.ended and s.task is None and not s.held and s.end_offset < offset:
+                if not s.deleted:
+                    s.deleted = True
+                    deletes.append(StateWrite(rid, None, s.next_seq - 1))
+                elif now - s.ended_at > 60.0:
+                    del st.streams[rid]  # forget it (its replies were committed long ago)
+        if deletes:
+            async def go():
+                try:
+                    await self.store.commit(deletes)
+                except Exception as e:  # the TTL removes them anyway
+                    log.warning("deleting %d ended stream state(s) failed: %s: %s", len(deletes), type(e).__name__, e)
+            t = asyncio.create_task(go())
+            self._bg.add(t)
+            t.add_done_callback(self._bg.discard)
+
+
+class _Counted:
+    """Adapter for ``KafkaDerenderWorker._count`` (reads ``status``)."""
+
+    def __init__(self, status: int):
+        self.status = status
