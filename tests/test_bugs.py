@@ -31,6 +31,7 @@ from tests.parity_tools import run_bugs as rb  # noqa: E402
 rb.MODELS_DIR = str(TOKENIZERS_DIR)
 
 from worker.config import ServedModelConfig  # noqa: E402
+from worker.core import stream as core_stream  # noqa: E402
 from worker.core.service import DerenderService  # noqa: E402
 
 #: where our answer deliberately differs from coupled vLLM (the case's expected_correct wins)
@@ -134,8 +135,10 @@ class InProcessStreamBackend:
 
     streams = True
 
-    def __init__(self):
+    def __init__(self, check_state: bool = False):
         self.usage: dict | None = None
+        self.check_state = check_state
+        self.max_held = 0  # longest held-back stop-string tail seen in a state (check_state)
 
     def stream(self, plan: "rb.Plan", sizes: list[int]) -> tuple[str, object]:
         svc = _service(plan)
@@ -154,6 +157,9 @@ class InProcessStreamBackend:
             if res.is_error:
                 return "error", f"chunk {k}: HTTP {res.status}: {rb._err_text(out)}"
             state = new_state
+            if self.check_state:
+                st = core_stream.decode_state(svc.runtime(plan.group), state)
+                self.max_held = max([self.max_held] + [len(c.held) for c in st.choices.values()])
             seen.add(idx)
             positions[idx] = pos + len(delta)
             for chunk in out:
@@ -203,6 +209,150 @@ def test_bug_case_stream(case):
     except rb.NotRunnable as e:
         pytest.skip(f"not runnable: {e}")
     assert not fails, "; ".join(fails) + (f" [rule: {CASE_RULES[case['id']]}]" if case["id"] in CASE_RULES else "")
+
+
+# ------------------------------------------- stop strings, streamed under any chunking ---
+def _stop_variants() -> list[tuple[str, dict]]:
+    """(id, case) pairs: bug-046/047 with hand-picked stop settings, plus every runnable case
+    with stop strings cut out of its own output text (parsers, special tokens, multi-byte
+    text, tool-call markup cut mid-way), seeded per case."""
+    import random
+
+    out: list[tuple[str, dict]] = []
+
+    def variant(cid: str, tag: str, **req) -> None:
+        c = json.loads(json.dumps(next(x for x in CASES if x["id"] == cid)))
+        c["request"].update(req)
+        out.append((f"{cid}-{tag}", c))
+
+    variant("bug-046", "case")
+    variant("bug-046", "include", include_stop_str_in_output=True)
+    variant("bug-046", "first-in-list-order", stop=["nine", "five", "six seven"])
+    variant("bug-046", "one-char", stop=["e"])
+    variant("bug-046", "at-end", stop=["ine"])
+    variant("bug-046", "absent", stop=["eleven", "one two"])
+    variant("bug-046", "min-tokens", stop=["four", "seven"], min_tokens=2)
+    variant("bug-046", "min-tokens-past", stop=["four"], min_tokens=2)
+    variant("bug-046", "spanning", stop=["ven eig", "r fi"], include_stop_str_in_output=True)
+    variant("bug-047", "case")
+    variant("bug-047", "include", include_stop_str_in_output=True)
+    variant("bug-047", "two", stop=["day, F", "Wed"])
+    variant("bug-047", "string", stop="Saturday")
+    for c in CASES:
+        if _missing_tokenizers(c) or c["id"] in ("bug-040",):
+            continue
+        try:
+            plan = rb.Plan(c)
+        except rb.NotRunnable:
+            continue
+        text = plan.tok.decode(plan.choices[0]["token_ids"])
+        rng = random.Random(c["id"])
+        for k in range(2):
+            if len(text) < 4:
+                break
+            i = rng.randrange(1, len(text) - 1)
+            s = text[i:i + rng.randint(1, 6)]
+            if not s.strip():
+                continue
+            v = json.loads(json.dumps(c))
+            v["request"]["stop"] = [s, "\u0000never"]
+            v["request"]["include_stop_str_in_output"] = bool(k)
+            out.append((f"{c['id']}-cut{k}", v))
+    return out
+
+
+STOP_VARIANTS = _stop_variants()
+
+
+def _nonstream_answer(plan: "rb.Plan") -> tuple[dict, dict]:
+    res = _service(plan).derender(json.dumps(plan.nonstream_body(plan.group), ensure_ascii=False).encode())
+    resp = json.loads(res.body)
+    assert not res.is_error, resp
+    return rb.nonstream_view(plan, resp), resp
+
+
+def _answer(v: dict) -> dict:
+    calls = [(c["name"], c["arguments"]) for c in v["tool_calls"]]
+    return {"content": v["content"] or "", "reasoning": v["reasoning"] or "", "tool_calls": calls,
+            "finish_reason": v["finish_reason"], "stop_reason": v["stop_reason"]}
+
+
+@pytest.mark.parametrize("vid,case", STOP_VARIANTS, ids=[v[0] for v in STOP_VARIANTS])
+def test_stop_strings_stream_any_chunking(vid, case):
+    """Stop strings streamed in 1-token, 3-token and random chunks give the non-streaming answer
+    per choice (content/text, reasoning, tool calls, finish_reason, stop_reason) and its usage
+    (every engine token counted); logprobs and token ids end at the matching token; nothing is
+    streamed for a choice after its finish_reason; the held-back tail stays shorter than the
+    longest stop string."""
+    for with_logprobs in (True, False):
+        _stop_strings_stream_check(vid, case, with_logprobs)
+
+
+def _stop_strings_stream_check(vid: str, case: dict, with_logprobs: bool) -> None:
+    import random
+
+    plan = rb.Plan(case)
+    plan.request["return_token_ids"] = True
+    if with_logprobs:
+        for c in plan.choices:
+            c["logprobs"] = rb.synth_logprobs(c["token_ids"], {"top_k": 1})
+        plan.request["logprobs"] = True if plan.endpoint == "chat" else 1
+        if plan.endpoint == "chat":
+            plan.request["top_logprobs"] = 1
+    ns, resp = _nonstream_answer(plan)
+    stops = plan.request["stop"]
+    stops = [stops] if isinstance(stops, str) else stops
+    rng = random.Random(vid)
+    for how in ([1], [3], [rng.randint(1, 6) for _ in range(5)], [rng.randint(1, 6) for _ in range(5)]):
+        backend = InProcessStreamBackend(check_state=True)
+        st, recs = backend.stream(plan, how)
+        assert st == "ok", recs
+        sv = rb.stream_view(plan, recs)
+        for idx, nv in ns.items():
+            assert _answer(sv[idx]) == _answer(nv), (how, idx)
+        assert backend.usage == resp["usage"], how
+        assert backend.max_held <= max(len(s) for s in stops) - 1, how
+        ended: set[int] = set()
+        got_ids: dict[int, list[int]] = {}
+        got_lp: dict[int, list[str]] = {}
+        for r in recs:
+            for ch in r["chunk"]["choices"]:
+                assert ch["index"] not in ended, f"{how}: choice {ch['index']} streamed after its finish"
+                got_ids.setdefault(ch["index"], []).extend(ch.get("token_ids") or [])
+                lp = ch.get("logprobs")
+                if lp:
+                    toks = [e["token"] for e in lp["content"]] if plan.endpoint == "chat" else lp["tokens"]
+                    got_lp.setdefault(ch["index"], []).extend(toks)
+                if ch.get("finish_reason") is not None:
+                    ended.add(ch["index"])
+        for ch in resp["choices"]:
+            assert got_ids.get(ch["index"], []) == ch["token_ids"], how
+            lp = ch["logprobs"]
+            if with_logprobs:
+                want = [e["token"] for e in lp["content"]] if plan.endpoint == "chat" else lp["tokens"]
+                assert got_lp.get(ch["index"], []) == want, how
+
+
+def test_stop_string_stream_ends_at_match_and_counts_later_tokens():
+    """bug-047 streamed token by token: the finish_reason chunk is the one of the token that
+    completed 'Thursday'; the engine's later chunks produce nothing but the usage chunk (sent
+    with the engine's own finish) counts all of them."""
+    case = _case("bug-047")
+    plan = rb.Plan(case)
+    plan.request["return_token_ids"] = True
+    backend = InProcessStreamBackend(check_state=True)
+    st, recs = backend.stream(plan, [1])
+    assert st == "ok", recs
+    fin = [k for k, r in enumerate(recs) for ch in r["chunk"]["choices"] if ch.get("finish_reason")]
+    assert len(fin) == 1
+    ids = plan.choices[0]["token_ids"]
+    sent = [t for r in recs[: fin[0] + 1] for ch in r["chunk"]["choices"] for t in ch.get("token_ids") or []]
+    assert sent == ids[: len(sent)] and len(sent) < len(ids)
+    assert plan.tok.decode(sent).endswith("Thursday") and not plan.tok.decode(sent[:-1]).endswith("Thursday")
+    assert recs[fin[0]]["chunk"]["choices"][0]["stop_reason"] == "Thursday"
+    assert recs[-1]["chunk"]["choices"] == [] and recs[-1]["chunk"]["usage"]["completion_tokens"] == len(ids)
+    assert all(not r["chunk"]["choices"] for r in recs[fin[0] + 1:])
+    assert backend.max_held <= len("Thursday") - 1
 
 
 def _case(cid: str) -> dict:

@@ -525,12 +525,14 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
                                                                                        c.stop_reason)
             finish = final_finish_reason(finish_reason, bool(cs.tool_ids), st.opts.tool_mode)
             any_finished |= _end_choice(cs, c)
-        if content or reasoning or tcs or lp is not None or final:
+        kept = _kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None
+        # with return_token_ids a chunk is sent for every chunk of ids, text or not (vLLM: the
+        # ids must all reach the client, e.g. while text is held back)
+        if content or reasoning or tcs or lp is not None or final or kept:
             out.append(ChatCompletionStreamResponse(id=rid, model=st.model, choices=[ChatCompletionStreamChoice(
                 index=c.index,
                 delta=DeltaMessage(content=content or None, reasoning=reasoning or None, tool_calls=tcs),
-                logprobs=lp, finish_reason=finish, stop_reason=stop_reason,
-                token_ids=_kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None)]))
+                logprobs=lp, finish_reason=finish, stop_reason=stop_reason, token_ids=kept)]))
     st.next_seq += 1
     if _want_usage(st, force_include_usage, any_finished):
         st.usage_sent = st.done
@@ -602,10 +604,11 @@ def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRe
         if final:
             finish, stop_reason = ("stop", matched) if matched is not None else (c.finish_reason, c.stop_reason)
             any_finished |= _end_choice(cs, c)
-        if text or lp is not None or final:
+        kept = _kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None
+        if text or lp is not None or final or kept:
             out.append(CompletionStreamResponse(id=rid, model=st.model, choices=[CompletionStreamChoice(
                 index=c.index, text=text, logprobs=lp, finish_reason=finish, stop_reason=stop_reason,
-                token_ids=_kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None)]))
+                token_ids=kept)]))
     st.next_seq += 1
     if _want_usage(st, force_include_usage, any_finished):
         st.usage_sent = st.done
