@@ -370,7 +370,7 @@ def test_failover_two_processes(kafka_bootstrap, kafka_broker_kind, qwen3_models
                     await p.flush()
                     if sent >= total * 0.4 and victim.p.poll() is None:
                         victim.kill()  # SIGKILL mid-stream: no drain, no commit
-                    await asyncio.sleep(0.02)
+                    await asyncio.sleep(0.05)
             finally:
                 await p.stop()
 
@@ -385,8 +385,12 @@ def test_failover_two_processes(kafka_bootstrap, kafka_broker_kind, qwen3_models
         for rid, (want, chunks) in streams.items():
             dups += assert_complete(per[rid], len(chunks), want, rid)
         assert b.p.poll() is None, "survivor died:\n" + "\n".join(b.lines[-30:])
+        # B took over streams the victim had started: it loaded them from Redis and continued
+        resumed = [x for x in b.lines if "resumed from the store" in x]
+        assert resumed, "no stream was taken over from the killed worker"
         print(f"\nfailover: {len(streams)} streams, {total} chunks, {len(got)} replies ({dups} identical "
               f"duplicates); produced in {t_produced:.1f}s, all answered after {t_done:.1f}s; "
+              f"{len(resumed)} streams resumed by B from Redis; "
               f"B assignments: {b.assignments()[-1].split('assigned partitions:')[-1]}")
     finally:
         for proc in (a, b):
