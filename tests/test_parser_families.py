@@ -29,6 +29,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from worker.core.tokenizer import Tokenizer
 from worker.parsers import REASONING_PARSERS, TOOL_PARSERS, make_reasoning_parser, make_tool_parser
 from worker.parsers.base import RequestContext
+from worker.parsers.examples import MARKERS
 from worker.parsers.stack import ParserStack
 
 TOK_JSON = Path(__file__).parent / "data" / "tokenizers" / "qwen3" / "tokenizer.json"
@@ -39,31 +40,6 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"tz": {"type": "string"}}}}},
 ]
-
-# markers per family, added to the test tokenizer as special tokens (they are special/added
-# tokens in the real vocabularies; the text-level parsers must not depend on it)
-MARKERS: dict[str, list[str]] = {
-    "deepseek": ["<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
-                 "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜DSML｜function_calls>", "</｜DSML｜function_calls>"],
-    "mistral": ["[THINK]", "[/THINK]"],
-    "cohere": ["<|START_THINKING|>", "<|END_THINKING|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"],
-    "glm": ["<|assistant|>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"],
-    "kimi": ["<|im_assistant|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
-             "<|tool_call_argument_begin|>", "<|tool_call_end|>"],
-    "minimax": ["<minimax:tool_call>", "</minimax:tool_call>"],
-    "seed": ["<seed:think>", "</seed:think>", "<seed:tool_call>", "</seed:tool_call>"],
-    "ernie": ["<response>", "</response>"],
-    "hunyuan": ["<tool_calls>", "</tool_calls>"],
-    "step3": ["<｜tool_calls_begin｜>", "<｜tool_calls_end｜>", "<｜tool_call_begin｜>", "<｜tool_call_end｜>",
-              "<｜tool_sep｜>"],
-    "gemma4": ["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|turn>"],
-    "granite": ["<|tool_call|>"],
-    "internlm": ["<|action_start|>", "<|plugin|>", "<|action_end|>"],
-    "longcat": ["<longcat_tool_call>", "</longcat_tool_call>"],
-    "llama4": ["<|python_start|>", "<|python_end|>"],
-    "harmony": ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"],
-    "plain": [],
-}
 
 
 @functools.lru_cache(maxsize=1)
@@ -504,3 +480,23 @@ def test_table_lists_every_registered_parser() -> None:
     listed = {(kind, name) for name, kind, *_ in rows()}
     assert listed == {("reasoning", n) for n in REASONING_PARSERS} | {("tool", n) for n in TOOL_PARSERS}
     assert all(r[4] == "yes" for r in rows())
+
+
+def test_every_parser_has_a_parsing_example() -> None:
+    """``worker/parsers/examples.py`` (the benchmark's templates) covers every registered parser,
+    and each template, padded to 300 tokens, parses into its expected structure (calls found for
+    tool parsers, reasoning for reasoning parsers; streaming == non-streaming)."""
+    from worker.bench_parsers import check, prepare
+    from worker.parsers.examples import REASONING_EXAMPLES, TOOL_EXAMPLES, cases
+
+    assert set(REASONING_EXAMPLES) == set(REASONING_PARSERS)
+    assert set(TOOL_EXAMPLES) == set(TOOL_PARSERS)
+    bad = []
+    for case in cases():
+        p = prepare(case, 300, path=str(TOK_JSON))
+        ok, summary = check(p)
+        if not ok or len(p.ids) != 300:
+            bad.append(f"{case.name} ({case.kind}): {summary}, {len(p.ids)} tokens")
+        if case.tool_parser is not None:
+            assert case.example.calls > 0, case.name
+    assert bad == []
