@@ -477,7 +477,7 @@ def test_bug_case_split_independent(case):
     rt = _service(plan).runtime(plan.group)
     req = body.chat_request
     ctx = D.request_context(req, body.prompt_token_ids)
-    skip = D._skip_special(rt, req.skip_special_tokens, rt.stack.tool_mode(ctx))
+    skip = D.effective_skip_special_tokens(rt, req.skip_special_tokens, rt.stack.tool_mode(ctx))
     c = body.generate_response.choices[0]
     ids = list(c.token_ids)
     rng = random.Random(case["id"])

@@ -58,7 +58,7 @@ def _setup(case: dict):
     gr = body.generate_response
     prompt_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
     ctx = D.request_context(req, prompt_ids)
-    skip = D._skip_special(rt, req.skip_special_tokens, rt.stack.tool_mode(ctx))
+    skip = D.effective_skip_special_tokens(rt, req.skip_special_tokens, rt.stack.tool_mode(ctx))
     return rt, req, gr, prompt_ids, ctx, skip
 
 

@@ -76,35 +76,42 @@ class ModelRuntime:
 
 # ------------------------------------------------------------------------------ validation ---
 def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str, allow_empty: bool = False) -> None:
-    cfg, tok = rt.config, rt.tokenizer
+    cfg = rt.config
     ids = c.token_ids
     if ids is None or (not ids and not allow_empty):
         raise BadRequest(f"{where} has empty or null token_ids", param=f"{where}.token_ids")
     if cfg.max_model_len is not None and len(ids) > cfg.max_model_len:
         raise BadRequest(f"token_ids length ({len(ids)}) in {where} exceeds max_model_len ({cfg.max_model_len}).",
                          param=f"{where}.token_ids")
-    vocab = tok.vocab_size
+    check_ids_and_logprobs(rt, ids, c.logprobs, where)
+
+
+def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: str) -> None:
+    """Checks shared by the non-streaming and streaming paths, for one choice's (or chunk's)
+    ``ids`` and engine ``logprobs``: every id inside the vocabulary; logprobs, when given, one
+    entry per id, at most ``max_logprobs`` candidates each, every candidate id in the vocabulary.
+    Raises ``BadRequest`` naming ``where``."""
+    cfg = rt.config
+    vocab = rt.tokenizer.vocab_size
     for t in ids:
         if t < 0 or t >= vocab:
             raise BadRequest(f"token id {t} in {where} is outside the vocabulary [0, {vocab})",
                              param=f"{where}.token_ids")
-    lp = c.logprobs.content if c.logprobs is not None else None
-    if lp is not None:
-        if cfg.max_model_len is not None and len(lp) > cfg.max_model_len:
-            raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} exceeds max_model_len "
-                             f"({cfg.max_model_len}).", param=f"{where}.logprobs")
-        if len(lp) != len(ids):
-            raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
-                             f"length ({len(ids)})", param=f"{where}.logprobs")
-        for e in lp:
-            if len(e.top_logprobs) > cfg.max_logprobs:
-                raise BadRequest(f"top_logprobs count ({len(e.top_logprobs)}) in {where} exceeds max_logprobs "
-                                 f"({cfg.max_logprobs}).", param=f"{where}.logprobs")
-            for cand in (e, *e.top_logprobs):
-                t = cand.token_id
-                if t is None or t < 0 or t >= vocab:
-                    raise BadRequest(f"logprob token_id {t} in {where} is missing or outside the vocabulary",
-                                     param=f"{where}.logprobs")
+    lp = logprobs.content if logprobs is not None else None
+    if lp is None:
+        return
+    if len(lp) != len(ids):
+        raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
+                         f"length ({len(ids)})", param=f"{where}.logprobs")
+    for e in lp:
+        if len(e.top_logprobs) > cfg.max_logprobs:
+            raise BadRequest(f"top_logprobs count ({len(e.top_logprobs)}) in {where} exceeds max_logprobs "
+                             f"({cfg.max_logprobs}).", param=f"{where}.logprobs")
+        for cand in (e, *e.top_logprobs):
+            t = cand.token_id
+            if t is None or t < 0 or t >= vocab:
+                raise BadRequest(f"logprob token_id {t} in {where} is missing or outside the vocabulary",
+                                 param=f"{where}.logprobs")
 
 
 def validate_chat(rt: ModelRuntime, body: DerenderChatRequest) -> None:
@@ -172,7 +179,7 @@ def request_context(req: ChatCompletionRequest, prompt_ids: list[int] | None) ->
     )
 
 
-def _skip_special(rt: ModelRuntime, requested: bool, tool_mode: str) -> bool:
+def effective_skip_special_tokens(rt: ModelRuntime, requested: bool, tool_mode: str) -> bool:
     """skip_special_tokens as the engine applied it: parsers that need special tokens turn it
     off (vLLM's ``adjust_request``), for tool parsers only when tools are in play."""
     st = rt.stack
@@ -260,7 +267,7 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletion
     ctx = request_context(req, prompt_ids)
     stack = rt.stack
     mode = stack.tool_mode(ctx)
-    skip = _skip_special(rt, req.skip_special_tokens, mode)
+    skip = effective_skip_special_tokens(rt, req.skip_special_tokens, mode)
     want_lp = bool(req.logprobs)
     top_k = req.top_logprobs or 0
     choices = []

@@ -88,7 +88,13 @@ from schemas import (
     GenerateTokensStreamChoice,
     UsageInfo,
 )
-from worker.core.derender import ModelRuntime, _skip_special, final_finish_reason, request_context
+from worker.core.derender import (
+    ModelRuntime,
+    check_ids_and_logprobs,
+    effective_skip_special_tokens,
+    final_finish_reason,
+    request_context,
+)
 from worker.core.detokenize import (
     DetokState,
     IncrementalDetokenizer,
@@ -202,30 +208,12 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
 
 # ------------------------------------------------------------------------------ validation ---
 def _check_stream_choice(rt: ModelRuntime, c: GenerateTokensStreamChoice, prior: int, where: str) -> None:
-    cfg, tok = rt.config, rt.tokenizer
+    cfg = rt.config
     ids = c.token_ids or []
     if cfg.max_model_len is not None and prior + len(ids) > cfg.max_model_len:
         raise BadRequest(f"{where}: {prior + len(ids)} output tokens exceed max_model_len ({cfg.max_model_len}).",
                          param=f"{where}.token_ids")
-    vocab = tok.vocab_size
-    for t in ids:
-        if t < 0 or t >= vocab:
-            raise BadRequest(f"token id {t} in {where} is outside the vocabulary [0, {vocab})",
-                             param=f"{where}.token_ids")
-    lp = c.logprobs.content if c.logprobs is not None else None
-    if lp is not None:
-        if len(lp) != len(ids):
-            raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
-                             f"length ({len(ids)})", param=f"{where}.logprobs")
-        for e in lp:
-            if len(e.top_logprobs) > cfg.max_logprobs:
-                raise BadRequest(f"top_logprobs count ({len(e.top_logprobs)}) in {where} exceeds max_logprobs "
-                                 f"({cfg.max_logprobs}).", param=f"{where}.logprobs")
-            for cand in (e, *e.top_logprobs):
-                t = cand.token_id
-                if t is None or t < 0 or t >= vocab:
-                    raise BadRequest(f"logprob token_id {t} in {where} is missing or outside the vocabulary",
-                                     param=f"{where}.logprobs")
+    check_ids_and_logprobs(rt, ids, c.logprobs, where)
 
 
 def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: str) -> None:
@@ -298,7 +286,7 @@ def _new_chat_state(rt: ModelRuntime, body: DerenderChatStreamRequest) -> Stream
     so = req.stream_options
     n = req.n if req.n and req.n > 0 else 1
     opts = StreamOpts(
-        skip_special=_skip_special(rt, req.skip_special_tokens, mode),
+        skip_special=effective_skip_special_tokens(rt, req.skip_special_tokens, mode),
         spaces=req.spaces_between_special_tokens, include_stop=req.include_stop_str_in_output,
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
         return_token_ids=bool(req.return_token_ids),
