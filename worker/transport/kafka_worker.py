@@ -55,6 +55,16 @@ A dead-letter record carries the original key and value, the original headers, p
 ``x-dlq-reason`` (one of the names above; for 5 followed by ``: <error>``), ``x-original-topic``,
 ``x-original-partition`` and ``x-original-offset`` (ASCII decimal).
 
+Streaming
+---------
+A record with a ``derender-seq`` header is one chunk of a streamed request (key = request id,
+value = ``DerenderChatStreamRequest``/``DerenderCompletionStreamRequest``); it is answered with
+one reply whose value is a JSON array of OpenAI stream chunks and whose headers carry
+``derender-seq`` and, on the stream's last reply, ``derender-stream-end: 1``. State per stream
+lives in Redis (``--stream-state``, ``--redis-*``), chunks of a stream are derendered in order,
+duplicates are replayed identically, gaps end the stream after ``--stream-gap-timeout``. See
+``worker.transport.kafka_stream`` and docs/kafka-message-format.md.
+
 Delivery guarantees
 -------------------
 At-least-once: offsets are committed (consumer group ``--group-id``, auto-commit off) only after
