@@ -8,6 +8,12 @@ every chunk as the Kafka worker does with Redis. Prints the median per-chunk lat
 16, 256, 1024 and 2048 (median over the chunk and the 7 before it, across repeats), the ratio
 last/first (should stay <= 1.5: work per chunk is O(delta), not O(stream)), and the encoded
 state size at those chunks and its maximum.
+
+``--redis URL`` adds a second pass that checkpoints through Redis on every chunk, as a worker
+taking the stream over would: read the state (``RedisStateStore.get``), derender, write it back
+fenced on the sequence number (``put``); it prints the per-chunk latency of that loop and the
+Redis memory the stream's key uses (``MEMORY USAGE``) at the same chunks. (The Kafka worker adds
+its replay window of recent reply values to the stored record; that is transport, not core state.)
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ from pathlib import Path
 from worker.config import ServedModelConfig
 from worker.core.service import DerenderService
 
-_ROOT = Path(__file__).resolve().parent.parent
+_DEMO_TOKENIZER = Path(__file__).resolve().parent / "demo_data" / "qwen3"
 _TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "notes": {"type": "string"}},
@@ -49,7 +55,9 @@ def build_output(tok, n_tokens: int) -> tuple[list[int], list[int]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokenizer", default=str(_ROOT / "tests" / "data" / "tokenizers" / "qwen3"))
+    ap.add_argument("--tokenizer", default=str(_DEMO_TOKENIZER))
+    ap.add_argument("--redis", metavar="URL", default=None,
+                    help="also checkpoint every chunk through this Redis (e.g. redis://127.0.0.1:6379/0)")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
@@ -108,6 +116,48 @@ def main(argv: list[str] | None = None) -> int:
           f"({n / total:.0f} chunks/s)")
     calls = sum(len((c['choices'][0]['delta'].get('tool_calls') or [])) for c in final if c['choices'])
     print(f"  check: {len(final)} chunks out, {calls} tool call fragment(s), usage {final[-1].get('usage')}")
+    if args.redis:
+        import asyncio
+        return asyncio.run(_redis_pass(svc, bodies, marks, args.redis))
+    return 0
+
+
+async def _redis_pass(svc: DerenderService, bodies: list[bytes], marks: list[int], url: str) -> int:
+    """Every chunk: get state from Redis, derender, put it back (fenced); print latency and the
+    key's Redis memory at ``marks``. Returns 0, or 1 when Redis does not answer."""
+    from worker.state.redis_store import RedisSettings, RedisStateStore, StateStoreError
+
+    store = RedisStateStore.from_settings(RedisSettings(url=url))
+    rid = "bench-stream-redis"
+    try:
+        await store.ping()
+        await store.delete(rid)
+        lat: list[float] = []
+        mem: dict[int, int] = {}
+        for i, b in enumerate(bodies):
+            t0 = time.perf_counter()
+            stored = await store.get(rid) if i else None
+            res, state = svc.derender_stream(b.replace(b'"bench-stream"', b'"bench-stream-redis"'),
+                                             stored.state if stored else None)
+            if res.is_error or state is None:
+                print(res.body.decode(), file=sys.stderr)
+                return 1
+            await store.put(rid, state, i)
+            lat.append(time.perf_counter() - t0)
+            if i + 1 in marks:
+                mem[i + 1] = int(await store.client.memory_usage(store.key(rid)) or 0)
+        print(f"redis checkpoint per chunk ({url}): get + derender + fenced put")
+        for m in marks:
+            window = lat[max(0, m - 8):m]
+            print(f"  chunk {m:5d}: {statistics.median(window) * 1e6:8.1f} us/chunk   "
+                  f"redis key {mem.get(m, 0):6d} B")
+        print(f"  ratio last/first: {statistics.median(lat[-8:]) / statistics.median(lat[:8]):.2f}")
+        await store.delete(rid)
+    except StateStoreError as e:
+        print(f"redis pass skipped: {e}", file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
     return 0
 
 

@@ -1,7 +1,7 @@
 """Print the markdown table of every registered parser (``python -m worker.parsers.table``):
 name, kind, model families, format, streaming-ready. Generated from ``registry.DOCS`` (filled by
 the ``register_*`` decorators), so it lists exactly what ``worker.parsers`` registers; the README
-and ``docs/parsers.md`` include its output (``--update docs/parsers.md`` rewrites it there).
+includes its output (``--update README.md`` rewrites it there).
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def update(path: str) -> None:
 
 
 def main() -> None:
-    """Print the table; ``--update FILE`` rewrites it inside FILE (e.g. ``docs/parsers.md``)."""
+    """Print the table; ``--update FILE`` rewrites it inside FILE (e.g. ``README.md``)."""
     if len(sys.argv) == 3 and sys.argv[1] == "--update":
         update(sys.argv[2])
         return

@@ -3,7 +3,7 @@
 publishes one reply record per chunk carrying the OpenAI stream chunk(s) it yields.
 
 Used by ``worker.transport.kafka_worker.KafkaDerenderWorker`` for every input record that has a
-``derender-seq`` header (see docs/kafka-message-format.md, "Streaming").
+``derender-seq`` header (see the README, "Kafka message format", "Streaming records").
 
 Design
 ======

@@ -63,7 +63,7 @@ one reply whose value is a JSON array of OpenAI stream chunks and whose headers 
 ``derender-seq`` and, on the stream's last reply, ``derender-stream-end: 1``. State per stream
 lives in Redis (``--stream-state``, ``--redis-*``), chunks of a stream are derendered in order,
 duplicates are replayed identically, gaps end the stream after ``--stream-gap-timeout``. See
-``worker.transport.kafka_stream`` and docs/kafka-message-format.md.
+``worker.transport.kafka_stream`` and the README section "Kafka message format".
 
 Delivery guarantees
 -------------------
