@@ -21,9 +21,8 @@ Response Structs encode every field (``null`` included), as vLLM does.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-import msgspec
 from msgspec import Struct, field
 
 __all__ = [
@@ -500,7 +499,7 @@ MESSAGE_TYPES: dict[str, type] = {
     "ErrorResponse": ErrorResponse,
 }
 
-AnyDerenderRequest = Union[
-    DerenderChatRequest, DerenderCompletionRequest, DerenderChatStreamRequest, DerenderCompletionStreamRequest
-]
+AnyDerenderRequest = (
+    DerenderChatRequest | DerenderCompletionRequest | DerenderChatStreamRequest | DerenderCompletionStreamRequest
+)
 Kind = Literal["chat", "completion", "chat-stream", "completion-stream"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from tests.parity_tools import compare as compare_mod
@@ -14,14 +14,14 @@ DATA = Path(__file__).resolve().parent / "data"
 PARITY = DATA / "parity"
 
 
-@lru_cache(maxsize=None)
+@cache
 def corpus() -> list[dict]:
     """Every case of the public parity corpus (tests/data/parity/corpus_public.jsonl)."""
     with open(PARITY / "corpus_public.jsonl", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-@lru_cache(maxsize=None)
+@cache
 def service() -> DerenderService:
     """One DerenderService for every served model of the corpus."""
     return DerenderService(load_config_file(PARITY / "models.json"))

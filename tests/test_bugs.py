@@ -68,7 +68,7 @@ CASES = _cases()
 _services: dict[str, DerenderService] = {}
 
 
-def _service(plan: "rb.Plan") -> DerenderService:
+def _service(plan: rb.Plan) -> DerenderService:
     """One service per run_bugs group (tokenizer dir, tool parser, reasoning parser), with the
     flags BatchBackend passes to ``derender-worker batch``."""
     svc = _services.get(plan.group)
@@ -140,7 +140,7 @@ class InProcessStreamBackend:
         self.check_state = check_state
         self.max_held = 0  # longest held-back stop-string tail seen in a state (check_state)
 
-    def stream(self, plan: "rb.Plan", sizes: list[int]) -> tuple[str, object]:
+    def stream(self, plan: rb.Plan, sizes: list[int]) -> tuple[str, object]:
         svc = _service(plan)
         records: list[dict] = []
         state: bytes | None = None
@@ -264,7 +264,7 @@ def _stop_variants() -> list[tuple[str, dict]]:
 STOP_VARIANTS = _stop_variants()
 
 
-def _nonstream_answer(plan: "rb.Plan") -> tuple[dict, dict]:
+def _nonstream_answer(plan: rb.Plan) -> tuple[dict, dict]:
     res = _service(plan).derender(json.dumps(plan.nonstream_body(plan.group), ensure_ascii=False).encode())
     resp = json.loads(res.body)
     assert not res.is_error, resp
@@ -359,7 +359,7 @@ def _case(cid: str) -> dict:
     return next(c for c in CASES if c["id"] == cid)
 
 
-def _send(case: dict, mutate=None) -> tuple[int, dict, "rb.Plan"]:
+def _send(case: dict, mutate=None) -> tuple[int, dict, rb.Plan]:
     plan = rb.Plan(case)
     body = plan.nonstream_body(plan.group)
     if mutate is not None:

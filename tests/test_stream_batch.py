@@ -42,7 +42,7 @@ def test_batch_streamed_log(tmp_path, workers):
     assert summary["lines"] == len(lines) and summary["ok"] == len(lines)
     got = [json.loads(x) for x in out.read_text().splitlines()]
     per_case: dict[str, list] = {}
-    for (cid, body), res in zip(lines, got):
+    for (cid, _body), res in zip(lines, got):
         if cid is None:
             assert isinstance(res, dict) and res.get("object") in ("chat.completion", "text_completion")
         else:

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ratio last/first: {ratio:.2f}  (<= 1.5 expected)")
     print(f"  state size: max {max(sizes)} B, mean {sum(sizes) // n} B; whole stream {total * 1e3:.1f} ms "
           f"({n / total:.0f} chunks/s)")
-    calls = sum(len((c['choices'][0]['delta'].get('tool_calls') or [])) for c in final if c['choices'])
+    calls = sum(len(c['choices'][0]['delta'].get('tool_calls') or []) for c in final if c['choices'])
     print(f"  check: {len(final)} chunks out, {calls} tool call fragment(s), usage {final[-1].get('usage')}")
     if args.redis:
         import asyncio

@@ -19,7 +19,13 @@ from schemas import (
     ErrorResponse,
 )
 from worker.config import ServedModelConfig
-from worker.core.derender import ModelRuntime, derender_chat, derender_completion, validate_chat, validate_completion
+from worker.core.derender import (
+    ModelRuntime,
+    derender_chat,
+    derender_completion,
+    validate_chat,
+    validate_completion,
+)
 from worker.core.errors import BadRequest, DerenderError, ModelNotFound, error_from_validation
 
 log = logging.getLogger(__name__)

@@ -5,12 +5,12 @@ from worker.state.redis_store import (
     RedisStateStore,
     StaleStateError,
     StateStoreError,
+    StateWrite,
     StoreConnectError,
     StoreDeleteError,
     StoredState,
     StoreReadError,
     StoreWriteError,
-    StateWrite,
     add_redis_args,
     settings_from_args,
 )

@@ -1,29 +1,31 @@
 """Model families: each module declares its formats and registers parsers under vLLM's names."""
-from worker.parsers.families import qwen3  # noqa: F401
-from worker.parsers.families import qwen3_coder  # noqa: F401
-from worker.parsers.families import deepseek  # noqa: F401
-from worker.parsers.families import mistral  # noqa: F401
-from worker.parsers.families import llama  # noqa: F401
-from worker.parsers.families import deepseek_r1  # noqa: F401
-from worker.parsers.families import magistral  # noqa: F401
-from worker.parsers.families import cohere  # noqa: F401
-from worker.parsers.families import nemotron_v3  # noqa: F401
-from worker.parsers.families import glm  # noqa: F401
-from worker.parsers.families import kimi_k2  # noqa: F401
-from worker.parsers.families import minimax_m2  # noqa: F401
-from worker.parsers.families import seed_oss  # noqa: F401
-from worker.parsers.families import ernie45  # noqa: F401
-from worker.parsers.families import hunyuan_a13b  # noqa: F401
-from worker.parsers.families import olmo3  # noqa: F401
-from worker.parsers.families import step3  # noqa: F401
-from worker.parsers.families import deepseek_v3_tool  # noqa: F401
-from worker.parsers.families import deepseek_v32  # noqa: F401
-from worker.parsers.families import gemma4  # noqa: F401
-from worker.parsers.families import granite  # noqa: F401
-from worker.parsers.families import internlm  # noqa: F401
-from worker.parsers.families import jamba  # noqa: F401
-from worker.parsers.families import phi4_mini  # noqa: F401
-from worker.parsers.families import longcat  # noqa: F401
-from worker.parsers.families import xlam  # noqa: F401
-from worker.parsers.families import llama_pythonic  # noqa: F401
-from worker.parsers.families import gptoss  # noqa: F401
+from worker.parsers.families import (
+    cohere,  # noqa: F401
+    deepseek,  # noqa: F401
+    deepseek_r1,  # noqa: F401
+    deepseek_v3_tool,  # noqa: F401
+    deepseek_v32,  # noqa: F401
+    ernie45,  # noqa: F401
+    gemma4,  # noqa: F401
+    glm,  # noqa: F401
+    gptoss,  # noqa: F401
+    granite,  # noqa: F401
+    hunyuan_a13b,  # noqa: F401
+    internlm,  # noqa: F401
+    jamba,  # noqa: F401
+    kimi_k2,  # noqa: F401
+    llama,  # noqa: F401
+    llama_pythonic,  # noqa: F401
+    longcat,  # noqa: F401
+    magistral,  # noqa: F401
+    minimax_m2,  # noqa: F401
+    mistral,  # noqa: F401
+    nemotron_v3,  # noqa: F401
+    olmo3,  # noqa: F401
+    phi4_mini,  # noqa: F401
+    qwen3,  # noqa: F401
+    qwen3_coder,  # noqa: F401
+    seed_oss,  # noqa: F401
+    step3,  # noqa: F401
+    xlam,  # noqa: F401
+)

@@ -36,9 +36,8 @@ encoder shipped with vLLM ``--tokenizer-mode deepseek_v4``; vLLM's ``deepseek_v3
 from __future__ import annotations
 
 import json
-from typing import Any
-
 import re
+from typing import Any
 
 from worker.parsers.base import RequestContext
 from worker.parsers.registry import register_reasoning, register_tool

@@ -21,7 +21,6 @@ import json
 from worker.parsers.jsontail import JsonTailToolParser, call_of
 from worker.parsers.registry import register_tool
 
-
 _ARGS = "[ARGS]"
 _DECODER = json.JSONDecoder()
 
