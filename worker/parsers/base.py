@@ -78,15 +78,16 @@ class RequestContext(msgspec.Struct, kw_only=True):
         return None
 
 
-class ReasoningParser:
-    """Splits output text into ``reasoning`` and ``content``.
+class Parser:
+    """What every parser implements. ``name`` is the CLI name (set by the registry);
+    ``needs_special_tokens``: the parser must see special tokens in the text (forces
+    skip_special_tokens=False, as vLLM's ``adjust_request``).
 
-    Subclasses set ``name`` (the ``--reasoning-parser`` value) and implement ``initial_state``,
-    ``feed`` and ``finish``. ``feed(state, text, token_ids)`` returns a ``Delta`` with only
-    ``reasoning``/``content``/``reasoning_tokens`` set and mutates ``state`` in place."""
+    ``initial_state(ctx)`` -> a fresh msgspec state for one choice; ``feed(state, text,
+    token_ids)`` -> the ``Delta`` for one text delta (mutates ``state``); ``finish(state)`` ->
+    the ``Delta`` that flushes held-back text at the end of the output."""
 
     name: ClassVar[str] = ""
-    #: special tokens the parser must see in the text (forces skip_special_tokens=False)
     needs_special_tokens: ClassVar[bool] = False
 
     def initial_state(self, ctx: RequestContext) -> Any:
@@ -99,30 +100,21 @@ class ReasoningParser:
         raise NotImplementedError
 
 
-class ToolParser:
-    """Extracts tool calls from content text.
+class ReasoningParser(Parser):
+    """Splits output text into ``reasoning`` and ``content`` (``--reasoning-parser NAME``): its
+    deltas set only ``reasoning``, ``content`` and ``reasoning_tokens``."""
 
-    Subclasses set ``name`` (the ``--tool-parser`` value) and implement ``initial_state``,
-    ``feed`` and ``finish``; ``feed(state, text, token_ids)`` returns a ``Delta`` with only
-    ``content`` and ``tool_calls`` set. Malformed or unterminated calls come back as content."""
 
-    name: ClassVar[str] = ""
-    needs_special_tokens: ClassVar[bool] = False
+class ToolParser(Parser):
+    """Extracts tool calls from content text (``--tool-parser NAME``): its deltas set only
+    ``content`` and ``tool_calls``. Malformed or unterminated calls come back as content."""
+
     #: shape of tool call ids clients expect: ``"chatcmpl-tool"`` or ``"alnum9"`` (Mistral)
     id_format: ClassVar[str] = "chatcmpl-tool"
     #: the family's serving removes tool-call markup from the content even when the request
     #: declares tools but turns them off (``tool_choice: "none"``): the parser still runs, its
     #: calls are discarded (DeepSeek V4)
     strips_markup_when_off: ClassVar[bool] = False
-
-    def initial_state(self, ctx: RequestContext) -> Any:
-        raise NotImplementedError
-
-    def feed(self, state: Any, text: str, token_ids: list[int]) -> Delta:
-        raise NotImplementedError
-
-    def finish(self, state: Any) -> Delta:
-        raise NotImplementedError
 
 
 def partial_suffix_len(text: str, marker: str) -> int:
