@@ -30,16 +30,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 on drift")
     ap.add_argument("--out", default=str(HERE), help="directory to write (default: schemas/)")
+    ap.add_argument("--verbose", action="store_true", help="say what was written")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     drift = []
-    for fname, text in render_all().items():
+    files = render_all()
+    for fname, text in files.items():
         path = out_dir / fname
+        changed = not path.exists() or path.read_text(encoding="utf-8") != text
         if args.check:
-            if not path.exists() or path.read_text(encoding="utf-8") != text:
+            if changed:
                 drift.append(fname)
-        else:
+        elif changed:
             path.write_text(text, encoding="utf-8")
+            drift.append(fname)
+    if args.verbose and not args.check:
+        print(f"{len(files)} JSON Schemas in {out_dir}: {len(drift)} updated"
+              + (f" ({', '.join(drift)})" if drift else ""))
     if args.check and drift:
         print("schema drift: " + ", ".join(drift), file=sys.stderr)
         return 1

@@ -51,3 +51,20 @@ def test_batch_streamed_log(tmp_path, workers):
     for c in cases:
         ok, _, why = compare_mod.compare_stream(c, per_case[c["id"]])
         assert ok, f"{c['id']}: {why}"
+
+
+def test_batch_stream_list_lines_give_the_expected_streams(tmp_path):
+    """A line holding a request's whole list of chunk bodies (to_requests.py --stream's format)
+    yields that request's chunk list: compare.py --stream's check passes for every corpus case."""
+    cases = [c for c in corpus() if (c.get("expected") or {}).get("stream") is not None
+             and (c.get("expected_vllm") or {}).get("inputs", {}).get("choices") and _supported(c)]
+    src = tmp_path / "streams.jsonl"
+    src.write_text("".join(json.dumps(to_requests.stream_bodies(c)) + "\n" for c in cases) + "\n")
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(service(), str(src), str(out), workers=1, progress=False)
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(got) == len(cases) + 1 and summary["lines"] == len(cases) + 1
+    assert got[-1]["error"]["message"] == "empty input line"  # a blank line still gets its output line
+    for case, chunks in zip(cases, got):
+        ok, _exact, why = compare_mod.compare_stream(case, chunks)
+        assert ok, (case["id"], why)

@@ -2,8 +2,8 @@
 offline through the same core as the Kafka worker.
 
 Input: one derender body per line (``DerenderChatRequest`` or ``DerenderCompletionRequest``
-JSON, told apart by shape: ``generate_response`` vs ``generate_responses``); blank lines are
-skipped; gzip input is recognised by its ``.gz`` suffix; ``-`` reads standard input.
+JSON, told apart by shape: ``generate_response`` vs ``generate_responses``); gzip input is
+recognised by its ``.gz`` suffix; ``-`` reads standard input.
 Output: one line per input line, in input order: the OpenAI response, or an OpenAI error object
 (``{"error": {...}}``) for a bad line. A bad line never stops the file.
 Streamed logs: a line that is a streaming chunk body (``generate_chunk``: a
@@ -14,6 +14,11 @@ finished); its output line is a JSON list of the OpenAI stream chunks it produce
 ``[]``; the last chunk of a request carries ``usage``), or an error object. Chunks of one request
 must appear in order; requests may interleave; chat vs completion is told by
 ``completion_request`` on the request's first chunk (chat otherwise).
+A line holding a JSON *array* of streaming chunk bodies is one whole streamed request (the
+format of the parity suite's ``to_requests.py --stream``): its output line is the JSON array of
+every OpenAI chunk derendered for it, in order (an error object in the array where a chunk was
+refused; ``stream_state`` in the bodies is ignored: the state is kept here).
+A blank line gets an error object, so output line N always answers input line N.
 Work is spread over processes (``--workers``, default: all cores); the served models are loaded
 once in the parent and shared with the forked workers. A progress bar shows on a terminal;
 a summary goes to standard error at the end.
@@ -58,9 +63,7 @@ def _open_input(path: str) -> io.BufferedReader:
 def _lines(path: str) -> Iterator[bytes]:
     with _open_input(path) as f:
         for raw in f:
-            line = raw.strip()
-            if line:
-                yield line
+            yield raw.strip()
 
 
 def _work(line: bytes | tuple[bytes, int]) -> tuple[bytes, int]:
@@ -103,6 +106,12 @@ def _with_streams(service: DerenderService, lines: Iterator[bytes]) -> Iterator[
     the per-request state in memory (see module docstring)."""
     states: dict[str, bytes] = {}
     for line in lines:
+        if not line:
+            yield error_body("empty input line", 400), 400
+            continue
+        if line[:1] == b"[":
+            yield _stream_list(service, line)
+            continue
         rid = _stream_request_id(line)
         if rid is None:
             yield line
@@ -114,6 +123,33 @@ def _with_streams(service: DerenderService, lines: Iterator[bytes]) -> Iterator[
             else:
                 states[rid] = new_state
         yield res.body, res.status
+
+
+_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _stream_list(service: DerenderService, line: bytes) -> tuple[bytes, int]:
+    """A JSON array of one request's chunk bodies -> (JSON array of all its OpenAI chunks, status:
+    200, or the first error's status)."""
+    try:
+        bodies = _raw_list.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        return error_body(f"invalid stream list line: {e}", 400), 400
+    parts: list[bytes] = []
+    state: bytes | None = None
+    status = 200
+    for raw in bodies:
+        res, new_state = service.derender_stream(bytes(raw), state)
+        if res.is_error:
+            status = status if status != 200 else res.status
+            parts.append(res.body)
+        else:
+            body = bytes(res.body).strip()
+            if body != b"[]":
+                parts.append(body[1:-1])
+        if new_state is not None:
+            state = new_state
+    return b"[" + b",".join(parts) + b"]", status
 
 
 def run_batch(service: DerenderService, input_path: str, output_path: str, workers: int = 0,

@@ -115,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  state size: max {max(sizes)} B, mean {sum(sizes) // n} B; whole stream {total * 1e3:.1f} ms "
           f"({n / total:.0f} chunks/s)")
     calls = sum(len(c['choices'][0]['delta'].get('tool_calls') or []) for c in final if c['choices'])
-    print(f"  check: {len(final)} chunks out, {calls} tool call fragment(s), usage {final[-1].get('usage')}")
+    print(f"  check: {len(final)} OpenAI chunks out for {n} input chunks (an input chunk whose text is held "
+          f"back, e.g. inside the tool call's body or a split marker, yields none), {calls} tool call "
+          f"fragment(s), usage {final[-1].get('usage')}")
     if args.redis:
         import asyncio
         return asyncio.run(_redis_pass(svc, bodies, marks, args.redis))

@@ -59,6 +59,26 @@ def load_examples(path: str | Path) -> list[dict]:
     return out
 
 
+def pretty(obj, indent: int = 0) -> str:
+    """Indented JSON, except that each per-token logprob entry stays on one line (a chat
+    ``logprobs.content`` item, a completion ``logprobs`` list element), so long logprob blocks
+    stay readable on a terminal."""
+    pad, inner = "  " * indent, "  " * (indent + 1)
+    if isinstance(obj, dict) and obj:
+        items = []
+        for k, v in obj.items():
+            if k in ("content", "top_logprobs", "tokens", "token_logprobs", "text_offset") and isinstance(v, list) \
+                    and v and not isinstance(v[0], str | type(None)) or (k == "tokens" and isinstance(v, list)):
+                body = (",\n" + inner + "  ").join(json.dumps(x, ensure_ascii=False) for x in v)
+                items.append(f'{inner}{json.dumps(k)}: [\n{inner}  {body}\n{inner}]')
+            else:
+                items.append(f"{inner}{json.dumps(k)}: {pretty(v, indent + 1)}")
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, list) and obj:
+        return "[\n" + ",\n".join(inner + pretty(x, indent + 1) for x in obj) + "\n" + pad + "]"
+    return json.dumps(obj, ensure_ascii=False)
+
+
 def _request_id(ex: dict, i: int) -> str:
     body = ex["body"]
     rid = (body.get("generate_response") or {}).get("request_id")
@@ -119,7 +139,8 @@ async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) 
                     for m in msgs:
                         h = dict(m.headers or ())
                         if tp.topic == dlq:
-                            log.error("dead letter: %s", h.get("x-dlq-reason"))
+                            if h.get(HDR_CORRELATION_ID, b"").decode(errors="replace").startswith(f"{run}:"):
+                                log.error("dead letter: %s", h.get("x-dlq-reason"))
                             continue
                         try:
                             cid_run, _, cid_i = h[HDR_CORRELATION_ID].decode().partition(":")
@@ -139,10 +160,10 @@ async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) 
         status, body = replies.get(i, (None, None))
         good = status == 200
         ok += good
-        print(f"\n=== [{i + 1}/{len(examples)}] {ex.get('title', '')} ({ex['kind']}) -> "
-              f"{'no reply' if status is None else f'status {status}'}", flush=True)
+        print(f"{'' if args.quiet else chr(10)}=== [{i + 1}/{len(examples)}] {ex.get('title', '')} "
+              f"({ex['kind']}) -> {'no reply' if status is None else f'status {status}'}", flush=True)
         if body is not None and not args.quiet:
-            print(json.dumps(body, indent=2, ensure_ascii=False), flush=True)
+            print(pretty(body), flush=True)
     stats = f" (worker stats: {worker.stats.as_dict()})" if worker is not None else ""
     print(f"\n{ok}/{len(examples)} examples derendered OK in {elapsed:.2f}s{stats}", flush=True)
     return 0 if ok == len(examples) else 1

@@ -156,15 +156,52 @@ def _is_object(value: bytes) -> bool:
     return v == b"{"
 
 
+class _RidProbe(msgspec.Struct):
+    request_id: str | None = None
+
+
+class _ChunkProbe(msgspec.Struct):
+    generate_chunk: _RidProbe | None = None
+
+
+_chunk_probe_decoder = msgspec.json.Decoder(_ChunkProbe)
+
+
+def body_request_id(value: bytes | None) -> str | None:
+    """``generate_chunk.request_id`` of a stream chunk body, or None when it cannot be read."""
+    try:
+        gc = _chunk_probe_decoder.decode(value or b"").generate_chunk
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return gc.request_id if gc is not None and gc.request_id else None
+
+
+def _conflict_type(body: bytes) -> bytes:
+    """A 409 error object of the core with ``type`` ``ConflictError`` (the core says BadRequestError)."""
+    try:
+        obj = msgspec.json.decode(body)
+        obj["error"]["type"] = "ConflictError"
+        return msgspec.json.encode(obj)
+    except Exception:
+        return body
+
+
 def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, seq: int,
                         kind: str | None) -> StreamOutcome:
     """Derender one chunk with ``service.derender_stream``; never raises (a core exception
-    becomes a 500 reply with its traceback in ``crash``)."""
+    becomes a 500 reply with its traceback in ``crash``). ``kind``: the ``derender-kind`` header
+    (``chat``, ``completion``, ``chat-stream``, ``completion-stream`` or None; anything else is
+    answered with a 400 error without calling the core)."""
+    from worker.transport.kafka_worker import KINDS, STREAM_KINDS, bad_kind_message
     t0 = time.perf_counter()
     body = value or b""
+    if kind is not None and kind not in KINDS and kind not in STREAM_KINDS:
+        return StreamOutcome(_error(bad_kind_message(kind), 400, body_request_id(body)), 400, False, None, None,
+                             _is_object(body), seconds=time.perf_counter() - t0)
     try:
         res, new_state = service.derender_stream(body, state, seq=seq, kind=kind)
-        return StreamOutcome(res.body, int(res.status), bool(getattr(res, "done", False)),
+        rbody = _conflict_type(res.body) if int(res.status) == 409 else res.body
+        return StreamOutcome(rbody, int(res.status), bool(getattr(res, "done", False)),
                              getattr(res, "kind", None), new_state if res.status == 200 else None,
                              _is_object(body), seconds=time.perf_counter() - t0)
     except Exception as e:
@@ -174,8 +211,9 @@ def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, 
 
 
 def _error(message: str, status: int, rid: str | None) -> bytes:
-    from worker.core.service import error_body
-    return error_body(message, status, rid)
+    """OpenAI error object; ``type`` by status (409: ``ConflictError``)."""
+    from worker.transport.kafka_worker import _error_body
+    return _error_body(message, status, rid)
 
 
 # ----------------------------------------------------------------------- memory store ----
@@ -266,6 +304,7 @@ class StreamRouter:
         self._writer: asyncio.Task | None = None
         self._inflight_writes = 0
         self._bg: set[asyncio.Task] = set()
+        self._answers: dict[int, set[asyncio.Task]] = {}  # id(partition) -> running answer() tasks
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -292,13 +331,25 @@ class StreamRouter:
         return {m.offset for s in st.streams.values() for m in (*s.held.values(), *s.held_dups)}
 
     async def drain(self, st) -> None:
-        """Wait until every stream record of ``st`` is finished except the held ones (gaps)."""
+        """Wait until every stream record of ``st`` is finished except the held ones (gaps). Once
+        the partition failed (a reply, dead letter or checkpoint of it was lost: the worker is
+        stopping and nothing past that record is committed), wait only for the work still running,
+        not for records that can no longer finish."""
         while True:
-            busy = any(s.task is not None for s in st.streams.values())
-            if not busy and st.sacks.empty() and not any(w.st is st for w in self._pending) \
-                    and self._inflight_writes == 0 and not (st.stream_inflight - self.held_offsets(st)):
+            busy = any(s.task is not None for s in st.streams.values()) \
+                or any(not t.done() for t in self._answers.get(id(st), ()))
+            if not busy and st.sacks.empty() and st.sacks._unfinished_tasks == 0 \
+                    and not any(w.st is st for w in self._pending) and self._inflight_writes == 0 \
+                    and (st.failed or not (st.stream_inflight - self.held_offsets(st))):
                 return
             await asyncio.sleep(0.02)
+
+    def _fail(self, st, offsets) -> None:
+        """Records of ``st`` that will not be answered/checkpointed (a step failed): never
+        committed (they stay in ``st.inflight``, the partition is marked failed), capacity released."""
+        st.failed = True
+        for off in offsets:
+            self.w._stream_abandon(st, off)
 
     def drop_partition(self, st) -> None:
         """Forget the partition's streams (revoke/close); held records stay uncommitted."""
@@ -363,19 +414,28 @@ class StreamRouter:
         """Hand one stream record to its stream's runner (``load`` must have run for it)."""
         seq = self.parse_seq(msg)
         if msg.key is None or seq is None:
+            # a 400 error reply, addressed like any reply: key, else the body's request id (the
+            # dead-letter rules apply when neither nor a correlation-id header can address it)
+            rid = msg.key.decode("utf-8", "replace") if msg.key is not None else body_request_id(msg.value)
             why = ("stream chunk without a key (the key must be the request id)" if msg.key is None
                    else f"invalid {HDR_SEQ} header: expected ASCII decimal digits")
-            entry = ReplayEntry(seq if seq is not None else -1, 400, False, None, _error(why, 400, None))
+            # seq -1: the reply carries no derender-seq header (there is no valid one to echo)
+            entry = ReplayEntry(seq if seq is not None else -1, 400, False, None, _error(why, 400, rid))
+
             async def answer():
                 try:
-                    await self._publish(st, None, msg, entry, is_object=_is_object(msg.value or b""))
+                    await self._publish(st, None, msg, entry, is_object=_is_object(msg.value or b""), rid=rid)
                 except Exception as e:
-                    log.error("%s; stopping", e)
+                    log.error("%s; stopping (it will be redelivered)", e)
+                    self._fail(st, [msg.offset])
                     self.w._stream_fatal(e)
 
             task = asyncio.create_task(answer())
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
+            answers = self._answers.setdefault(id(st), set())
+            answers.add(task)
+            task.add_done_callback(answers.discard)
             return
         rid = msg.key.decode("utf-8", "replace")
         s = st.streams[rid]
@@ -396,6 +456,13 @@ class StreamRouter:
                     await self._handle(st, s, item)
         except Exception as e:  # a publish failure: stop the worker, nothing past it is committed
             log.exception("stream %r failed", s.rid)
+            # the record(s) being handled and the queued ones will not finish: give them up
+            # (uncommitted, redelivered) so that the drain does not wait for them
+            unsent = {m.offset for m in s.queue if m is not _GAP}
+            s.queue.clear()
+            queued = {m.offset for m, *_ in st.sacks._queue} if hasattr(st.sacks, "_queue") else set()
+            lost = (st.stream_inflight - self.held_offsets(st) - queued - self._pending_offsets(st)) | unsent
+            self._fail(st, [o for o in lost if o in unsent or self._owner(st, o) is s])
             self.w._stream_fatal(e)
         finally:
             s.task = None

@@ -115,6 +115,7 @@ HDR_SEQ = "derender-seq"  # stream chunk sequence number (see worker.transport.k
 HDR_STREAM_END = "derender-stream-end"
 JSON_CT = b"application/json"
 KINDS = ("chat", "completion")
+STREAM_KINDS = ("chat-stream", "completion-stream")  # also accepted on stream chunk records
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
@@ -234,7 +235,10 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--max-request-size", type=int, default=int(_env("max_request_size", 8 * 1024 * 1024)),
                    help="largest reply record in bytes (the topic's max.message.bytes must allow it)")
     g.add_argument("--auto-offset-reset", choices=["earliest", "latest"],
-                   default=_env("auto_offset_reset", "earliest"))
+                   default=_env("auto_offset_reset", "earliest"),
+                   help="where a group without a committed offset starts: earliest (default) = the beginning "
+                        "of the topic, so a new --group-id replays every record still on it; latest = only "
+                        "records produced after it joined")
     g.add_argument("--session-timeout-ms", type=int, default=int(_env("session_timeout_ms", 10000)),
                    help="consumer-group session timeout (Kafka brokers require >= 6000 by default)")
     g.add_argument("--heartbeat-interval-ms", type=int, default=int(_env("heartbeat_interval_ms", 3000)))
@@ -296,11 +300,20 @@ class JobOutcome(msgspec.Struct, array_like=True):
     seconds: float = 0.0
 
 
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError"}
+
+
 def _error_body(message: str, status: int, request_id: str | None) -> bytes:
     from schemas import ErrorInfo, ErrorResponse
-    typ = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    typ = _ERROR_TYPES.get(status, "InternalServerError")
     return msgspec.json.encode(ErrorResponse(error=ErrorInfo(message=message, type=typ, code=status),
                                              request_id=request_id))
+
+
+def bad_kind_message(kind: str) -> str:
+    """Error message of an unknown ``derender-kind`` header value (lists every accepted value)."""
+    return (f"unknown {HDR_KIND} header {kind!r}; expected 'chat' or 'completion' (stream chunk records, "
+            f"which carry a {HDR_SEQ} header, also accept 'chat-stream' or 'completion-stream')")
 
 
 def derender_job(service: Any, value: bytes | None, kind: str | None) -> JobOutcome:
@@ -319,8 +332,7 @@ def derender_job(service: Any, value: bytes | None, kind: str | None) -> JobOutc
     except (msgspec.DecodeError, msgspec.ValidationError):
         is_object, detected = False, None
     if kind is not None and kind not in KINDS:
-        return JobOutcome(_error_body(f"unknown {HDR_KIND} header {kind!r}; expected 'chat' or 'completion'",
-                                      400, None), 400, None, None, is_object,
+        return JobOutcome(_error_body(bad_kind_message(kind), 400, None), 400, None, None, is_object,
                           seconds=time.perf_counter() - t0)
     try:
         res = service.derender(body, kind)
@@ -489,6 +501,8 @@ class KafkaDerenderWorker:
         self._qlock: asyncio.Lock | None = None
         self._stream_fn: Callable[..., Any] | None = None
         self._router: Any = None  # kafka_stream.StreamRouter, created by start()
+        self._stop_requested = False
+        self._hurry: asyncio.Event | None = None  # a second stop(): give up the drain
 
     # -- executor ------------------------------------------------------------------------------
     def _make_executor(self) -> None:
@@ -610,20 +624,30 @@ class KafkaDerenderWorker:
         s = self.settings
         self._sem = asyncio.Semaphore(max(1, s.max_in_flight))
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()
         if s.metrics_port is not None:
             from prometheus_client import start_http_server
             start_http_server(int(s.metrics_port))
             log.info("metrics on :%s/metrics", s.metrics_port)
-        self._make_executor()
-        await self._warm_up()
         from worker.transport.kafka_stream import MemoryStateStore, StreamRouter
-        if s.redis is not None:
+        if s.redis is not None:  # checked before the (slow) pool start
             from worker.state.redis_store import RedisStateStore
             store = RedisStateStore.from_settings(s.redis)
-            await store.ping()  # StoreConnectError: no stream state store
-            log.info("stream state in Redis %s (prefix %r, ttl %.0fs)", s.redis.url, s.redis.prefix, s.redis.ttl_s)
+            try:
+                await store.ping()  # StoreConnectError: no stream state store
+            except BaseException:
+                await store.close()
+                raise
+            log.info("stream state in Redis %s (prefix %r, ttl %.0fs)", redact_url(s.redis.url), s.redis.prefix,
+                     s.redis.ttl_s)
         else:
             store = MemoryStateStore()
+        try:
+            self._make_executor()
+            await self._warm_up()
+        except BaseException:
+            await store.close()
+            raise
         self._router = StreamRouter(self, store, s.stream_gap_timeout_s, s.stream_replay_window)
         self._router.start()
         self._producer = AIOKafkaProducer(**self._client_kwargs(), acks="all", enable_idempotence=False,
@@ -644,10 +668,24 @@ class KafkaDerenderWorker:
         await asyncio.wait_for(self._assigned.wait(), timeout)
 
     def stop(self) -> None:
-        """Ask the worker to drain and stop (safe from signal handlers; idempotent)."""
-        if self._stopping is not None and not self._stopping.is_set():
-            log.info("stop requested: draining in-flight work")
+        """Ask the worker to drain and stop (safe from signal handlers). Every request is logged,
+        also when the worker is already stopping after a fatal error; a second request gives up
+        the drain (what is not acknowledged yet is not committed and will be redelivered)."""
+        if self._stopping is None:
+            return
+        if not self._stop_requested:
+            self._stop_requested = True
+            if self._fatal is not None:
+                log.info("stop requested: already stopping after a fatal error (%s: %s); finishing what can "
+                         "still finish (at most %.1fs; stop again to give up now)", type(self._fatal).__name__,
+                         self._fatal, self.settings.drain_timeout_s)
+            else:
+                log.info("stop requested: draining in-flight work (at most %.1fs; stop again to give up now)",
+                         self.settings.drain_timeout_s)
             self._stopping.set()
+        elif self._hurry is not None and not self._hurry.is_set():
+            log.warning("second stop request: giving up the drain; unacknowledged messages will be redelivered")
+            self._hurry.set()
 
     async def run(self) -> None:
         """Start (unless started), consume until ``stop()``, drain, commit, close.
@@ -662,11 +700,19 @@ class KafkaDerenderWorker:
             self._fatal = self._fatal or e
         finally:
             self._stopping.set()
-            try:
-                await asyncio.wait_for(self._drain_all(), self.settings.drain_timeout_s)
-            except asyncio.TimeoutError:
-                log.error("drain did not finish within %.1fs; uncommitted messages will be redelivered",
-                          self.settings.drain_timeout_s)
+            drain = asyncio.ensure_future(self._drain_all())
+            hurry = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait({drain, hurry}, timeout=self.settings.drain_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            hurry.cancel()
+            if not drain.done():
+                drain.cancel()
+                if self._hurry.is_set():
+                    log.warning("drain given up on request; uncommitted messages will be redelivered")
+                else:
+                    log.error("drain did not finish within %.1fs; uncommitted messages will be redelivered",
+                              self.settings.drain_timeout_s)
+            await asyncio.gather(drain, hurry, return_exceptions=True)
             commit_task.cancel()
             await asyncio.gather(commit_task, return_exceptions=True)
             await self._commit()
@@ -966,9 +1012,10 @@ class KafkaDerenderWorker:
                 except KafkaError as e:  # e.g. metadata timeout: the reply topic does not exist
                     if plan[4] is not None:
                         raise
-                    log.error("reply of %s[%d]@%d to %s refused (%s: %s); dead-lettering", msg.topic,
-                              msg.partition, msg.offset, plan[0], type(e).__name__, e)
+                    refused = plan[0]
                     plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                    log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                                msg.offset, plan[4], refused)
                     delivery = await self._send(plan)
                 st.acks.put_nowait((job, plan, out, delivery))
             except Exception as e:
@@ -994,9 +1041,10 @@ class KafkaDerenderWorker:
                 except KafkaError as e:
                     if plan is None or plan[4] is not None:
                         raise
-                    log.error("reply of %s[%d]@%d to %s failed (%s); dead-lettering", msg.topic, msg.partition,
-                              msg.offset, plan[0], e)
+                    refused = plan[0]
                     plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                    log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                                msg.offset, plan[4], refused)
                     await (await self._send(plan))
                 self._count(plan, out)
                 if not st.failed:
@@ -1077,6 +1125,21 @@ async def ensure_topics(bootstrap_servers: str, topics: dict[str, int], **client
         await admin.close()
 
 
+def redact_url(url: str) -> str:
+    """``url`` with the password of its userinfo (``scheme://user:password@host``) masked."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*):[^@/]*@", r"\1:***@", str(url))
+
+
+async def check_state_store(redis_settings: Any) -> None:
+    """Ping the Redis stream state store once. Raises ``StoreConnectError`` when it is unreachable."""
+    from worker.state.redis_store import RedisStateStore
+    store = RedisStateStore.from_settings(redis_settings)
+    try:
+        await store.ping()
+    finally:
+        await store.close()
+
+
 async def _run_until_signal(worker: KafkaDerenderWorker) -> None:
     loop = asyncio.get_running_loop()
     await worker.start()
@@ -1095,6 +1158,16 @@ def main_run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         log.error("bad configuration: %s", e)
         return 2
+    if settings.redis is not None:  # before the derender pool is built (seconds to minutes)
+        from worker.state import StateStoreError
+        try:
+            asyncio.run(check_state_store(settings.redis))
+        except (StateStoreError, ValueError, OSError) as e:
+            log.error("stream state store unreachable at %s (%s): start Redis there, give a reachable one with "
+                      "--redis-url (env DERENDER_REDIS_URL), or use --stream-state memory if this worker never "
+                      "receives stream chunks (records with a %s header)", redact_url(settings.redis.url), e,
+                      HDR_SEQ)
+            return 2
     worker = KafkaDerenderWorker(settings, models)
     try:
         asyncio.run(_run_until_signal(worker))
