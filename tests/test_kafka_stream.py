@@ -223,11 +223,13 @@ def test_stream_end_to_end(kafka_bootstrap, kafka_broker_kind, qwen3_models, red
     err = g[4][0]
     assert _h(err)[HDR_STATUS] == b"409" and _h(err)[END] == b"1"
     assert "missing" in json.loads(err.value)["error"]["message"]
+    assert json.loads(err.value)["error"]["type"] == "ConflictError" and json.loads(err.value)["error"]["code"] == 409
     assert gap_elapsed >= 1.5
     # unknown stream: chunk 5 first -> one 409 error chunk
     (unk,) = per[rid_unk]
     assert _h(unk)[SEQ] == b"5" and _h(unk)[HDR_STATUS] == b"409" and _h(unk)[END] == b"1"
     assert "unknown stream" in json.loads(unk.value)["error"]["message"]
+    assert json.loads(unk.value)["error"]["type"] == "ConflictError"
     assert stats.stream_gaps == 2 and stats.crashes == 0
 
 

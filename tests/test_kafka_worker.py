@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +29,7 @@ from worker.transport.kafka_worker import (
     HDR_DLQ_REASON,
     HDR_KIND,
     HDR_REPLY_TOPIC,
+    HDR_SEQ,
     HDR_STATUS,
     KafkaDerenderWorker,
     WorkerSettings,
@@ -159,6 +162,39 @@ def test_derender_job_rejects_unknown_kind_and_survives_core_exceptions():
     assert json.loads(out.body)["error"]["code"] == 500
 
 
+def test_stream_job_kind_message_lists_every_accepted_value():
+    from worker.transport.kafka_stream import derender_stream_job
+    out = derender_stream_job(None, b'{"generate_chunk":{"request_id":"r9"}}', None, 0, "bogus")
+    err = json.loads(out.body)
+    assert out.status == 400 and err["request_id"] == "r9"
+    for k in ("'chat'", "'completion'", "'chat-stream'", "'completion-stream'"):
+        assert k in err["error"]["message"], err
+    assert "'chat-stream'" in json.loads(derender_job(_Svc(), b"{}", "bogus").body)["error"]["message"]
+
+
+def test_redis_unreachable_fails_fast_with_one_line(qwen3_models, tmp_path):
+    """Default ``--stream-state redis`` and no Redis: exit 2 with one clear line, before the pool."""
+    cfg = tmp_path / "models.json"
+    cfg.write_text(json.dumps({m.name: msgspec.to_builtins(m) for m in qwen3_models}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DERENDER_REDIS")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker.transport.kafka_worker", "--config", str(cfg), "--bootstrap-servers",
+         "127.0.0.1:1", "--redis-url", f"redis://127.0.0.1:{port}/0", "--redis-timeout", "2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert time.monotonic() - t0 < 30, out
+    assert "Traceback" not in out and "pool ready" not in out, out
+    lines = [ln for ln in out.splitlines() if " ERROR " in ln]
+    assert len(lines) == 1, out
+    assert f"127.0.0.1:{port}" in lines[0] and "--redis-url" in lines[0] and "--stream-state memory" in lines[0]
+
+
 def test_plan_rules():
     w = KafkaDerenderWorker(WorkerSettings(reply_topic="R", dead_letter_topic="D"), service=_Svc())
     from worker.transport.kafka_worker import JobOutcome
@@ -216,17 +252,23 @@ async def test_mixed_messages_replies_dead_letters_commits_and_restart(kafka_boo
         (b"r-oov", chat_body(tok, model, "r-oov", "", ids=[10_000_000, 5]), J, 1),
         (b"r-kind", chat_body(tok, model, "r-kind", "hi"), J + [(HDR_KIND, b"bogus")], 0),
         (None, chat_body(tok, model, None, "anonymous"), J, 1),  # no key, no id -> DLQ
+        # stream chunk without a key: 400 error reply keyed by generate_chunk.request_id
+        (None, json.dumps({"stream": True, "model": model, "generate_chunk": {"request_id": "r-keyless",
+                                                                              "choices": []}}).encode(),
+         [(HDR_REPLY_TOPIC, n.reply2.encode()), (HDR_SEQ, b"3")], 0),
+        # stream chunk with a non-numeric seq: 400 error reply without a derender-seq header
+        (b"r-badseq", b'{"stream":true,"generate_chunk":{"request_id":"r-badseq"}}', [(HDR_SEQ, b"x1")], 1),
     ]
     await _produce(bs, n.inp, records)
     settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
                          dead_letter_topic=n.dlq, group_id=n.group)
     async with KafkaDerenderWorker(settings, qwen3_models) as worker:
-        got = await _collect(bs, [n.reply, n.reply2, n.dlq], 8, timeout=30)
-    assert worker.stats.processed == 8, worker.stats
-    assert (worker.stats.replied_ok, worker.stats.errors, worker.stats.dead_lettered) == (2, 4, 2), worker.stats
+        got = await _collect(bs, [n.reply, n.reply2, n.dlq], 10, timeout=30)
+    assert worker.stats.processed == 10, worker.stats
+    assert (worker.stats.replied_ok, worker.stats.errors, worker.stats.dead_lettered) == (2, 6, 2), worker.stats
 
     replies = {r.key: r for r in got[n.reply]}
-    assert set(replies) == {b"r-chat", b"r-comp", b"r-404", b"r-oov", b"r-kind"}
+    assert set(replies) == {b"r-chat", b"r-comp", b"r-404", b"r-oov", b"r-kind", b"r-badseq"}
     chat = replies[b"r-chat"]
     assert _h(chat)[HDR_CORRELATION_ID] == b"corr-chat" and _h(chat)[HDR_STATUS] == b"200"
     assert _h(chat)[HDR_KIND] == b"chat" and _h(chat)["content-type"] == b"application/json"
@@ -245,7 +287,19 @@ async def test_mixed_messages_replies_dead_letters_commits_and_restart(kafka_boo
         err = json.loads(rec.value)["error"]
         assert err["code"] == status and err["message"], (key, err)
 
-    [bj] = got[n.reply2]
+    kerr = json.loads(replies[b"r-kind"].value)["error"]
+    assert all(k in kerr["message"] for k in ("'chat'", "'completion'", "'chat-stream'", "'completion-stream'"))
+    bs_ = replies[b"r-badseq"]
+    assert _h(bs_)[HDR_STATUS] == b"400" and HDR_SEQ not in _h(bs_), _h(bs_)
+    assert json.loads(bs_.value)["error"]["type"] == "BadRequestError"
+
+    r2 = {r.key: r for r in got[n.reply2]}
+    assert set(r2) == {b"r-badjson", b"r-keyless"}
+    kl = r2[b"r-keyless"]
+    assert _h(kl)[HDR_STATUS] == b"400" and _h(kl)[HDR_CORRELATION_ID] == b"r-keyless" and _h(kl)[HDR_SEQ] == b"3"
+    klb = json.loads(kl.value)
+    assert klb["request_id"] == "r-keyless" and "without a key" in klb["error"]["message"]
+    bj = r2[b"r-badjson"]
     assert bj.key == b"r-badjson" and _h(bj)[HDR_CORRELATION_ID] == b"c-bj" and _h(bj)[HDR_STATUS] == b"400"
     assert "error" in json.loads(bj.value)
 
@@ -258,15 +312,62 @@ async def test_mixed_messages_replies_dead_letters_commits_and_restart(kafka_boo
     assert _h(dlq[None])[HDR_DLQ_REASON] == b"no-correlation-id"
 
     committed, end = await _committed_and_end(bs, n.group, n.inp, 2)
-    assert committed == end == {0: 4, 1: 4}
+    assert committed == end == {0: 5, 1: 5}
 
     # a restarted member of the same group redoes nothing
     async with KafkaDerenderWorker(settings, qwen3_models) as again:
         await again.wait_assigned(30)
         await asyncio.sleep(1.0)
     assert again.stats.processed == 0, again.stats
-    got2 = await _collect(bs, [n.reply, n.reply2, n.dlq], 8, timeout=5, settle=0.3)
-    assert sum(map(len, got2.values())) == 8
+    got2 = await _collect(bs, [n.reply, n.reply2, n.dlq], 10, timeout=5, settle=0.3)
+    assert sum(map(len, got2.values())) == 10
+
+
+@pytest.mark.kafka
+async def test_lost_stream_reply_stops_without_waiting_the_drain_timeout(kafka_bootstrap, kafka_broker_kind,
+                                                                         qwen3_models, caplog):
+    """A stream reply whose delivery fails (and its dead letter too) stops the worker: the drain
+    must not wait ``drain_timeout`` for that record, and a later stop() is still logged."""
+    from aiokafka.errors import KafkaError
+
+    from worker.transport.kafka_stream import ReplyAckError
+    caplog.set_level(logging.INFO, logger="worker.transport")
+    bs, n = kafka_bootstrap, _names()
+    await ensure_topics(bs, {n.inp: 1, n.reply: 1, n.dlq: 1})
+    settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
+                         group_id=n.group, drain_timeout_s=20.0, stream_gap_timeout_s=2.0)
+    w = KafkaDerenderWorker(settings, qwen3_models)
+    await w.start()
+
+    async def lost(plan):
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(KafkaError("simulated NotLeaderForPartitionError"))
+        return fut
+
+    w._send = lost
+    task = asyncio.create_task(w.run())
+    try:
+        await w.wait_assigned(30)
+        body = json.dumps({"stream": True, "generate_chunk": {"request_id": "r-lost", "choices": []}}).encode()
+        await _produce(bs, n.inp, [(None, body, [(HDR_REPLY_TOPIC, n.reply.encode()), (HDR_SEQ, b"0")]),
+                                   (b"r-held", body, [(HDR_SEQ, b"4")])])  # held behind a gap
+        for _ in range(600):
+            if w._fatal is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert isinstance(w._fatal, ReplyAckError), w._fatal
+        t0 = time.monotonic()
+        w.stop()
+        with pytest.raises(ReplyAckError):
+            await asyncio.wait_for(task, 15)
+        assert time.monotonic() - t0 < 5
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert "stop requested" in caplog.text and "drain did not finish" not in caplog.text
+    committed, _ = await _committed_and_end(bs, n.group, n.inp, 1)
+    assert committed[0] in (None, 0), committed  # the lost reply's record is redelivered
 
 
 @pytest.mark.kafka

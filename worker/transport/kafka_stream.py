@@ -305,6 +305,7 @@ class StreamRouter:
         self._inflight_writes = 0
         self._bg: set[asyncio.Task] = set()
         self._answers: dict[int, set[asyncio.Task]] = {}  # id(partition) -> running answer() tasks
+        self._acking: set[int] = set()  # id(partition) whose stream acker is awaiting a delivery
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -338,7 +339,7 @@ class StreamRouter:
         while True:
             busy = any(s.task is not None for s in st.streams.values()) \
                 or any(not t.done() for t in self._answers.get(id(st), ()))
-            if not busy and st.sacks.empty() and st.sacks._unfinished_tasks == 0 \
+            if not busy and st.sacks.empty() and id(st) not in self._acking \
                     and not any(w.st is st for w in self._pending) and self._inflight_writes == 0 \
                     and (st.failed or not (st.stream_inflight - self.held_offsets(st))):
                 return
@@ -361,6 +362,7 @@ class StreamRouter:
             s.held.clear()
             s.held_dups.clear()
         st.streams.clear()
+        self._answers.pop(id(st), None)
 
     # -- intake ----------------------------------------------------------------------------
     @staticmethod
@@ -458,11 +460,9 @@ class StreamRouter:
             log.exception("stream %r failed", s.rid)
             # the record(s) being handled and the queued ones will not finish: give them up
             # (uncommitted, redelivered) so that the drain does not wait for them
-            unsent = {m.offset for m in s.queue if m is not _GAP}
+            unsent = [m.offset for m in s.queue if m is not _GAP]
             s.queue.clear()
-            queued = {m.offset for m, *_ in st.sacks._queue} if hasattr(st.sacks, "_queue") else set()
-            lost = (st.stream_inflight - self.held_offsets(st) - queued - self._pending_offsets(st)) | unsent
-            self._fail(st, [o for o in lost if o in unsent or self._owner(st, o) is s])
+            self._fail(st, unsent)
             self.w._stream_fatal(e)
         finally:
             s.task = None
@@ -580,26 +580,32 @@ class StreamRouter:
         await self._publish(st, s, msg, entry, write=True, is_object=out.is_object)
 
     async def _publish(self, st, s: _Stream | None, msg, entry: ReplayEntry, *, write: bool = False,
-                       extra_offsets: list | None = None, is_object: bool = True) -> None:
-        """Steps 1 (produce) here; 2-4 follow in the partition's stream acker / state writer."""
+                       extra_offsets: list | None = None, is_object: bool = True, rid: str | None = None) -> None:
+        """Steps 1 (produce) here; 2-4 follow in the partition's stream acker / state writer.
+        ``rid``: the request id addressing the reply when there is no stream ``s``. An
+        ``entry.seq`` < 0 (no valid ``derender-seq``) puts no ``derender-seq`` header on the reply."""
         from aiokafka.errors import KafkaError
 
         from worker.transport.kafka_worker import JobOutcome
-        out = JobOutcome(entry.value, entry.status, s.rid if s else None, entry.kind, is_object)
+        out = JobOutcome(entry.value, entry.status, s.rid if s else rid, entry.kind, is_object)
         plan = self.w._plan(msg, out)
         if plan[4] is None:
-            plan[3].append((HDR_SEQ, str(entry.seq).encode()))
+            if entry.seq >= 0:
+                plan[3].append((HDR_SEQ, str(entry.seq).encode()))
             if entry.end:
                 plan[3].append((HDR_STREAM_END, b"1"))
+        else:
+            log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4])
         try:
             try:
                 delivery = await self.w._send(plan)
             except KafkaError as e:
                 if plan[4] is not None:
                     raise
-                log.error("stream reply of %s[%d]@%d refused (%s: %s); dead-lettering", msg.topic, msg.partition,
-                          msg.offset, type(e).__name__, e)
+                refused = plan[0]
                 plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition, msg.offset,
+                            plan[4], refused)
                 delivery = await self.w._send(plan)
         except Exception as e:
             raise ReplyProduceError(f"producing the reply of {msg.topic}[{msg.partition}]@{msg.offset} failed: "
@@ -618,15 +624,17 @@ class StreamRouter:
         from aiokafka.errors import KafkaError
         while True:
             msg, plan, entry, delivery, wr = await st.sacks.get()
+            self._acking.add(id(st))
             try:
                 try:
                     await delivery
                 except KafkaError as e:
                     if plan[4] is not None:
                         raise
-                    log.error("stream reply of %s[%d]@%d failed (%s); dead-lettering", msg.topic, msg.partition,
-                              msg.offset, e)
+                    refused = plan[0]
                     plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                    log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                                msg.offset, plan[4], refused)
                     await (await self.w._send(plan))
                 self.w._count(plan, _Counted(entry.status))
                 if wr is None:
@@ -635,12 +643,13 @@ class StreamRouter:
                     self._pending.append(wr)
                     self._wake.set()
             except Exception as e:
-                st.failed = True
                 err = ReplyAckError(f"reply of {msg.topic}[{msg.partition}]@{msg.offset} not acknowledged: "
                                     f"{type(e).__name__}: {e}")
                 log.error("%s; stopping (it will be redelivered)", err)
+                self._fail(st, [msg.offset, *(wr.offsets if wr is not None else ())])
                 self.w._stream_fatal(err)
             finally:
+                self._acking.discard(id(st))
                 st.sacks.task_done()
 
     # -- step 3: batched checkpoint writes -------------------------------------------------
@@ -665,7 +674,7 @@ class StreamRouter:
                 err = StateCommitError(f"checkpoint write of {len(writes)} stream(s) failed: {type(e).__name__}: {e}")
                 log.error("%s; stopping (the chunks will be redelivered)", err)
                 for wr in batch:
-                    wr.st.failed = True
+                    self._fail(wr.st, wr.offsets)
                 self._inflight_writes = 0
                 self.w._stream_fatal(err)
                 continue
@@ -675,8 +684,10 @@ class StreamRouter:
                     log.warning("stream %r: checkpoint at seq %d fenced off (a newer one is stored: another "
                                 "worker advanced the stream)", w.rid, w.seq)
             for wr in batch:
-                if not wr.st.failed:
-                    for off in wr.offsets:
+                for off in wr.offsets:
+                    if wr.st.failed:  # a record before it was lost: never commit past that one
+                        self.w._stream_abandon(wr.st, off)
+                    else:
                         self.w._stream_done(wr.st, off)
             self._inflight_writes = 0
 
