@@ -71,7 +71,12 @@ At-least-once: offsets are committed (consumer group ``--group-id``, auto-commit
 the broker acknowledged the reply or dead letter, up to the highest *contiguous* completed
 offset of each partition. A partition's messages are derendered in parallel but their replies
 are published in offset order. A crash can therefore repeat replies of uncommitted messages,
-never lose them. SIGTERM/SIGINT stop fetching, finish and publish in-flight work, commit, exit.
+never lose them. SIGTERM/SIGINT stop fetching, finish and publish in-flight work (at most
+``--drain-timeout`` seconds), commit, exit; a second signal gives up the drain. After a fatal
+error (a reply and its dead letter both lost, a checkpoint write failed) the worker stops by
+itself: the drain then waits only for work that can still finish, never for the lost records.
+Error replies' ``type``: ``BadRequestError`` (400), ``NotFoundError`` (404), ``ConflictError``
+(409, stream sequence errors), ``InternalServerError`` (500).
 """
 from __future__ import annotations
 
