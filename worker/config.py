@@ -10,7 +10,7 @@ Two ways to configure, mirroring ``vllm serve`` flags:
   starting with ``_`` are ignored and relative tokenizer paths are resolved against
   ``--tokenizer-root`` when given, else the file's directory, else the current directory (the
   format of the parity corpus' ``models.json``, whose paths are relative to its parent folder:
-  ``--tokenizer-root ../shared``).
+  ``--tokenizer-root`` = that parent folder).
 
 Every flag also reads an environment variable ``DERENDER_<FLAG>`` (``DERENDER_TOKENIZER``,
 ``DERENDER_CONFIG``, ...), flags winning.
