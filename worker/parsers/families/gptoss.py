@@ -156,15 +156,30 @@ def open_message(st: HarmonyState, header: str) -> None:
     st.recipient = rm.group(1) if rm else ""
 
 
-@register_reasoning("openai_gptoss", "OpenAI gpt-oss-20b / gpt-oss-120b",
-                    "Harmony: <|channel|>analysis<|message|>…<|end|> = reasoning, final channel = content")
-class GptOssReasoningParser(ReasoningParser):
-    """Harmony channels -> reasoning/content; tool-call messages stay raw in the content."""
+class _HarmonyScanning:
+    """Shared by both Harmony parsers: feed/finish run the message scanner and hand its events to
+    the parser's ``_apply``; the markers are special tokens the parsers must see."""
 
     needs_special_tokens = True
 
     def __init__(self, tok):
         self.tok = tok
+
+    def _apply(self, st: HarmonyState, events: list[tuple[str, str]]) -> Delta:
+        raise NotImplementedError
+
+    def feed(self, state: HarmonyState, text: str, token_ids: list[int]) -> Delta:
+        return self._apply(state, scan(state, text, final=False))
+
+    def finish(self, state: HarmonyState) -> Delta:
+        return self._apply(state, scan(state, "", final=True))
+
+
+@register_reasoning("openai_gptoss", "OpenAI gpt-oss-20b / gpt-oss-120b",
+                    "Harmony: <|channel|>analysis<|message|>…<|end|> = reasoning, final channel = content")
+class GptOssReasoningParser(_HarmonyScanning, ReasoningParser):
+    """Harmony channels -> reasoning/content; tool-call messages stay raw in the content."""
+
 
     def initial_state(self, ctx: RequestContext) -> HarmonyState:
         return HarmonyState()
@@ -192,22 +207,12 @@ class GptOssReasoningParser(ReasoningParser):
                 st.mode = ""
         return out
 
-    def feed(self, state: HarmonyState, text: str, token_ids: list[int]) -> Delta:
-        return self._apply(state, scan(state, text, final=False))
-
-    def finish(self, state: HarmonyState) -> Delta:
-        return self._apply(state, scan(state, "", final=True))
-
 
 @register_tool("openai", "OpenAI gpt-oss-20b / gpt-oss-120b",
                "Harmony: <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>")
-class GptOssToolParser(ToolParser):
+class GptOssToolParser(_HarmonyScanning, ToolParser):
     """Harmony tool calls (module docstring)."""
 
-    needs_special_tokens = True
-
-    def __init__(self, tok):
-        self.tok = tok
 
     def initial_state(self, ctx: RequestContext) -> HarmonyState:
         return HarmonyState(parallel=ctx.parallel_tool_calls is not False)
@@ -242,9 +247,3 @@ class GptOssToolParser(ToolParser):
                         st.calls += 1
                 st.mode = ""
         return out
-
-    def feed(self, state: HarmonyState, text: str, token_ids: list[int]) -> Delta:
-        return self._apply(state, scan(state, text, final=False))
-
-    def finish(self, state: HarmonyState) -> Delta:
-        return self._apply(state, scan(state, "", final=True))
