@@ -27,6 +27,18 @@ def service() -> DerenderService:
     return DerenderService(load_config_file(PARITY / "models.json"))
 
 
+def missing_parser(case: dict) -> str | None:
+    """Why a case cannot run yet (its served model names a parser that is not registered), or None."""
+    from worker.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+    cfg = service().models[case["model"]]
+    for kind, name, reg in (("reasoning", cfg.reasoning_parser, REASONING_PARSERS),
+                            ("tool", cfg.tool_parser, TOOL_PARSERS)):
+        if name and name not in reg:
+            return f"{kind} parser {name} not registered"
+    return None
+
+
 def nonstream_cases() -> list[dict]:
     """Cases compare.py checks in non-streaming mode (those with inputs.choices)."""
     return [c for c in corpus() if (c.get("expected_vllm") or {}).get("inputs", {}).get("choices")]

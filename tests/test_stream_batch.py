@@ -7,23 +7,16 @@ import random
 
 import pytest
 
-from tests.parity import corpus, service
+from tests.parity import corpus, missing_parser, service
 from tests.parity_tools import compare as compare_mod
 from tests.parity_tools import to_requests
 from worker.batch import run_batch
-from worker.parsers import REASONING_PARSERS, TOOL_PARSERS
-
-
-def _supported(case: dict) -> bool:
-    cfg = service().models[case["model"]]
-    return not ((cfg.reasoning_parser and cfg.reasoning_parser not in REASONING_PARSERS)
-                or (cfg.tool_parser and cfg.tool_parser not in TOOL_PARSERS))
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_batch_streamed_log(tmp_path, workers):
     cases = [c for c in corpus() if (c.get("expected") or {}).get("stream") is not None
-             and (c.get("expected_vllm") or {}).get("inputs", {}).get("choices") and _supported(c)][:12]
+             and (c.get("expected_vllm") or {}).get("inputs", {}).get("choices") and not missing_parser(c)][:12]
     assert cases
     rng = random.Random(7)
     queues = [(c["id"], list(to_requests.stream_bodies(c))) for c in cases]
@@ -57,7 +50,7 @@ def test_batch_stream_list_lines_give_the_expected_streams(tmp_path):
     """A line holding a request's whole list of chunk bodies (to_requests.py --stream's format)
     yields that request's chunk list: compare.py --stream's check passes for every corpus case."""
     cases = [c for c in corpus() if (c.get("expected") or {}).get("stream") is not None
-             and (c.get("expected_vllm") or {}).get("inputs", {}).get("choices") and _supported(c)]
+             and (c.get("expected_vllm") or {}).get("inputs", {}).get("choices") and not missing_parser(c)]
     src = tmp_path / "streams.jsonl"
     src.write_text("".join(json.dumps(to_requests.stream_bodies(c)) + "\n" for c in cases) + "\n")
     out = tmp_path / "out.jsonl"

@@ -20,19 +20,9 @@ import random
 
 import pytest
 
-from tests.parity import corpus, nonstream_cases, service
+from tests.parity import corpus, missing_parser, nonstream_cases, service
 from tests.parity_tools import compare as compare_mod
 from tests.parity_tools import to_requests
-from worker.parsers import REASONING_PARSERS, TOOL_PARSERS
-
-
-def _supported(case: dict) -> str | None:
-    cfg = service().models[case["model"]]
-    for kind, name, reg in (("reasoning", cfg.reasoning_parser, REASONING_PARSERS),
-                            ("tool", cfg.tool_parser, TOOL_PARSERS)):
-        if name and name not in reg:
-            return f"{kind} parser {name} not registered"
-    return None
 
 
 def run_stream(bodies: list[dict]) -> list:
@@ -62,7 +52,7 @@ STREAM_CASES = [c for c in corpus()
 
 @pytest.mark.parametrize("case", STREAM_CASES, ids=[c["id"] for c in STREAM_CASES])
 def test_stream_parity(case):
-    missing = _supported(case)
+    missing = missing_parser(case)
     if missing:
         pytest.skip(missing)
     chunks = run_stream(to_requests.stream_bodies(case))
@@ -237,7 +227,7 @@ SPLIT_CASES = [c for c in nonstream_cases() if not (c.get("expected") or {}).get
 @pytest.mark.parametrize("how", ["1", "3", "random"])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=[c["id"] for c in SPLIT_CASES])
 def test_stream_equals_nonstream(case, how):
-    missing = _supported(case)
+    missing = missing_parser(case)
     if missing:
         pytest.skip(missing)
     body = to_requests.nonstream_body(case)

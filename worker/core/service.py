@@ -19,6 +19,7 @@ from schemas import (
     ErrorResponse,
 )
 from worker.config import ServedModelConfig
+from worker.core import stream as core_stream
 from worker.core.derender import (
     ModelRuntime,
     derender_chat,
@@ -61,6 +62,14 @@ _completion_stream_decoder = msgspec.json.Decoder(DerenderCompletionStreamReques
 _encoder = msgspec.json.Encoder()
 
 
+def _decode_or_400(decoder: msgspec.json.Decoder, data):
+    """``decoder.decode(data)``; a decode/validation failure becomes ``BadRequest`` (400)."""
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise error_from_validation(e) from None
+
+
 class DerenderResult:
     """Outcome of one derender call: ``body`` (JSON bytes of an OpenAI response or error object),
     ``status`` (HTTP-like: 200, 400, 404, 500), ``is_error``, ``request_id`` (when readable) and
@@ -90,6 +99,31 @@ def kind_of(probe: _Probe) -> str:
         raise BadRequest("body must carry exactly one of generate_response (chat) or "
                          "generate_responses (completion)")
     return "chat" if has_one else "completion"
+
+
+class StreamResult(DerenderResult):
+    """Outcome of one ``derender_stream`` call: ``body`` is a JSON list of OpenAI stream chunks
+    (possibly empty) or, on failure, an OpenAI error object; plus ``done`` (every choice of the
+    request finished: delete the stored state), ``seq`` (the sequence number this chunk was
+    given; the store fences writes on it) and ``kind`` (``chat-stream``/``completion-stream``)."""
+
+    __slots__ = ("done", "seq")
+
+    def __init__(self, body: bytes, status: int = 200, request_id: str | None = None, kind: str | None = None,
+                 done: bool = False, seq: int | None = None):
+        super().__init__(body, status, request_id, kind)
+        self.done = done
+        self.seq = seq
+
+
+class _StreamProbe(msgspec.Struct):
+    model: str | None = None
+    generate_chunk: msgspec.Raw = msgspec.Raw()
+    chat_request: msgspec.Raw = msgspec.Raw()
+    completion_request: msgspec.Raw = msgspec.Raw()
+
+
+_stream_probe_decoder = msgspec.json.Decoder(_StreamProbe)
 
 
 class DerenderService:
@@ -131,10 +165,7 @@ class DerenderService:
         Returns a ``DerenderResult``; never raises for bad input (400/404 error objects)."""
         request_id = None
         try:
-            try:
-                probe = _probe_decoder.decode(body)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                raise error_from_validation(e) from None
+            probe = _decode_or_400(_probe_decoder, body)
             request_id = _request_id(probe)
             shape = kind_of(probe)
             if kind is not None and kind != shape:
@@ -144,17 +175,11 @@ class DerenderService:
                 raise BadRequest("model is required", param="model")
             rt = self.runtime(probe.model)
             if kind == "chat":
-                try:
-                    req = _chat_decoder.decode(body)
-                except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                    raise error_from_validation(e) from None
+                req = _decode_or_400(_chat_decoder, body)
                 validate_chat(rt, req)
                 resp = derender_chat(rt, req)
             else:
-                try:
-                    req = _completion_decoder.decode(body)
-                except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                    raise error_from_validation(e) from None
+                req = _decode_or_400(_completion_decoder, body)
                 validate_completion(rt, req)
                 resp = derender_completion(rt, req)
             return DerenderResult(_encoder.encode(resp), 200, request_id, kind)
@@ -171,100 +196,61 @@ class DerenderService:
 
     def derender_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None = None,
                         kind: str | None = None) -> tuple[StreamResult, bytes | None]:
-        """Derender one streaming chunk body; see ``_derender_stream`` below for the contract
-        (``(StreamResult, new_state_bytes or None)``, never raises for bad input)."""
-        return _derender_stream(self, body, state_bytes, seq, kind)
+        """Derender one streaming chunk body (``generate_chunk``) against the request's stored state.
 
+        ``state_bytes``: what the previous call returned for this request id (None/empty for the
+        first chunk); ``seq``: the chunk's sequence number within the request when the transport
+        has one (any increasing number, e.g. the Kafka offset), else the state's own counter is used;
+        a chunk whose ``seq`` is below the state's ``next_seq`` is stale (409, state unchanged).
+        ``kind``: ``chat``/``completion`` (or ``chat-stream``/``completion-stream``) or None to tell
+        by the body (``completion_request`` -> completion, else chat; a stored state's kind wins).
 
-class StreamResult(DerenderResult):
-    """Outcome of one ``derender_stream`` call: ``body`` is a JSON list of OpenAI stream chunks
-    (possibly empty) or, on failure, an OpenAI error object; plus ``done`` (every choice of the
-    request finished: delete the stored state), ``seq`` (the sequence number this chunk was
-    given; the store fences writes on it) and ``kind`` (``chat-stream``/``completion-stream``)."""
-
-    __slots__ = ("done", "seq")
-
-    def __init__(self, body: bytes, status: int = 200, request_id: str | None = None, kind: str | None = None,
-                 done: bool = False, seq: int | None = None):
-        super().__init__(body, status, request_id, kind)
-        self.done = done
-        self.seq = seq
-
-
-class _StreamProbe(msgspec.Struct):
-    model: str | None = None
-    generate_chunk: msgspec.Raw = msgspec.Raw()
-    chat_request: msgspec.Raw = msgspec.Raw()
-    completion_request: msgspec.Raw = msgspec.Raw()
-
-
-_stream_probe_decoder = msgspec.json.Decoder(_StreamProbe)
-
-
-def _derender_stream(self: DerenderService, body: bytes, state_bytes: bytes | None, seq: int | None = None,
-                     kind: str | None = None) -> tuple[StreamResult, bytes | None]:
-    """Derender one streaming chunk body (``generate_chunk``) against the request's stored state.
-
-    ``state_bytes``: what the previous call returned for this request id (None/empty for the
-    first chunk); ``seq``: the chunk's sequence number within the request when the transport
-    has one (any increasing number, e.g. the Kafka offset), else the state's own counter is used;
-    a chunk whose ``seq`` is below the state's ``next_seq`` is stale (409, state unchanged).
-    ``kind``: ``chat``/``completion`` (or ``chat-stream``/``completion-stream``) or None to tell
-    by the body (``completion_request`` -> completion, else chat; a stored state's kind wins).
-
-    Returns ``(result, new_state_bytes)``: ``result.body`` is the JSON list of OpenAI chunks to
-    publish (or an error object, status 400/404/409/500); ``new_state_bytes`` is the state to store
-    under ``result.seq`` (None on error: keep the stored state); when ``result.done`` the stream
-    is complete and the stored state should be deleted. Never raises for bad input."""
-    from worker.core import stream as core_stream
-    request_id = None
-    kind_used = None
-    try:
+        Returns ``(result, new_state_bytes)``: ``result.body`` is the JSON list of OpenAI chunks to
+        publish (or an error object, status 400/404/409/500); ``new_state_bytes`` is the state to store
+        under ``result.seq`` (None on error: keep the stored state); when ``result.done`` the stream
+        is complete and the stored state should be deleted. Never raises for bad input."""
+        request_id = None
+        kind_used = None
         try:
-            probe = _stream_probe_decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise error_from_validation(e) from None
-        if not _Probe.present(probe.generate_chunk):
-            raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
-        try:
-            request_id = _rid_decoder.decode(probe.generate_chunk).request_id
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            request_id = None
-        if probe.model is None:
-            raise BadRequest("model is required", param="model")
-        rt = self.runtime(probe.model)
-        state = core_stream.decode_state(rt, state_bytes) if state_bytes else None
-        if kind is not None:
-            kind = kind.removesuffix("-stream")
-            if kind not in KINDS:
-                raise BadRequest(f"unknown kind {kind!r}")
-        if state is not None:
-            if kind is not None and kind != state.kind:
-                raise BadRequest(f"message kind {kind!r} does not match the stream's kind ({state.kind})")
-            kind = state.kind
-        elif kind is None:
-            kind = "completion" if _Probe.present(probe.completion_request) else "chat"
-        kind_used = kind + "-stream"
-        if seq is not None and state is not None and seq < state.next_seq:
-            raise DerenderError(f"stale chunk: sequence number {seq} < next expected {state.next_seq}",
-                                param="seq", status=409)
-        try:
-            req = (_chat_stream_decoder if kind == "chat" else _completion_stream_decoder).decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise error_from_validation(e) from None
-        fn = core_stream.derender_chat_chunk if kind == "chat" else core_stream.derender_completion_chunk
-        chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage)
-        if seq is not None:
-            state.next_seq = seq + 1
-        done = state.done
-        return (StreamResult(_encoder.encode(chunks), 200, request_id, kind_used, done, state.next_seq - 1),
-                core_stream.encode_state(state))
-    except DerenderError as e:
-        return StreamResult(_encoder.encode(e.to_response(request_id)), e.status, request_id, kind_used), None
-    except Exception as e:  # a core bug: report it as a 500 without losing the worker
-        log.exception("derender_stream failed for request_id=%s", request_id)
-        err = DerenderError(f"internal error: {type(e).__name__}: {e}", status=500)
-        return StreamResult(_encoder.encode(err.to_response(request_id)), 500, request_id, kind_used), None
+            probe = _decode_or_400(_stream_probe_decoder, body)
+            if not _Probe.present(probe.generate_chunk):
+                raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
+            try:
+                request_id = _rid_decoder.decode(probe.generate_chunk).request_id
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                request_id = None
+            if probe.model is None:
+                raise BadRequest("model is required", param="model")
+            rt = self.runtime(probe.model)
+            state = core_stream.decode_state(rt, state_bytes) if state_bytes else None
+            if kind is not None:
+                kind = kind.removesuffix("-stream")
+                if kind not in KINDS:
+                    raise BadRequest(f"unknown kind {kind!r}")
+            if state is not None:
+                if kind is not None and kind != state.kind:
+                    raise BadRequest(f"message kind {kind!r} does not match the stream's kind ({state.kind})")
+                kind = state.kind
+            elif kind is None:
+                kind = "completion" if _Probe.present(probe.completion_request) else "chat"
+            kind_used = kind + "-stream"
+            if seq is not None and state is not None and seq < state.next_seq:
+                raise DerenderError(f"stale chunk: sequence number {seq} < next expected {state.next_seq}",
+                                    param="seq", status=409)
+            req = _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
+            fn = core_stream.derender_chat_chunk if kind == "chat" else core_stream.derender_completion_chunk
+            chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage)
+            if seq is not None:
+                state.next_seq = seq + 1
+            done = state.done
+            return (StreamResult(_encoder.encode(chunks), 200, request_id, kind_used, done, state.next_seq - 1),
+                    core_stream.encode_state(state))
+        except DerenderError as e:
+            return StreamResult(_encoder.encode(e.to_response(request_id)), e.status, request_id, kind_used), None
+        except Exception as e:  # a core bug: report it as a 500 without losing the worker
+            log.exception("derender_stream failed for request_id=%s", request_id)
+            err = DerenderError(f"internal error: {type(e).__name__}: {e}", status=500)
+            return StreamResult(_encoder.encode(err.to_response(request_id)), 500, request_id, kind_used), None
 
 
 def _request_id(probe: _Probe) -> str | None:

@@ -180,7 +180,6 @@ class _HarmonyScanning:
 class GptOssReasoningParser(_HarmonyScanning, ReasoningParser):
     """Harmony channels -> reasoning/content; tool-call messages stay raw in the content."""
 
-
     def initial_state(self, ctx: RequestContext) -> HarmonyState:
         return HarmonyState()
 
@@ -212,7 +211,6 @@ class GptOssReasoningParser(_HarmonyScanning, ReasoningParser):
                "Harmony: <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>")
 class GptOssToolParser(_HarmonyScanning, ToolParser):
     """Harmony tool calls (module docstring)."""
-
 
     def initial_state(self, ctx: RequestContext) -> HarmonyState:
         return HarmonyState(parallel=ctx.parallel_tool_calls is not False)
