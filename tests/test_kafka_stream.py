@@ -1,4 +1,4 @@
-"""Chunked streaming through the Kafka worker (``worker.transport.kafka_stream``), with a real
+"""Chunked streaming through the Kafka worker (``worker.transport.streams``), with a real
 Kafka-protocol broker (``kafka_bootstrap``) and a real Redis (``REDIS_URL``, else
 redis://127.0.0.1:6379/0; skipped with the reason when none answers).
 
@@ -37,7 +37,9 @@ from tests.parity_tools.compare import stream_view
 from tests.test_kafka_worker import _collect, _h, _names, _produce, _settings, _tokenizer
 from worker.core.service import DerenderService
 from worker.state import RedisSettings, RedisStateStore, StoreConnectError
-from worker.transport.kafka_worker import HDR_STATUS, KafkaDerenderWorker, ensure_topics
+from worker.transport.consumer import KafkaDerenderWorker
+from worker.transport.records import HDR_STATUS
+from worker.transport.run import ensure_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

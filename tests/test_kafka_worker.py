@@ -24,19 +24,18 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from worker.transport.kafka_worker import (
+from worker.transport.consumer import KafkaDerenderWorker
+from worker.transport.jobs import derender_job
+from worker.transport.records import (
     HDR_CORRELATION_ID,
     HDR_DLQ_REASON,
     HDR_KIND,
     HDR_REPLY_TOPIC,
     HDR_SEQ,
     HDR_STATUS,
-    KafkaDerenderWorker,
-    WorkerSettings,
-    add_run_args,
-    derender_job,
-    ensure_topics,
 )
+from worker.transport.run import ensure_topics
+from worker.transport.settings import WorkerSettings, add_run_args
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -163,7 +162,7 @@ def test_derender_job_rejects_unknown_kind_and_survives_core_exceptions():
 
 
 def test_stream_job_kind_message_lists_every_accepted_value():
-    from worker.transport.kafka_stream import derender_stream_job
+    from worker.transport.jobs import derender_stream_job
     out = derender_stream_job(None, b'{"generate_chunk":{"request_id":"r9"}}', None, 0, "bogus")
     err = json.loads(out.body)
     assert out.status == 400 and err["request_id"] == "r9"
@@ -183,7 +182,7 @@ def test_redis_unreachable_fails_fast_with_one_line(qwen3_models, tmp_path):
     env["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "worker.transport.kafka_worker", "--config", str(cfg), "--bootstrap-servers",
+        [sys.executable, "-m", "worker.transport.run", "--config", str(cfg), "--bootstrap-servers",
          "127.0.0.1:1", "--redis-url", f"redis://127.0.0.1:{port}/0", "--redis-timeout", "2"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     out = proc.stdout + proc.stderr
@@ -197,7 +196,7 @@ def test_redis_unreachable_fails_fast_with_one_line(qwen3_models, tmp_path):
 
 def test_plan_rules():
     w = KafkaDerenderWorker(WorkerSettings(reply_topic="R", dead_letter_topic="D"), service=_Svc())
-    from worker.transport.kafka_worker import JobOutcome
+    from worker.transport.jobs import JobOutcome
 
     def msg(key=None, headers=(), value=b"{}"):
         return SimpleNamespace(key=key, headers=tuple(headers), value=value, topic="in", partition=3, offset=7)
@@ -330,7 +329,7 @@ async def test_lost_stream_reply_stops_without_waiting_the_drain_timeout(kafka_b
     must not wait ``drain_timeout`` for that record, and a later stop() is still logged."""
     from aiokafka.errors import KafkaError
 
-    from worker.transport.kafka_stream import ReplyAckError
+    from worker.transport.streams import ReplyAckError
     caplog.set_level(logging.INFO, logger="worker.transport")
     bs, n = kafka_bootstrap, _names()
     await ensure_topics(bs, {n.inp: 1, n.reply: 1, n.dlq: 1})
@@ -393,7 +392,7 @@ async def test_process_pool_keeps_per_partition_order(kafka_bootstrap, kafka_bro
 
 @pytest.mark.kafka
 async def test_cli_run_drains_and_commits_on_sigterm(kafka_bootstrap, kafka_broker_kind, qwen3_models, tmp_path):
-    """``derender-worker run`` (via ``python -m worker.transport.kafka_worker``) as a subprocess: replies, then SIGTERM -> exit 0 with offsets committed."""
+    """``derender-worker run`` (via ``python -m worker.transport.run``) as a subprocess: replies, then SIGTERM -> exit 0 with offsets committed."""
     bs, n = kafka_bootstrap, _names()
     tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
     await ensure_topics(bs, {n.inp: 1, n.reply: 1, n.dlq: 1})
@@ -404,7 +403,7 @@ async def test_cli_run_drains_and_commits_on_sigterm(kafka_bootstrap, kafka_brok
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     session = "2000" if kafka_broker_kind == "tansu" else "6000"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "worker.transport.kafka_worker", "--config", str(cfg), "--bootstrap-servers", bs,
+        [sys.executable, "-m", "worker.transport.run", "--config", str(cfg), "--bootstrap-servers", bs,
          "--input-topic", n.inp, "--reply-topic", n.reply, "--dead-letter-topic", n.dlq, "--group-id", n.group,
          "--executor", "thread", "--num-threads", "1", "--session-timeout-ms", session,
          "--heartbeat-interval-ms", "500"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

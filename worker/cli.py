@@ -20,10 +20,10 @@ def _build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-level", default="INFO")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    from worker.transport import kafka_worker
+    from worker.transport import settings as transport_settings
     p = sub.add_parser("run", help="consume engine outputs from Kafka, publish OpenAI responses")
     add_model_args(p)
-    kafka_worker.add_run_args(p)
+    transport_settings.add_run_args(p)
 
     from worker import batch
     p = sub.add_parser("batch", help="derender a generation log (JSONL, .gz ok) into a JSONL file")
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if args.cmd == "run":
-        from worker.transport.kafka_worker import main_run
+        from worker.transport.run import main_run
         return main_run(args)
     if args.cmd == "batch":
         from worker.batch import main_batch

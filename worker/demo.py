@@ -91,14 +91,10 @@ async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) 
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     from worker.config import load_config_file
-    from worker.transport.kafka_worker import (
-        HDR_CORRELATION_ID,
-        HDR_KIND,
-        HDR_STATUS,
-        KafkaDerenderWorker,
-        WorkerSettings,
-        ensure_topics,
-    )
+    from worker.transport.consumer import KafkaDerenderWorker
+    from worker.transport.records import HDR_CORRELATION_ID, HDR_KIND, HDR_STATUS
+    from worker.transport.run import ensure_topics
+    from worker.transport.settings import WorkerSettings
 
     run = uuid.uuid4().hex[:8]
     if args.no_worker:

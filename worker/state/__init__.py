@@ -1,5 +1,7 @@
 """Stream state stores: where the per-request ``StreamState`` bytes of
-``DerenderService.derender_stream`` live between chunks (``redis_store``: Redis, fenced writes)."""
+``DerenderService.derender_stream`` live between chunks (``redis_store``: Redis, fenced writes;
+``memory_store``: this process only)."""
+from worker.state.memory_store import MemoryStateStore  # noqa: E402  (after redis_store: it imports it)
 from worker.state.redis_store import (
     RedisSettings,
     RedisStateStore,
@@ -15,6 +17,6 @@ from worker.state.redis_store import (
     settings_from_args,
 )
 
-__all__ = ["RedisSettings", "RedisStateStore", "StaleStateError", "StateStoreError", "StoreConnectError",
+__all__ = ["MemoryStateStore", "RedisSettings", "RedisStateStore", "StaleStateError", "StateStoreError", "StoreConnectError",
            "StoreDeleteError", "StoredState", "StoreReadError", "StoreWriteError", "StateWrite",
            "add_redis_args", "settings_from_args"]

@@ -2,7 +2,7 @@
 (``DerenderChatStreamRequest`` / ``DerenderCompletionStreamRequest``) of a request; the worker
 publishes one reply record per chunk carrying the OpenAI stream chunk(s) it yields.
 
-Used by ``worker.transport.kafka_worker.KafkaDerenderWorker`` for every input record that has a
+Used by ``worker.transport.consumer.KafkaDerenderWorker`` for every input record that has a
 ``derender-seq`` header (see the README, "Kafka message format", "Streaming records").
 
 Design
@@ -53,21 +53,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import traceback
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
+from worker.transport.jobs import JobOutcome, body_request_id, error_body, is_object_value
+from worker.transport.records import HDR_SEQ, HDR_STREAM_END, parse_seq
+
 log = logging.getLogger(__name__)
 
-__all__ = ["HDR_SEQ", "HDR_STREAM_END", "StreamStepError", "ReplyProduceError", "ReplyAckError",
-           "StateCommitError", "OffsetCommitError", "ReplayEntry", "Checkpoint", "StreamOutcome",
-           "derender_stream_job", "MemoryStateStore", "StreamRouter", "encode_checkpoint", "decode_checkpoint"]
+__all__ = ["StreamStepError", "ReplyProduceError", "ReplyAckError", "StateCommitError", "OffsetCommitError",
+           "ReplayEntry", "Checkpoint", "StreamRouter", "encode_checkpoint", "decode_checkpoint"]
 
-HDR_SEQ = "derender-seq"
-HDR_STREAM_END = "derender-stream-end"
 CHECKPOINT_VERSION = 1
 
 
@@ -133,128 +132,6 @@ def encode_checkpoint(state: bytes | None, replies: list[ReplayEntry]) -> bytes:
 def decode_checkpoint(data: bytes) -> Checkpoint:
     """Raises ``msgspec.DecodeError``/``ValidationError`` on a foreign value."""
     return _ckpt_decoder.decode(data)
-
-
-# ------------------------------------------------------------------- derender (executor) ----
-class StreamOutcome(msgspec.Struct, array_like=True):
-    """Result of one stream chunk derender (small, picklable): reply ``body`` (JSON list of
-    chunks or error object), ``status``, ``done`` (request complete), ``kind``, new ``state``
-    (None on error), ``is_object`` (the value was a JSON object), ``crash`` (traceback)."""
-
-    body: bytes
-    status: int
-    done: bool
-    kind: str | None
-    state: bytes | None
-    is_object: bool = True
-    crash: str | None = None
-    seconds: float = 0.0
-
-
-def _is_object(value: bytes) -> bool:
-    v = value.lstrip()[:1]
-    return v == b"{"
-
-
-class _RidProbe(msgspec.Struct):
-    request_id: str | None = None
-
-
-class _ChunkProbe(msgspec.Struct):
-    generate_chunk: _RidProbe | None = None
-
-
-_chunk_probe_decoder = msgspec.json.Decoder(_ChunkProbe)
-
-
-def body_request_id(value: bytes | None) -> str | None:
-    """``generate_chunk.request_id`` of a stream chunk body, or None when it cannot be read."""
-    try:
-        gc = _chunk_probe_decoder.decode(value or b"").generate_chunk
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    return gc.request_id if gc is not None and gc.request_id else None
-
-
-def _conflict_type(body: bytes) -> bytes:
-    """A 409 error object of the core with ``type`` ``ConflictError`` (the core says BadRequestError)."""
-    try:
-        obj = msgspec.json.decode(body)
-        obj["error"]["type"] = "ConflictError"
-        return msgspec.json.encode(obj)
-    except Exception:
-        return body
-
-
-def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, seq: int,
-                        kind: str | None) -> StreamOutcome:
-    """Derender one chunk with ``service.derender_stream``; never raises (a core exception
-    becomes a 500 reply with its traceback in ``crash``). ``kind``: the ``derender-kind`` header
-    (``chat``, ``completion``, ``chat-stream``, ``completion-stream`` or None; anything else is
-    answered with a 400 error without calling the core)."""
-    from worker.transport.kafka_worker import KINDS, STREAM_KINDS, bad_kind_message
-    t0 = time.perf_counter()
-    body = value or b""
-    if kind is not None and kind not in KINDS and kind not in STREAM_KINDS:
-        return StreamOutcome(_error(bad_kind_message(kind), 400, body_request_id(body)), 400, False, None, None,
-                             _is_object(body), seconds=time.perf_counter() - t0)
-    try:
-        res, new_state = service.derender_stream(body, state, seq=seq, kind=kind)
-        rbody = _conflict_type(res.body) if int(res.status) == 409 else res.body
-        return StreamOutcome(rbody, int(res.status), bool(getattr(res, "done", False)),
-                             getattr(res, "kind", None), new_state if res.status == 200 else None,
-                             _is_object(body), seconds=time.perf_counter() - t0)
-    except Exception as e:
-        from worker.core.service import error_body
-        return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500), 500, False, None, None,
-                             _is_object(body), crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
-
-
-def _error(message: str, status: int, rid: str | None) -> bytes:
-    """OpenAI error object; ``type`` by status (409: ``ConflictError``)."""
-    from worker.transport.kafka_worker import _error_body
-    return _error_body(message, status, rid)
-
-
-# ----------------------------------------------------------------------- memory store ----
-class MemoryStateStore:
-    """In-process stand-in for ``RedisStateStore`` (same async API, same fencing, no TTL): one
-    worker only, state lost with the process. Default of ``WorkerSettings`` (tests, demo)."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, tuple[bytes, int]] = {}
-
-    async def ping(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def get_many(self, request_ids: list[str]) -> dict:
-        from worker.state import StoredState
-        out = {}
-        for rid in request_ids:
-            v = self.data.get(rid)
-            out[rid] = StoredState(v[0], v[1]) if v else None
-        return out
-
-    async def commit(self, writes: list) -> list[bool]:
-        res = []
-        for w in writes:
-            cur = self.data.get(w.request_id)
-            if w.state is None:
-                if cur and cur[1] > w.seq:
-                    res.append(False)
-                else:
-                    self.data.pop(w.request_id, None)
-                    res.append(True)
-            elif cur and cur[1] >= w.seq:
-                res.append(False)
-            else:
-                self.data[w.request_id] = (w.state, w.seq)
-                res.append(True)
-        return res
-
 
 # ------------------------------------------------------------------------------- router ----
 _GAP = object()  # queue marker: the gap timer fired
@@ -365,18 +242,7 @@ class StreamRouter:
         self._answers.pop(id(st), None)
 
     # -- intake ----------------------------------------------------------------------------
-    @staticmethod
-    def parse_seq(msg) -> int | None:
-        for k, v in msg.headers or ():
-            if k == HDR_SEQ:
-                try:
-                    s = v.decode("ascii").strip()
-                    if s.isdigit():
-                        return int(s)
-                except (UnicodeDecodeError, AttributeError):
-                    pass
-                return None
-        return None
+    parse_seq = staticmethod(parse_seq)
 
     async def load(self, st, msgs: list) -> None:
         """Make sure every stream named by ``msgs`` is in memory, reading the unknown ones from
@@ -422,11 +288,11 @@ class StreamRouter:
             why = ("stream chunk without a key (the key must be the request id)" if msg.key is None
                    else f"invalid {HDR_SEQ} header: expected ASCII decimal digits")
             # seq -1: the reply carries no derender-seq header (there is no valid one to echo)
-            entry = ReplayEntry(seq if seq is not None else -1, 400, False, None, _error(why, 400, rid))
+            entry = ReplayEntry(seq if seq is not None else -1, 400, False, None, error_body(why, 400, rid))
 
             async def answer():
                 try:
-                    await self._publish(st, None, msg, entry, is_object=_is_object(msg.value or b""), rid=rid)
+                    await self._publish(st, None, msg, entry, is_object=is_object_value(msg.value or b""), rid=rid)
                 except Exception as e:
                     log.error("%s; stopping (it will be redelivered)", e)
                     self._fail(st, [msg.offset])
@@ -530,7 +396,7 @@ class StreamRouter:
         dups, s.held_dups = s.held_dups, []
         s.held.clear()
         s.gap_deadline = None
-        entry = ReplayEntry(last, 409, True, None, _error(why, 409, s.rid))
+        entry = ReplayEntry(last, 409, True, None, error_body(why, 409, s.rid))
         s.next_seq = last + 1
         self._end(s)
         await self._publish(st, s, msgs[-1], entry, write=True, extra_offsets=[m.offset for m in msgs[:-1]])
@@ -556,7 +422,7 @@ class StreamRouter:
             self.w._stream_done(st, msg.offset)
         else:
             entry = ReplayEntry(seq, 409, True, None,
-                                _error(f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}); "
+                                error_body(f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}); "
                                        f"chunk {HDR_SEQ} {seq} ignored", 409, s.rid))
             await self._publish(st, s, msg, entry)
 
@@ -586,7 +452,6 @@ class StreamRouter:
         ``entry.seq`` < 0 (no valid ``derender-seq``) puts no ``derender-seq`` header on the reply."""
         from aiokafka.errors import KafkaError
 
-        from worker.transport.kafka_worker import JobOutcome
         out = JobOutcome(entry.value, entry.status, s.rid if s else rid, entry.kind, is_object)
         plan = self.w._plan(msg, out)
         if plan[4] is None:

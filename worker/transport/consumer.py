@@ -1,0 +1,591 @@
+"""The consume / derender / produce / commit loop of the Kafka worker (``KafkaDerenderWorker``).
+
+Record format: ``worker.transport.records``; streams (records with a ``derender-seq`` header):
+``worker.transport.streams``; the pool: ``worker.transport.pool``.
+
+Delivery guarantees
+-------------------
+At-least-once: offsets are committed (consumer group ``--group-id``, auto-commit off) only after
+the broker acknowledged the reply or dead letter, up to the highest *contiguous* completed
+offset of each partition. A partition's messages are derendered in parallel but their replies
+are published in offset order. A crash can therefore repeat replies of uncommitted messages,
+never lose them. SIGTERM/SIGINT stop fetching, finish and publish in-flight work (at most
+``--drain-timeout`` seconds), commit, exit; a second signal gives up the drain. After a fatal
+error (a reply and its dead letter both lost, a checkpoint write failed) the worker stops by
+itself: the drain then waits only for work that can still finish, never for the lost records.
+Error replies' ``type``: ``BadRequestError`` (400), ``NotFoundError`` (404), ``ConflictError``
+(409, stream sequence errors), ``InternalServerError`` (500).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from worker.config import ServedModelConfig
+from worker.state.memory_store import MemoryStateStore
+from worker.transport.deadletter import dead_letter
+from worker.transport.health import HealthState
+from worker.transport.jobs import JobOutcome
+from worker.transport.metrics import PromMetrics, WorkerStats
+from worker.transport.pool import DerenderPool
+from worker.transport.records import (
+    HDR_CONTENT_TYPE,
+    HDR_CORRELATION_ID,
+    HDR_KIND,
+    HDR_REPLY_TOPIC,
+    HDR_SEQ,
+    HDR_STATUS,
+    JSON_CT,
+    TOPIC_RE,
+    header,
+    kind_header,
+)
+from worker.transport.settings import WorkerSettings, redact_url
+from worker.transport.streams import OffsetCommitError, StreamRouter
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KafkaDerenderWorker"]
+
+
+@dataclass
+class _Job:
+    msg: Any  # aiokafka ConsumerRecord
+    future: asyncio.Future  # -> JobOutcome
+
+
+@dataclass
+class _Partition:
+    tp: TopicPartition
+    jobs: asyncio.Queue
+    acks: asyncio.Queue
+    tasks: list = field(default_factory=list)
+    committable: int | None = None  # next offset to commit: lowest unfinished, else highest fetched + 1
+    committed: int | None = None
+    closed: bool = False
+    failed: bool = False
+    inflight: set = field(default_factory=set)  # fetched offsets not finished (reply acked [+ state])
+    stream_inflight: set = field(default_factory=set)  # the stream records among them
+    hi: int | None = None  # highest fetched offset + 1
+    streams: dict = field(default_factory=dict)  # request id -> streams._Stream
+    sacks: Any = None  # stream acker queue
+
+    def update_committable(self) -> int | None:
+        if self.hi is not None:
+            self.committable = min(self.inflight) if self.inflight else self.hi
+        return self.committable
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, worker: KafkaDerenderWorker):
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked):
+        await self.worker._on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned):
+        self.worker._assigned.set()
+        log.info("assigned partitions: %s", sorted((tp.topic, tp.partition) for tp in assigned))
+
+
+class KafkaDerenderWorker:
+    """One consumer-group member: fetch, derender off the event loop, publish replies in
+    partition order, commit after acknowledgement (record format: ``worker.transport.records``).
+
+    ``models``: served models; a process pool builds a ``DerenderService`` from them in each
+    process. ``service``: an object with ``derender(body, kind) -> DerenderResult`` to use instead
+    (forces the thread executor; for tests and embedding). ``executor``: an existing
+    ``concurrent.futures.Executor`` to run ``derender_job`` in (not shut down by the worker).
+
+    Use ``await worker.run()`` (returns when stopped; raises the fatal error if one occurred) and
+    ``worker.stop()`` from a signal handler or another task; or ``async with worker:`` which
+    runs it in a background task."""
+
+    def __init__(self, settings: WorkerSettings, models: list[ServedModelConfig] | None = None, *,
+                 service: Any = None, executor: cf.Executor | None = None):
+        if models is None and service is None:
+            raise ValueError("give models or a service")
+        self.settings = settings
+        self.models = models
+        self.stats = WorkerStats()
+        self.pool = DerenderPool(models, service, executor, settings.num_workers, settings.executor)
+        self.health = HealthState()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._parts: dict[TopicPartition, _Partition] = {}
+        self._sem: asyncio.Semaphore | None = None
+        self._stopping: asyncio.Event | None = None
+        self._fatal: BaseException | None = None
+        self._task: asyncio.Task | None = None
+        self._prom = PromMetrics.get() if settings.metrics_port is not None else None
+        self._assigned = asyncio.Event()
+        self._router: StreamRouter | None = None  # created by start()
+        self._stop_requested = False
+        self._hurry: asyncio.Event | None = None  # a second stop(): give up the drain
+
+    # -- executor ------------------------------------------------------------------------------
+    async def _stream_submit(self, value, state, seq, kind):
+        """Derender one stream chunk in the pool -> ``StreamOutcome`` (see ``DerenderPool.stream``)."""
+        return await self.pool.stream(value, state, seq, kind)
+
+    def _stream_done(self, st: _Partition, offset: int) -> None:
+        """A stream record is finished (reply acked, checkpoint written): committable."""
+        st.inflight.discard(offset)
+        if offset in st.stream_inflight:
+            st.stream_inflight.discard(offset)
+            self._sem.release()
+
+    def _stream_abandon(self, st: _Partition, offset: int) -> None:
+        """A held stream record is given up (revoke/stop): not committed, capacity released."""
+        if offset in st.stream_inflight:
+            st.stream_inflight.discard(offset)
+            self._sem.release()
+
+    def _stream_fatal(self, e: BaseException) -> None:
+        self._fatal = self._fatal or e
+        if self._stopping is not None:
+            self._stopping.set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _client_kwargs(self) -> dict[str, Any]:
+        s = self.settings
+        return dict(bootstrap_servers=s.bootstrap_servers, client_id=s.client_id,
+                    request_timeout_ms=s.request_timeout_ms, **s.security)
+
+    async def start(self) -> None:
+        """Create the pool, producer and consumer and join the group. Raises ``KafkaError`` when
+        the broker is unreachable, ``BrokenProcessPool`` when the derender processes cannot start."""
+        try:
+            await self._start()
+        except BaseException:
+            log.error("worker start failed; releasing what was started")
+            await self._close()
+            raise
+
+    async def _start(self) -> None:
+        s = self.settings
+        self._sem = asyncio.Semaphore(max(1, s.max_in_flight))
+        self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()
+        if s.metrics_port is not None:
+            from prometheus_client import start_http_server
+            start_http_server(int(s.metrics_port))
+            log.info("metrics on :%s/metrics", s.metrics_port)
+        if s.redis is not None:  # checked before the (slow) pool start
+            from worker.state.redis_store import RedisStateStore
+            store = RedisStateStore.from_settings(s.redis)
+            try:
+                await store.ping()  # StoreConnectError: no stream state store
+            except BaseException:
+                await store.close()
+                raise
+            log.info("stream state in Redis %s (prefix %r, ttl %.0fs)", redact_url(s.redis.url), s.redis.prefix,
+                     s.redis.ttl_s)
+        else:
+            store = MemoryStateStore()
+        try:
+            self.pool.make()
+            await self.pool.warm_up()
+        except BaseException:
+            await store.close()
+            raise
+        self._router = StreamRouter(self, store, s.stream_gap_timeout_s, s.stream_replay_window)
+        self._router.start()
+        self._producer = AIOKafkaProducer(**self._client_kwargs(), acks="all", enable_idempotence=False,
+                                          linger_ms=2, max_request_size=s.max_request_size)
+        await self._producer.start()
+        self._consumer = AIOKafkaConsumer(
+            **self._client_kwargs(), group_id=s.group_id, enable_auto_commit=False,
+            auto_offset_reset=s.auto_offset_reset, session_timeout_ms=s.session_timeout_ms,
+            heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=s.max_in_flight)
+        self._consumer.subscribe([s.input_topic], listener=_Rebalance(self))
+        await self._consumer.start()
+        self.health.mark_started()
+        log.info("worker consuming %s (group %s) on %s; replies -> %s, dead letters -> %s",
+                 s.input_topic, s.group_id, s.bootstrap_servers, s.reply_topic, s.dead_letter_topic)
+
+    async def wait_assigned(self, timeout: float = 30.0) -> None:
+        """Wait until the group gave this worker its first assignment (possibly empty).
+        ``timeout`` in seconds; raises ``asyncio.TimeoutError``."""
+        await asyncio.wait_for(self._assigned.wait(), timeout)
+
+    def stop(self) -> None:
+        """Ask the worker to drain and stop (safe from signal handlers). Every request is logged,
+        also when the worker is already stopping after a fatal error; a second request gives up
+        the drain (what is not acknowledged yet is not committed and will be redelivered)."""
+        if self._stopping is None:
+            return
+        if not self._stop_requested:
+            self._stop_requested = True
+            if self._fatal is not None:
+                log.info("stop requested: already stopping after a fatal error (%s: %s); finishing what can "
+                         "still finish (at most %.1fs; stop again to give up now)", type(self._fatal).__name__,
+                         self._fatal, self.settings.drain_timeout_s)
+            else:
+                log.info("stop requested: draining in-flight work (at most %.1fs; stop again to give up now)",
+                         self.settings.drain_timeout_s)
+            self._stopping.set()
+        elif self._hurry is not None and not self._hurry.is_set():
+            log.warning("second stop request: giving up the drain; unacknowledged messages will be redelivered")
+            self._hurry.set()
+
+    async def run(self) -> None:
+        """Start (unless started), consume until ``stop()``, drain, commit, close.
+        Raises the fatal error (e.g. a reply and its dead letter both failed) after cleanup."""
+        if self._consumer is None:
+            await self.start()
+        commit_task = asyncio.create_task(self._commit_loop(), name="derender-commit")
+        try:
+            await self._fetch_loop()
+        except Exception as e:
+            log.exception("fetch loop failed")
+            self._fatal = self._fatal or e
+        finally:
+            self._stopping.set()
+            self.health.mark_stopping()
+            drain = asyncio.ensure_future(self._drain_all())
+            hurry = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait({drain, hurry}, timeout=self.settings.drain_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            hurry.cancel()
+            if not drain.done():
+                drain.cancel()
+                if self._hurry.is_set():
+                    log.warning("drain given up on request; uncommitted messages will be redelivered")
+                else:
+                    log.error("drain did not finish within %.1fs; uncommitted messages will be redelivered",
+                              self.settings.drain_timeout_s)
+            await asyncio.gather(drain, hurry, return_exceptions=True)
+            commit_task.cancel()
+            await asyncio.gather(commit_task, return_exceptions=True)
+            await self._commit()
+            await self._close()
+            log.info("worker stopped: %s", self.stats)
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def __aenter__(self) -> KafkaDerenderWorker:
+        await self.start()
+        self._task = asyncio.create_task(self.run(), name="derender-worker")
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop()
+        if self._task is not None:
+            await self._task
+
+    async def _close(self) -> None:
+        for p in list(self._parts.values()):
+            if self._router is not None:
+                self._router.drop_partition(p)
+            for t in p.tasks:
+                t.cancel()
+            await asyncio.gather(*p.tasks, return_exceptions=True)
+        self._parts.clear()
+        if self._router is not None:
+            await self._router.close()
+            self._router = None
+        for client in (self._consumer, self._producer):
+            if client is not None:
+                try:
+                    await client.stop()
+                except Exception:
+                    log.exception("closing %s failed", type(client).__name__)
+        self.pool.shutdown()
+
+    # -- fetching ------------------------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        consumer = self._consumer
+        while not self._stopping.is_set():
+            fetch = asyncio.ensure_future(consumer.getmany(timeout_ms=500, max_records=self.settings.max_in_flight))
+            stop = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not fetch.done():
+                fetch.cancel()
+                await asyncio.gather(fetch, return_exceptions=True)
+                break
+            batches = fetch.result()
+            total = sum(len(m) for m in batches.values())
+            chunk_size = self.pool.chunk_size(total)
+            chunk: list[tuple[Any, asyncio.Future]] = []
+            streamed: list[tuple[_Partition, Any]] = []
+            for tp, msgs in batches.items():
+                for msg in msgs:
+                    if self._sem.locked() and chunk:
+                        self._flush(chunk)  # never hold unsubmitted work while waiting for capacity
+                        chunk = []
+                    if self._sem.locked() and streamed:
+                        await self._dispatch_streams(streamed)
+                        streamed = []
+                    await self._sem.acquire()
+                    st = self._parts.get(tp)
+                    if st is None:
+                        if tp not in consumer.assignment():
+                            self._sem.release()
+                            continue  # revoked meanwhile: the new owner refetches it
+                        st = self._open_partition(tp)
+                    if st.closed:
+                        self._sem.release()
+                        continue
+                    st.inflight.add(msg.offset)
+                    st.hi = max(st.hi or 0, msg.offset + 1)
+                    if self._header(msg, HDR_SEQ) is not None:  # a stream chunk
+                        st.stream_inflight.add(msg.offset)
+                        streamed.append((st, msg))
+                        continue
+                    placeholder = asyncio.get_running_loop().create_future()
+                    chunk.append((msg, placeholder))
+                    st.jobs.put_nowait(_Job(msg, placeholder))
+                    if len(chunk) >= chunk_size:
+                        self._flush(chunk)
+                        chunk = []
+            if chunk:
+                self._flush(chunk)
+            if streamed:
+                await self._dispatch_streams(streamed)
+
+    async def _dispatch_streams(self, items: list[tuple[_Partition, Any]]) -> None:
+        """Load the unknown streams of a poll from the store (one read per partition), then hand
+        each record to its stream. Raises ``StateStoreError`` when the store cannot be read."""
+        by_part: dict[int, list] = {}
+        for st, msg in items:
+            by_part.setdefault(id(st), [st, []])[1].append(msg)
+        for st, msgs in by_part.values():
+            if st.closed or self._parts.get(st.tp) is not st:
+                for m in msgs:
+                    self._stream_abandon(st, m.offset)
+                continue
+            await self._router.load(st, msgs)
+            if st.closed or self._parts.get(st.tp) is not st:  # revoked while reading the store
+                for m in msgs:
+                    self._stream_abandon(st, m.offset)
+                continue
+            for m in msgs:
+                self._router.dispatch(st, m)
+
+    def _flush(self, chunk: list[tuple[Any, asyncio.Future]]) -> None:
+        """Submit ``chunk`` (message, placeholder future) as one executor call; resolve each
+        placeholder with its ``JobOutcome`` (or the call's exception) when it returns."""
+        items = [(msg.value, self._kind_header(msg)) for msg, _ in chunk]
+        futs = [f for _, f in chunk]
+        call = self.pool.submit_batch(items)
+
+        def done(c: asyncio.Future) -> None:
+            if c.cancelled():
+                for f in futs:
+                    if not f.done():
+                        f.cancel()
+                return
+            exc = c.exception()
+            for i, f in enumerate(futs):
+                if f.done():
+                    continue
+                if exc is not None:
+                    f.set_exception(exc)
+                else:
+                    f.set_result(c.result()[i])
+
+        call.add_done_callback(done)
+
+    _header = staticmethod(header)
+    _kind_header = staticmethod(kind_header)
+
+    def _open_partition(self, tp: TopicPartition) -> _Partition:
+        st = _Partition(tp, asyncio.Queue(), asyncio.Queue())
+        st.tasks = [asyncio.create_task(self._sequencer(st), name=f"derender-seq-{tp.topic}-{tp.partition}"),
+                    asyncio.create_task(self._acker(st), name=f"derender-ack-{tp.topic}-{tp.partition}")]
+        if self._router is not None:
+            self._router.open_partition(st)
+        self._parts[tp] = st
+        return st
+
+    async def _on_revoked(self, revoked) -> None:
+        """Rebalance: finish and commit the revoked partitions' in-flight work before giving them up."""
+        revoked = [tp for tp in revoked if tp in self._parts]
+        if not revoked:
+            return
+        log.info("revoking partitions %s: draining", sorted((tp.topic, tp.partition) for tp in revoked))
+        for tp in revoked:
+            self._parts[tp].closed = True
+        try:
+            await asyncio.wait_for(asyncio.gather(*(self._drain(self._parts[tp]) for tp in revoked)),
+                                   self.settings.drain_timeout_s)
+        except asyncio.TimeoutError:
+            log.error("revoke drain timed out; uncommitted messages will be redelivered")
+        await self._commit()
+        for tp in revoked:
+            st = self._parts.pop(tp)
+            if self._router is not None:
+                self._router.drop_partition(st)  # in-memory stream states of the partition
+            for t in st.tasks:
+                t.cancel()
+            await asyncio.gather(*st.tasks, return_exceptions=True)
+
+    async def _drain(self, st: _Partition) -> None:
+        await st.jobs.join()
+        await st.acks.join()
+        if self._router is not None and st.sacks is not None:
+            await self._router.drain(st)
+
+    async def _drain_all(self) -> None:
+        await asyncio.gather(*(self._drain(st) for st in list(self._parts.values())))
+
+    # -- per-partition pipeline ----------------------------------------------------------------
+    async def _outcome(self, job: _Job) -> JobOutcome:
+        """Await a job's derender (see ``DerenderPool.outcome``: pool crashes, quarantine)."""
+        msg = job.msg
+        return await self.pool.outcome(job.future, msg.value, self._kind_header(msg),
+                                       f"{msg.topic}[{msg.partition}]@{msg.offset}")
+
+    def _plan(self, msg, out: JobOutcome) -> tuple[str, bytes | None, bytes | None, list, str | None]:
+        """Decide where a finished message goes: ``(topic, key, value, headers, dlq_reason)``;
+        ``dlq_reason`` is None for a reply (see the dead-letter rules in ``worker.transport.records``)."""
+        reply_hdr = self._header(msg, HDR_REPLY_TOPIC)
+        corr = self._header(msg, HDR_CORRELATION_ID)
+        if out.crash == "derender-crashed":
+            return self._dlq(msg, "derender-crashed")
+        reply_topic = self.settings.reply_topic
+        if reply_hdr is not None:
+            try:
+                reply_topic = reply_hdr.decode("utf-8")
+            except UnicodeDecodeError:
+                return self._dlq(msg, "invalid-reply-topic")
+            if not TOPIC_RE.match(reply_topic):
+                return self._dlq(msg, "invalid-reply-topic")
+        elif not out.is_object:
+            return self._dlq(msg, "unparseable-no-reply-topic")
+        rid = out.request_id.encode("utf-8") if out.request_id else None
+        if corr is None:
+            corr = msg.key or rid
+        if corr is None:
+            return self._dlq(msg, "no-correlation-id")
+        key = msg.key or rid or corr
+        headers = [(HDR_CORRELATION_ID, corr), (HDR_CONTENT_TYPE, JSON_CT),
+                   (HDR_STATUS, str(out.status).encode())]
+        if out.kind:
+            headers.append((HDR_KIND, out.kind.encode()))
+        return reply_topic, key, out.body, headers, None
+
+    def _dlq(self, msg, reason: str) -> tuple[str, bytes | None, bytes | None, list, str]:
+        return dead_letter(msg, reason, self.settings.dead_letter_topic)
+
+    async def _sequencer(self, st: _Partition) -> None:
+        """Take the partition's jobs in offset order, await each derender, hand its record to the
+        producer (in order) and pass the delivery future to the acker."""
+        while True:
+            job = await st.jobs.get()
+            try:
+                out = await self._outcome(job)
+                msg = job.msg
+                if out.crash and out.crash != "derender-crashed":
+                    self.stats.crashes += 1
+                    log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
+                              msg.key, out.crash)
+                if self._prom is not None:
+                    self._prom.latency.observe(out.seconds)
+                plan = self._plan(msg, out)
+                if plan[4] is not None:
+                    log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4])
+                try:
+                    delivery = await self._send(plan)
+                except KafkaError as e:  # e.g. metadata timeout: the reply topic does not exist
+                    if plan[4] is not None:
+                        raise
+                    refused = plan[0]
+                    plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                    log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                                msg.offset, plan[4], refused)
+                    delivery = await self._send(plan)
+                st.acks.put_nowait((job, plan, out, delivery))
+            except Exception as e:
+                log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset)
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_exception(e)
+                st.acks.put_nowait((job, None, None, fut))
+            finally:
+                st.jobs.task_done()
+
+    async def _send(self, plan) -> asyncio.Future:
+        topic, key, value, headers, _ = plan
+        return await self._producer.send(topic, value=value, key=key, headers=headers)
+
+    async def _acker(self, st: _Partition) -> None:
+        """Await deliveries in offset order; advance the partition's committable offset."""
+        while True:
+            job, plan, out, delivery = await st.acks.get()
+            msg = job.msg
+            try:
+                try:
+                    await delivery
+                except KafkaError as e:
+                    if plan is None or plan[4] is not None:
+                        raise
+                    refused = plan[0]
+                    plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                    log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                                msg.offset, plan[4], refused)
+                    await (await self._send(plan))
+                self._count(plan, out)
+                if not st.failed:
+                    st.inflight.discard(msg.offset)
+            except Exception as e:
+                st.failed = True  # never commit past an undelivered message
+                log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
+                              msg.partition, msg.offset)
+                self._fatal = self._fatal or e
+                if self._stopping is not None:
+                    self._stopping.set()
+            finally:
+                self._sem.release()
+                st.acks.task_done()
+
+    def _count(self, plan, out: JobOutcome) -> None:
+        self.stats.processed += 1
+        if plan[4] is not None:
+            self.stats.dead_lettered += 1
+            outcome = "dead_lettered"
+        elif out.status == 200:
+            self.stats.replied_ok += 1
+            outcome = "ok"
+        else:
+            self.stats.errors += 1
+            outcome = f"error_{out.status}"
+        if self._prom is not None:
+            self._prom.messages.labels(outcome).inc()
+
+    # -- commits -------------------------------------------------------------------------------
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.commit_interval_ms / 1000)
+            await self._commit()
+
+    async def _commit(self) -> None:
+        """Commit every partition's committable offset that moved. Commit failures (rebalance in
+        progress, broker away) are logged; the offsets stay pending and are retried next time."""
+        if self._consumer is None:
+            return
+        offsets = {tp: st.update_committable() for tp, st in self._parts.items()}
+        offsets = {tp: o for tp, o in offsets.items() if o is not None and o != self._parts[tp].committed}
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+        except Exception as e:
+            err = OffsetCommitError(f"offset commit of {({f'{t.topic}[{t.partition}]': o for t, o in offsets.items()})} "
+                                    f"failed: {type(e).__name__}: {e}")
+            log.warning("%s", err)
+            return
+        self.stats.commits += 1
+        for tp, off in offsets.items():
+            if tp in self._parts:
+                self._parts[tp].committed = off
+                if self._router is not None:
+                    self._router.on_committed(self._parts[tp], off)
+

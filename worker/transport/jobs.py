@@ -1,0 +1,201 @@
+"""Derender jobs: the functions that run in the derender pool (process or thread), and their
+small picklable results (``JobOutcome`` for a whole request, ``StreamOutcome`` for a stream
+chunk). Every job function returns an outcome and never raises for a record's content; the
+``proc_*`` functions run in pool processes with the ``DerenderService`` built by ``proc_init``."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from typing import Any
+
+import msgspec
+
+from worker.config import ServedModelConfig
+from worker.transport.records import KINDS, STREAM_KINDS, bad_kind_message
+
+__all__ = ["JobOutcome", "StreamOutcome", "derender_job", "derender_stream_job", "error_body", "body_request_id"]
+
+
+class _Shape(msgspec.Struct):
+    """Just enough of a body to tell its kind; ``Raw`` keeps msgspec from decoding the rest."""
+
+    generate_response: msgspec.Raw = msgspec.Raw(b"")
+    generate_responses: msgspec.Raw = msgspec.Raw(b"")
+
+
+def _present(raw: msgspec.Raw) -> bool:
+    return len(raw) > 0 and bytes(raw) != b"null"
+
+
+_shape_decoder = msgspec.json.Decoder(_Shape)
+
+
+class JobOutcome(msgspec.Struct, array_like=True):
+    """Result of one derender job, sent back from a pool process (hence small and picklable).
+
+    ``body``: reply JSON bytes; ``status``: 200/400/404/500; ``request_id``: read by the core or
+    None; ``kind``: the kind used/detected, or None; ``is_object``: the value is a JSON object;
+    ``crash``: traceback text when the core raised (the reply is then a 500 error); ``seconds``:
+    derender wall time."""
+
+    body: bytes
+    status: int
+    request_id: str | None
+    kind: str | None
+    is_object: bool
+    crash: str | None = None
+    seconds: float = 0.0
+
+
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError"}
+
+
+def error_body(message: str, status: int, request_id: str | None) -> bytes:
+    """OpenAI error object ``{"error": {message, type, param, code}, "request_id"}``; ``type`` by
+    ``status`` (400 ``BadRequestError``, 404 ``NotFoundError``, 409 ``ConflictError``, else ``InternalServerError``)."""
+    from schemas import ErrorInfo, ErrorResponse
+    typ = _ERROR_TYPES.get(status, "InternalServerError")
+    return msgspec.json.encode(ErrorResponse(error=ErrorInfo(message=message, type=typ, code=status),
+                                             request_id=request_id))
+
+
+
+
+def derender_job(service: Any, value: bytes | None, kind: str | None) -> JobOutcome:
+    """Derender one message value with ``service`` (a ``DerenderService``); never raises.
+
+    ``kind``: the ``derender-kind`` header (``chat``/``completion``/None; anything else yields a
+    400 error without calling the core). An exception from the core becomes a 500 error reply
+    and its traceback is returned in ``crash`` for the caller to log with message context."""
+    t0 = time.perf_counter()
+    body = value or b""
+    try:
+        shape = _shape_decoder.decode(body)
+        is_object = True
+        detected = "chat" if _present(shape.generate_response) else (
+            "completion" if _present(shape.generate_responses) else None)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        is_object, detected = False, None
+    if kind is not None and kind not in KINDS:
+        return JobOutcome(error_body(bad_kind_message(kind), 400, None), 400, None, None, is_object,
+                          seconds=time.perf_counter() - t0)
+    try:
+        res = service.derender(body, kind)
+        kind_used = getattr(res, "kind", None) or kind or detected
+        return JobOutcome(res.body, int(res.status), res.request_id, kind_used, is_object,
+                          seconds=time.perf_counter() - t0)
+    except Exception as e:  # the core must not raise; answer 500 and report the traceback
+        return JobOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, None,
+                          kind or detected, is_object, crash=traceback.format_exc(),
+                          seconds=time.perf_counter() - t0)
+
+
+_PROC_SERVICE: Any = None
+
+
+def proc_init(models: list[ServedModelConfig]) -> None:
+    """Pool-process initializer: build this process' ``DerenderService`` once."""
+    global _PROC_SERVICE
+    from worker.core.service import DerenderService
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and drains
+    _PROC_SERVICE = DerenderService(models)
+    preload = getattr(_PROC_SERVICE, "preload", None)
+    if preload is not None:
+        preload()  # load tokenizers/parsers now, not on the first message
+
+
+def proc_job(value: bytes | None, kind: str | None) -> JobOutcome:
+    return derender_job(_PROC_SERVICE, value, kind)
+
+
+def proc_stream_job(value: bytes | None, state: bytes | None, seq: int, kind: str | None):
+    """One stream chunk in a pool process: ``(value, state, seq, kind) -> StreamOutcome``."""
+    return derender_stream_job(_PROC_SERVICE, value, state, seq, kind)
+
+
+def proc_jobs(items: list[tuple[bytes | None, str | None]]) -> list[JobOutcome]:
+    """Several ``(value, kind)`` jobs in one pool call (one pickling round trip)."""
+    return [derender_job(_PROC_SERVICE, v, k) for v, k in items]
+
+
+def proc_ping(delay: float = 0.0) -> int:
+    time.sleep(delay)
+    return os.getpid()
+
+
+
+class StreamOutcome(msgspec.Struct, array_like=True):
+    """Result of one stream chunk derender (small, picklable): reply ``body`` (JSON list of
+    chunks or error object), ``status``, ``done`` (request complete), ``kind``, new ``state``
+    (None on error), ``is_object`` (the value was a JSON object), ``crash`` (traceback)."""
+
+    body: bytes
+    status: int
+    done: bool
+    kind: str | None
+    state: bytes | None
+    is_object: bool = True
+    crash: str | None = None
+    seconds: float = 0.0
+
+
+def is_object_value(value: bytes) -> bool:
+    """Whether ``value`` looks like a JSON object (first non-blank byte ``{``)."""
+    v = value.lstrip()[:1]
+    return v == b"{"
+
+
+class _RidProbe(msgspec.Struct):
+    request_id: str | None = None
+
+
+class _ChunkProbe(msgspec.Struct):
+    generate_chunk: _RidProbe | None = None
+
+
+_chunk_probe_decoder = msgspec.json.Decoder(_ChunkProbe)
+
+
+def body_request_id(value: bytes | None) -> str | None:
+    """``generate_chunk.request_id`` of a stream chunk body, or None when it cannot be read."""
+    try:
+        gc = _chunk_probe_decoder.decode(value or b"").generate_chunk
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return gc.request_id if gc is not None and gc.request_id else None
+
+
+def _conflict_type(body: bytes) -> bytes:
+    """A 409 error object of the core with ``type`` ``ConflictError`` (the core says BadRequestError)."""
+    try:
+        obj = msgspec.json.decode(body)
+        obj["error"]["type"] = "ConflictError"
+        return msgspec.json.encode(obj)
+    except Exception:
+        return body
+
+
+def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, seq: int,
+                        kind: str | None) -> StreamOutcome:
+    """Derender one chunk with ``service.derender_stream``; never raises (a core exception
+    becomes a 500 reply with its traceback in ``crash``). ``kind``: the ``derender-kind`` header
+    (``chat``, ``completion``, ``chat-stream``, ``completion-stream`` or None; anything else is
+    answered with a 400 error without calling the core)."""
+    t0 = time.perf_counter()
+    body = value or b""
+    if kind is not None and kind not in KINDS and kind not in STREAM_KINDS:
+        return StreamOutcome(error_body(bad_kind_message(kind), 400, body_request_id(body)), 400, False, None, None,
+                             is_object_value(body), seconds=time.perf_counter() - t0)
+    try:
+        res, new_state = service.derender_stream(body, state, seq=seq, kind=kind)
+        rbody = _conflict_type(res.body) if int(res.status) == 409 else res.body
+        return StreamOutcome(rbody, int(res.status), bool(getattr(res, "done", False)),
+                             getattr(res, "kind", None), new_state if res.status == 200 else None,
+                             is_object_value(body), seconds=time.perf_counter() - t0)
+    except Exception as e:
+        from worker.core.service import error_body as core_error_body
+        return StreamOutcome(core_error_body(f"internal error: {type(e).__name__}: {e}", 500), 500, False, None, None,
+                             is_object_value(body), crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
+

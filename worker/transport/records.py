@@ -1,0 +1,127 @@
+"""Record format of the Kafka transport: header names, and reading/validating headers of a record.
+
+The worker consumes engine outputs and publishes OpenAI responses.
+
+Message format
+==============
+
+Input (``--input-topic``, default ``engine-outputs``)
+-----------------------------------------------------
+* **key**: the request id (UTF-8). Used as the reply key and as the default correlation id.
+  Messages with the same key must go to the same partition (the producer's default
+  partitioner does this), because ordering is kept per partition.
+* **value**: the JSON derender body, exactly what vLLM's ``/v1/chat/completions/derender``
+  (``DerenderChatRequest``: ``model``, ``generate_response``, ``prompt_tokens``,
+  ``prompt_token_ids``, ``chat_request``) or ``/v1/completions/derender``
+  (``DerenderCompletionRequest``: ``model``, ``generate_responses[]``, ...) accepts.
+* **headers** (all optional, UTF-8 values):
+
+  ``reply-topic``
+      topic to publish the reply to; default: the worker's ``--reply-topic``
+      (``derender-replies``).
+  ``correlation-id``
+      opaque bytes echoed unchanged on the reply; default: the key, else the body's
+      ``generate_response.request_id``.
+  ``derender-kind``
+      ``chat`` or ``completion``. When absent the body's shape decides:
+      ``generate_response`` => chat, ``generate_responses`` => completion. Any other value is
+      answered with a 400 error.
+  ``content-type``
+      ``application/json`` (informational; the value is always parsed as JSON).
+
+Reply (``reply-topic`` header, else ``--reply-topic``)
+------------------------------------------------------
+* **key**: the input key; when the input had none, the request id read from the body, else the
+  correlation id.
+* **value**: the OpenAI response JSON (``chat.completion`` / ``text_completion``) or an OpenAI
+  error object ``{"error": {"message", "type", "param", "code"}, "request_id"}``.
+* **headers**: ``correlation-id`` (as above), ``content-type: application/json``,
+  ``derender-status`` (``200``, ``400``, ``404`` or ``500``, HTTP-like, as ASCII digits),
+  ``derender-kind`` (``chat``/``completion``; omitted when the body's kind cannot be told).
+
+Dead letters (``--dead-letter-topic``, default ``derender-dlq``)
+----------------------------------------------------------------
+A message is dead-lettered, instead of answered, exactly when no useful reply can be addressed:
+
+1. ``invalid-reply-topic``: the ``reply-topic`` header is empty, not UTF-8, longer than 249
+   characters or has characters outside ``[A-Za-z0-9._-]``;
+2. ``unparseable-no-reply-topic``: the value is not a JSON object (empty/null value, invalid
+   UTF-8 or JSON, a JSON array/scalar) **and** there is no ``reply-topic`` header. (With the header
+   the sender explicitly asked for a reply and gets a 400 error object instead.);
+3. ``no-correlation-id``: no ``correlation-id`` header, no key and no readable request id;
+4. ``derender-crashed``: a derender process died on this message, and again when the message
+   was rerun alone in a one-process quarantine pool (poison pill);
+5. ``reply-publish-failed``: the broker refused the reply (e.g. unknown topic, too large).
+
+A dead-letter record carries the original key and value, the original headers, plus
+``x-dlq-reason`` (one of the names above; for 5 followed by ``: <error>``), ``x-original-topic``,
+``x-original-partition`` and ``x-original-offset`` (ASCII decimal).
+
+Streaming
+---------
+A record with a ``derender-seq`` header is one chunk of a streamed request (key = request id,
+value = ``DerenderChatStreamRequest``/``DerenderCompletionStreamRequest``); it is answered with
+one reply whose value is a JSON array of OpenAI stream chunks and whose headers carry
+``derender-seq`` and, on the stream's last reply, ``derender-stream-end: 1``. State per stream
+lives in Redis (``--stream-state``, ``--redis-*``), chunks of a stream are derendered in order,
+duplicates are replayed identically, gaps end the stream after ``--stream-gap-timeout``. See
+``worker.transport.streams`` and the README section "Kafka message format".
+
+Where each part lives: ``worker.transport.AGENTS.md``.
+"""
+from __future__ import annotations
+
+import re
+
+__all__ = ["HDR_REPLY_TOPIC", "HDR_CORRELATION_ID", "HDR_KIND", "HDR_STATUS", "HDR_CONTENT_TYPE",
+           "HDR_DLQ_REASON", "HDR_SEQ", "HDR_STREAM_END", "JSON_CT", "KINDS", "STREAM_KINDS", "TOPIC_RE",
+           "header", "kind_header", "parse_seq", "bad_kind_message"]
+
+HDR_REPLY_TOPIC = "reply-topic"
+HDR_CORRELATION_ID = "correlation-id"
+HDR_KIND = "derender-kind"
+HDR_STATUS = "derender-status"
+HDR_CONTENT_TYPE = "content-type"
+HDR_DLQ_REASON = "x-dlq-reason"
+HDR_SEQ = "derender-seq"  # stream chunk sequence number (see worker.transport.streams)
+HDR_STREAM_END = "derender-stream-end"
+JSON_CT = b"application/json"
+KINDS = ("chat", "completion")
+STREAM_KINDS = ("chat-stream", "completion-stream")  # also accepted on stream chunk records
+TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def header(msg, name: str) -> bytes | None:
+    """Value of the first header ``name`` of record ``msg`` (aiokafka ``ConsumerRecord``), or None."""
+    for k, v in msg.headers or ():
+        if k == name:
+            return v
+    return None
+
+
+def kind_header(msg) -> str | None:
+    """The ``derender-kind`` header, decoded (invalid UTF-8 replaced), stripped and lower-cased; None when absent."""
+    raw = header(msg, HDR_KIND)
+    if raw is None:
+        return None
+    return raw.decode("utf-8", "replace").strip().lower()
+
+
+def parse_seq(msg) -> int | None:
+    """The ``derender-seq`` header as an int; None when absent or not ASCII decimal digits."""
+    for k, v in msg.headers or ():
+        if k == HDR_SEQ:
+            try:
+                s = v.decode("ascii").strip()
+                if s.isdigit():
+                    return int(s)
+            except (UnicodeDecodeError, AttributeError):
+                pass
+            return None
+    return None
+
+
+def bad_kind_message(kind: str) -> str:
+    """Error message of an unknown ``derender-kind`` header value (lists every accepted value)."""
+    return (f"unknown {HDR_KIND} header {kind!r}; expected 'chat' or 'completion' (stream chunk records, "
+            f"which carry a {HDR_SEQ} header, also accept 'chat-stream' or 'completion-stream')")

@@ -1,0 +1,104 @@
+"""``derender-worker run`` (``main_run``): build the models and the worker from the flags, run it
+until SIGTERM/SIGINT; also ``python -m worker.transport.run`` (the ``run`` subcommand alone),
+and ``ensure_topics`` (create missing topics)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from worker.transport.consumer import KafkaDerenderWorker
+from worker.transport.records import HDR_SEQ
+from worker.transport.settings import WorkerSettings, add_run_args, env_default, redact_url
+
+log = logging.getLogger(__name__)
+
+__all__ = ["main_run", "ensure_topics", "check_state_store"]
+
+
+async def ensure_topics(bootstrap_servers: str, topics: dict[str, int], **client_kwargs: Any) -> None:
+    """Create ``topics`` (name -> partition count, replication 1) where missing. Existing topics
+    are left alone. Raises ``KafkaError`` on other broker errors."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        new = [NewTopic(t, n, 1) for t, n in topics.items() if t not in existing]
+        if new:
+            try:
+                await admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        await admin.close()
+
+
+
+async def check_state_store(redis_settings: Any) -> None:
+    """Ping the Redis stream state store once. Raises ``StoreConnectError`` when it is unreachable."""
+    from worker.state.redis_store import RedisStateStore
+    store = RedisStateStore.from_settings(redis_settings)
+    try:
+        await store.ping()
+    finally:
+        await store.close()
+
+
+async def _run_until_signal(worker: KafkaDerenderWorker) -> None:
+    loop = asyncio.get_running_loop()
+    await worker.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    await worker.run()
+
+
+def main_run(args: argparse.Namespace) -> int:
+    """``derender-worker run``: build the models from the flags, run the worker until
+    SIGTERM/SIGINT. Returns 0 after a clean drain, 2 on bad configuration, 1 on a fatal error."""
+    from worker.config import models_from_args
+    try:
+        models = models_from_args(args)
+        settings = WorkerSettings.from_args(args)
+    except (ValueError, OSError) as e:
+        log.error("bad configuration: %s", e)
+        return 2
+    if settings.redis is not None:  # before the derender pool is built (seconds to minutes)
+        from worker.state import StateStoreError
+        try:
+            asyncio.run(check_state_store(settings.redis))
+        except (StateStoreError, ValueError, OSError) as e:
+            log.error("stream state store unreachable at %s (%s): start Redis there, give a reachable one with "
+                      "--redis-url (env DERENDER_REDIS_URL), or use --stream-state memory if this worker never "
+                      "receives stream chunks (records with a %s header)", redact_url(settings.redis.url), e,
+                      HDR_SEQ)
+            return 2
+    worker = KafkaDerenderWorker(settings, models)
+    try:
+        asyncio.run(_run_until_signal(worker))
+    except Exception:
+        log.exception("worker failed")
+        return 1
+    return 0
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m worker.transport.run`` = ``derender-worker run`` without the other
+    subcommands (no imports beyond the core)."""
+    from worker.config import add_model_args
+    ap = argparse.ArgumentParser(prog="python -m worker.transport.run", description="derender Kafka worker")
+    ap.add_argument("--log-level", default=env_default("log_level", "INFO"))
+    add_model_args(ap)
+    add_run_args(ap)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    return main_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

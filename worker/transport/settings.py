@@ -1,0 +1,166 @@
+"""Settings and CLI flags of ``derender-worker run`` (``WorkerSettings``, ``add_run_args``), the
+``DERENDER_<FLAG>`` environment defaults and the aiokafka security kwargs."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["WorkerSettings", "add_run_args", "security_kwargs", "env_default", "redact_url"]
+
+
+def env_default(flag: str, default: Any = None) -> Any:
+    """``DERENDER_<FLAG>`` (upper case, ``-`` -> ``_``) from the environment, else ``default``."""
+    return os.environ.get("DERENDER_" + flag.upper().replace("-", "_"), default)
+
+
+def _default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class WorkerSettings:
+    """Everything the worker needs besides the models. Times are in milliseconds/seconds as named.
+
+    ``executor``: ``process`` (a ``ProcessPoolExecutor`` of ``num_workers`` processes, each with
+    its own ``DerenderService`` built once: real parallelism for the CPU-bound core) or
+    ``thread`` (a thread pool sharing one service; no fork/spawn cost, but the GIL limits it to
+    about one core). ``max_in_flight``: most messages fetched but not yet acknowledged, over all
+    partitions (backpressure). ``security``: extra aiokafka client kwargs (SASL/TLS)."""
+
+    bootstrap_servers: str = "localhost:9092"
+    input_topic: str = "engine-outputs"
+    reply_topic: str = "derender-replies"
+    dead_letter_topic: str = "derender-dlq"
+    group_id: str = "derender-workers"
+    client_id: str = "derender-worker"
+    max_in_flight: int = 64
+    num_workers: int = field(default_factory=_default_workers)
+    executor: str = "process"
+    commit_interval_ms: int = 200
+    drain_timeout_s: float = 30.0
+    request_timeout_ms: int = 30000
+    max_request_size: int = 8 * 1024 * 1024
+    auto_offset_reset: str = "earliest"
+    session_timeout_ms: int = 10000
+    heartbeat_interval_ms: int = 3000
+    metrics_port: int | None = None
+    security: dict[str, Any] = field(default_factory=dict)
+    #: streaming (records with a ``derender-seq`` header, see ``worker.transport.streams``):
+    #: ``redis`` = ``worker.state.RedisSettings`` of the shared state store; None = in-process
+    #: ``MemoryStateStore`` (one worker only: state is lost with the process)
+    redis: Any = None
+    stream_gap_timeout_s: float = 10.0
+    stream_replay_window: int = 32
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> WorkerSettings:
+        """Build from ``add_run_args`` flags. Raises ``ValueError`` on inconsistent TLS/SASL flags."""
+        return cls(
+            bootstrap_servers=args.bootstrap_servers, input_topic=args.input_topic,
+            reply_topic=args.reply_topic, dead_letter_topic=args.dead_letter_topic,
+            group_id=args.group_id, client_id=args.client_id, max_in_flight=args.max_in_flight,
+            num_workers=args.num_threads, executor=args.executor,
+            commit_interval_ms=args.commit_interval_ms, drain_timeout_s=args.drain_timeout,
+            request_timeout_ms=args.request_timeout_ms, max_request_size=args.max_request_size,
+            auto_offset_reset=args.auto_offset_reset, metrics_port=args.metrics_port,
+            session_timeout_ms=args.session_timeout_ms, heartbeat_interval_ms=args.heartbeat_interval_ms,
+            security=security_kwargs(args),
+            redis=_redis_settings(args), stream_gap_timeout_s=args.stream_gap_timeout,
+            stream_replay_window=args.stream_replay_window,
+        )
+
+
+def _redis_settings(args: argparse.Namespace) -> Any:
+    if getattr(args, "stream_state", "redis") != "redis":
+        return None
+    from worker.state.redis_store import settings_from_args
+    return settings_from_args(args)
+
+
+def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """aiokafka client kwargs for ``--security-protocol``, ``--sasl-*`` and ``--ssl-*``.
+    Raises ``ValueError`` when SASL is requested without a username/password."""
+    out: dict[str, Any] = {"security_protocol": args.security_protocol}
+    if args.security_protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+        out["ssl_context"] = create_ssl_context(
+            cafile=args.ssl_cafile, certfile=args.ssl_certfile, keyfile=args.ssl_keyfile,
+            password=args.ssl_password)
+    if args.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        if not (args.sasl_username and args.sasl_password):
+            raise ValueError(f"--security-protocol {args.security_protocol} needs --sasl-username and --sasl-password")
+        out.update(sasl_mechanism=args.sasl_mechanism, sasl_plain_username=args.sasl_username,
+                   sasl_plain_password=args.sasl_password)
+    return out
+
+
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """Add the Kafka flags of ``derender-worker run``. Every flag also reads ``DERENDER_<FLAG>``
+    from the environment (``--bootstrap-servers`` also ``KAFKA_BOOTSTRAP_SERVERS``), flags winning."""
+    g = ap.add_argument_group("kafka")
+    g.add_argument("--bootstrap-servers",
+                   default=env_default("bootstrap_servers", os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")),
+                   help="comma-separated host:port list (env KAFKA_BOOTSTRAP_SERVERS)")
+    g.add_argument("--input-topic", default=env_default("input_topic", "engine-outputs"))
+    g.add_argument("--reply-topic", default=env_default("reply_topic", "derender-replies"),
+                   help="where replies go when a message has no reply-topic header")
+    g.add_argument("--dead-letter-topic", default=env_default("dead_letter_topic", "derender-dlq"))
+    g.add_argument("--group-id", default=env_default("group_id", "derender-workers"))
+    g.add_argument("--client-id", default=env_default("client_id", "derender-worker"))
+    g.add_argument("--max-in-flight", type=int, default=int(env_default("max_in_flight", 64)),
+                   help="most unacknowledged messages at once (backpressure)")
+    g.add_argument("--num-threads", "--num-workers", dest="num_threads", type=int,
+                   default=int(env_default("num_threads", _default_workers())),
+                   help="derender pool size (default: usable CPU cores)")
+    g.add_argument("--executor", choices=["process", "thread"], default=env_default("executor", "process"),
+                   help="process pool (parallel, default) or thread pool (GIL-bound, cheap start)")
+    g.add_argument("--commit-interval-ms", type=int, default=int(env_default("commit_interval_ms", 200)))
+    g.add_argument("--drain-timeout", type=float, default=float(env_default("drain_timeout", 30.0)),
+                   help="seconds to finish in-flight work on SIGTERM")
+    g.add_argument("--request-timeout-ms", type=int, default=int(env_default("request_timeout_ms", 30000)))
+    g.add_argument("--max-request-size", type=int, default=int(env_default("max_request_size", 8 * 1024 * 1024)),
+                   help="largest reply record in bytes (the topic's max.message.bytes must allow it)")
+    g.add_argument("--auto-offset-reset", choices=["earliest", "latest"],
+                   default=env_default("auto_offset_reset", "earliest"),
+                   help="where a group without a committed offset starts: earliest (default) = the beginning "
+                        "of the topic, so a new --group-id replays every record still on it; latest = only "
+                        "records produced after it joined")
+    g.add_argument("--session-timeout-ms", type=int, default=int(env_default("session_timeout_ms", 10000)),
+                   help="consumer-group session timeout (Kafka brokers require >= 6000 by default)")
+    g.add_argument("--heartbeat-interval-ms", type=int, default=int(env_default("heartbeat_interval_ms", 3000)))
+    g.add_argument("--metrics-port", type=int, default=env_default("metrics_port"),
+                   help="serve Prometheus metrics on this port")
+    s = ap.add_argument_group("kafka security (aiokafka)")
+    s.add_argument("--security-protocol", choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
+                   default=env_default("security_protocol", "PLAINTEXT"))
+    s.add_argument("--sasl-mechanism", choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
+                   default=env_default("sasl_mechanism", "PLAIN"))
+    s.add_argument("--sasl-username", default=env_default("sasl_username"))
+    s.add_argument("--sasl-password", default=env_default("sasl_password"),
+                   help="prefer the env DERENDER_SASL_PASSWORD over the flag")
+    s.add_argument("--ssl-cafile", default=env_default("ssl_cafile"))
+    s.add_argument("--ssl-certfile", default=env_default("ssl_certfile"))
+    s.add_argument("--ssl-keyfile", default=env_default("ssl_keyfile"))
+    s.add_argument("--ssl-password", default=env_default("ssl_password"))
+    st = ap.add_argument_group("streaming (records with a derender-seq header)")
+    st.add_argument("--stream-state", choices=["redis", "memory"], default=env_default("stream_state", "redis"),
+                    help="where stream state lives between chunks: Redis (shared by the group, default) or "
+                         "this process only (single worker, lost on restart)")
+    st.add_argument("--stream-gap-timeout", type=float, default=float(env_default("stream_gap_timeout", 10.0)),
+                    help="seconds a chunk beyond a missing one is held before the stream ends with an error")
+    st.add_argument("--stream-replay-window", type=int, default=int(env_default("stream_replay_window", 32)),
+                    help="replies per stream kept (memory and store) to answer redelivered chunks identically")
+    from worker.state.redis_store import add_redis_args
+    add_redis_args(ap)
+
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its userinfo (``scheme://user:password@host``) masked."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*):[^@/]*@", r"\1:***@", str(url))
