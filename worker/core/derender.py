@@ -194,10 +194,18 @@ class _Text:
     """A choice's detokenized output: ``text``, ``ids`` (for the parsers), ``used`` (engine ids
     kept: all of them unless a stop string cut the output), ``stop`` (that stop string)."""
 
-    __slots__ = ("text", "ids", "used", "stop")
+    __slots__ = ("text", "ids", "used", "stop", "stop_token")
 
-    def __init__(self, text: str, ids: list[int], used: int, stop: str | None):
+    def __init__(self, text: str, ids: list[int], used: int, stop: str | None, stop_token: int | None = None):
         self.text, self.ids, self.used, self.stop = text, ids, used, stop
+        self.stop_token = stop_token  # the final stop token vLLM left out of the text, if any
+
+    def parser_ids(self, stack: ParserStack) -> list[int]:
+        """The ids fed to the parsers: ``ids``, plus the trimmed stop token for parsers that
+        want it (``ParserStack.wants_stop_token``)."""
+        if self.stop_token is not None and stack.wants_stop_token:
+            return self.ids + [self.stop_token]
+        return self.ids
 
     def __iter__(self):  # ``text, ids = _text_of(...)``
         return iter((self.text, self.ids))
@@ -230,12 +238,15 @@ def _text_of(rt: ModelRuntime, c: GenerateTokensChoice, prompt_ids, skip_special
         rt.tokenizer, ids, stop_strings(stop), include_stop_str_in_output=include_stop,
         min_tokens=min_tokens or 0, skip_special_tokens=skip_special,
         spaces_between_special_tokens=spaces, prompt_token_ids=prompt_ids)
+    stop_token = c.token_ids[-1] if len(ids) < len(c.token_ids) else None
     if matched is not None:
         ids = ids[:used]
+        stop_token = None
     if skip_special:  # skipped special tokens never reach the parsers (nor reasoning_tokens)
         special = rt.tokenizer.special_ids
         ids = [t for t in ids if t not in special]
-    return _Text(text, ids, used, matched)
+        stop_token = None if stop_token in special else stop_token
+    return _Text(text, ids, used, matched, stop_token)
 
 
 def merge_tool_calls(request_id: str, choice_index: int, d: Delta, fmt: str) -> list[ToolCall]:
@@ -277,7 +288,7 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletion
                        req.include_stop_str_in_output, req.stop, req.min_tokens)
         finish_reason, stop_reason = out.finish(c)
         st = stack.initial_state(ctx)
-        d = stack.feed(st, out.text, out.ids)
+        d = stack.feed(st, out.text, out.parser_ids(stack))
         d.extend(stack.finish(st))
         calls = merge_tool_calls(request_id, c.index, d, stack.id_format)
         content = d.content or None

@@ -477,6 +477,8 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
         ids = _step_ids(rt, st, c)
         text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
         pids = _parser_ids(rt, st, ids[:used])
+        if matched is None and stack.wants_stop_token and len(ids) < len(c.token_ids or []):
+            pids = pids + _parser_ids(rt, st, [c.token_ids[-1]])  # the trimmed stop token (ParserStack)
         final = c.finish_reason is not None or matched is not None
         if cs.parser is not None:
             d = stack.feed(cs.parser, text, pids) if (text or pids) else None

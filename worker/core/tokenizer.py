@@ -21,6 +21,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from worker.core.tiktoken_vocab import BUILTIN_NAME, harmony_tokenizer_dir, tiktoken_file
+
 __all__ = ["Tokenizer", "load_tokenizer", "TOKENIZER_MODES"]
 
 TOKENIZER_MODES = ("auto", "hf", "slow", "mistral", "deepseek_v4")
@@ -86,6 +88,8 @@ class Tokenizer:
         self._cleanup = False
         self._token_to_id: dict[str, int] | None = None
         self._space_marker: str | None = None
+        self._byte_level = False
+        self._bytes: list[bytes] | None = None
 
     # ------------------------------------------------------------------ construction helpers --
     def _finish_eos(self, d: Path, extra: list[int]) -> None:
@@ -145,6 +149,22 @@ class Tokenizer:
                 cache[i] = s
             out.append(s)
         return out
+
+    def token_bytes(self, i: int) -> bytes | None:
+        """The bytes token ``i`` stands for, for byte-level BPE tokenizers (``ByteLevel`` decoder,
+        e.g. GPT-2 style and gpt-oss's): vocabulary pieces through the byte-level alphabet, added
+        tokens as their UTF-8 content; ``b""`` for an id outside the vocabulary. None when the
+        tokenizer is not byte-level (its tokens have no byte form here). The table is built on
+        first use (~0.3 s for 200k ids)."""
+        if not self._byte_level:
+            return None
+        table = self._bytes
+        if table is None:
+            with _LOCK:
+                table = self._bytes
+                if table is None:
+                    table = self._bytes = _byte_table(self)
+        return table[i] if 0 <= i < len(table) else b""
 
     def raw_decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """The backend's own decode (``tokenizers.Tokenizer.decode`` for fast tokenizers, no
@@ -298,11 +318,41 @@ def _init_from_fast(tok: Tokenizer, d: Path, fast: Any) -> None:
     except Exception:  # noqa: BLE001
         pre = {}
     subs = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    try:
+        tok._byte_level = type(fast.decoder).__name__ == "ByteLevel"
+    except Exception:  # noqa: BLE001 - a decoder tokenizers cannot describe is not byte-level
+        tok._byte_level = False
     for sub in subs:
         if isinstance(sub, dict) and sub.get("type") == "Metaspace":
             tok._space_marker = sub.get("replacement", "\u2581")
             break
     tok._finish_eos(d, [])
+
+
+def _byte_table(tok: Tokenizer) -> list[bytes]:
+    """id -> bytes for a byte-level fast tokenizer (see ``Tokenizer.token_bytes``)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    char_byte = {chr(c): b for b, c in zip(bs, cs)}
+    fast = tok._fast
+    out: list[bytes] = []
+    for i in range(tok.vocab_size):
+        added = tok.added_token_ids.get(i)
+        if added is not None:
+            out.append(added.encode("utf-8"))
+            continue
+        piece = fast.id_to_token(i) or ""
+        try:
+            out.append(bytes(char_byte[c] for c in piece))
+        except KeyError:  # not a byte-level piece: its text
+            out.append(piece.encode("utf-8"))
+    return out
 
 
 def _load_mistral(tok: Tokenizer, d: Path) -> None:
@@ -394,6 +444,10 @@ def load_tokenizer(path: str, mode: str = "auto") -> Tokenizer:
     """Load (cached per ``(path, mode)``) the tokenizer in directory ``path``, or of hub id
     ``org/name`` (tokenizer files only, through the Hugging Face cache) where a hub is reachable.
 
+    gpt-oss offline (``worker.core.tiktoken_vocab``): ``path`` ``o200k_harmony`` (not a directory)
+    is gpt-oss's tokenizer built from the ranks the bpe-openai package ships; a directory with an
+    ``o200k_base.tiktoken[.gz]`` and no ``tokenizer.json`` is gpt-oss's tokenizer built from it.
+
     Modes (vLLM's ``--tokenizer-mode``): ``auto``/``hf``: ``tokenizer.json`` through ``tokenizers``
     (a directory with only a SentencePiece model goes through transformers' ``AutoTokenizer``);
     ``deepseek_v4``: ``tokenizer.json``, decoded as ``auto``; ``mistral``: mistral-common
@@ -409,7 +463,9 @@ def load_tokenizer(path: str, mode: str = "auto") -> Tokenizer:
             return tok
         d = Path(path)
         if not d.is_dir():
-            d = _from_hub(path)
+            d = harmony_tokenizer_dir() if path == BUILTIN_NAME else _from_hub(path)
+        elif mode != "mistral" and not (d / "tokenizer.json").exists() and tiktoken_file(d) is not None:
+            d = harmony_tokenizer_dir(tiktoken_file(d))
         tok = Tokenizer(str(path), mode)
         tj = d / "tokenizer.json"
         if mode == "mistral":

@@ -89,6 +89,12 @@ class Parser:
 
     name: ClassVar[str] = ""
     needs_special_tokens: ClassVar[bool] = False
+    #: the parser reads the token ids, not the text: the stack feeds a tool parser every step's
+    #: ids even when the reasoning parser passed it no content (gpt-oss on its own vocabulary)
+    reads_ids: bool = False
+    #: the parser wants the final stop token id that vLLM leaves out of the text (the core
+    #: passes the ids before that trimming)
+    wants_stop_token: bool = False
 
     def initial_state(self, ctx: RequestContext) -> Any:
         raise NotImplementedError

@@ -97,6 +97,13 @@ class ParserStack:
                     or (self.tool and self.tool.needs_special_tokens))
 
     @property
+    def wants_stop_token(self) -> bool:
+        """True when a parser reads the final stop token id too (the core then feeds the ids
+        before vLLM's stop-token trimming; the text is unchanged): gpt-oss's Harmony parsers on
+        their own vocabulary, where ``<|call|>`` both ends generation and closes a call."""
+        return bool((self.reasoning and self.reasoning.wants_stop_token) or (self.tool and self.tool.wants_stop_token))
+
+    @property
     def id_format(self) -> str:
         """Tool call id shape of this model's tool parser."""
         return self.tool.id_format if self.tool else "chatcmpl-tool"
@@ -141,7 +148,8 @@ class ParserStack:
             out.content = content
             return out
         if self.tool is not None:
-            d = self.tool.feed(st.tool, content, token_ids) if content else Delta()
+            fed = content or (self.tool.reads_ids and token_ids)
+            d = self.tool.feed(st.tool, content, token_ids) if fed else Delta()
             if final:
                 d.extend(self.tool.finish(st.tool))
         else:

@@ -32,6 +32,7 @@ text).
 """
 from __future__ import annotations
 
+import codecs
 import json
 import re
 
@@ -156,32 +157,239 @@ def open_message(st: HarmonyState, header: str) -> None:
     st.recipient = rm.group(1) if rm else ""
 
 
+# ------------------------------------------------------------------------------ id mode ---
+#: o200k_harmony ids of the Harmony markers (tiktoken's ``o200k_harmony`` / openai-harmony)
+HARMONY_IDS = {"<|return|>": 200002, "<|constrain|>": 200003, "<|channel|>": 200005, "<|start|>": 200006,
+               "<|end|>": 200007, "<|message|>": 200008, "<|call|>": 200012}
+START_ID, MESSAGE_ID, ENDOFTEXT_ID = 200006, 200008, 199999
+STOP_IDS = {200002: "<|return|>", 200007: "<|end|>", 200012: "<|call|>"}  # openai-harmony stop_tokens()
+MAX_HEADER_TOKENS = 128
+_ROLES = ("assistant", "user", "system", "developer", "tool")
+CONSTRAIN = "<|constrain|>"
+
+
+def reads_harmony_ids(tok) -> bool:
+    """True when ``tok`` is gpt-oss's vocabulary: every Harmony marker a special token at its
+    o200k_harmony id, and the tokens' bytes known (byte-level BPE). Then the parsers read the
+    token ids, as vLLM does; otherwise (markers added to another vocabulary, or sent as text)
+    they scan the text."""
+    if tok is None or not hasattr(tok, "token_bytes"):
+        return False
+    special = getattr(tok, "special_ids", frozenset())
+    for m, i in HARMONY_IDS.items():
+        if tok.token_to_id(m) != i or i not in special:
+            return False
+    return tok.token_bytes(MESSAGE_ID) == MESSAGE.encode()
+
+
+class HarmonyIdState(HarmonyState, kw_only=True, array_like=True):
+    """``HarmonyState`` plus the id scanner's: ``hdr`` header ids so far, ``opener`` the text
+    that opened it (``<|start|>`` or ``""`` for the first message, whose role the prompt gave),
+    ``pend`` UTF-8 bytes of an incomplete character, ``ctype`` the content type."""
+
+    phase: str = "header"
+    hdr: list[int] = msgspec.field(default_factory=list)
+    opener: str = ""
+    pend: bytes = b""
+    ctype: str = ""
+
+
+def _utf8(st: HarmonyIdState, data: bytes, final: bool) -> str:
+    """Decode ``st.pend + data``; an incomplete trailing character stays in ``st.pend`` unless
+    ``final`` (then U+FFFD, as openai-harmony's lossy flush)."""
+    buf = st.pend + data
+    if final:
+        st.pend = b""
+        return buf.decode("utf-8", "replace")
+    dec = codecs.getincrementaldecoder("utf-8")("replace")
+    text = dec.decode(buf, False)
+    st.pend = dec.getstate()[0]
+    return text
+
+
+def parse_header(text: str, role_known: bool) -> tuple[str, str, str] | None:
+    """(channel, recipient, content_type) of a Harmony header, by openai-harmony's rules
+    (``parse_header_from_string``): ``<|channel|>NAME`` cut out; ``<|constrain|>`` split off;
+    the role first (when not given by the prompt); then the last part is ``to=R`` (recipient),
+    a lone unconstrained word (recipient), or the content type with an optional recipient
+    before it. None when openai-harmony would reject the header (empty channel, unknown role,
+    parts left over)."""
+    channel = ""
+    i = text.find(CHANNEL)
+    if i >= 0:
+        rest = text[i + len(CHANNEL):]
+        m = re.match(r"[^\s<]*", rest)
+        channel = m.group(0)
+        if not channel:
+            return None
+        text = text[:i] + rest[len(channel):]
+    text = text.strip()
+    if CONSTRAIN in text:
+        text = text.replace(CONSTRAIN, " " + CONSTRAIN).strip()
+    parts = text.split()
+    role = "assistant"
+    if not role_known:
+        if not parts:
+            return None
+        if parts[0] in _ROLES:
+            role = parts[0]
+        elif len(parts) > 1 or parts[0].startswith("to="):
+            parts.pop(0)
+            role = "tool"
+        else:
+            return None
+    if parts and parts[0] == role:
+        parts.pop(0)
+    recipient = ctype = ""
+    if parts:
+        n = len(parts)
+        last = parts.pop()
+        if last.startswith("to="):
+            recipient = last[3:]
+        elif n == 1 and not last.startswith(CONSTRAIN):
+            recipient = last
+        else:
+            ctype = last
+            if parts:
+                r = parts.pop()
+                recipient = r[3:] if r.startswith("to=") else r
+    if parts:
+        return None
+    return channel, recipient, ctype
+
+
+def scan_ids(st: HarmonyIdState, ids: list[int], final: bool, tb) -> list[tuple[str, str]]:
+    """The id scanner (openai-harmony's ``StreamableParser`` over ``ids``, role ``assistant``):
+    same events as :func:`scan`, but ``open`` carries the raw header text, channel, recipient and
+    content type joined by U+001F (see :func:`open_parsed`; a header openai-harmony rejects comes
+    back as ``loose`` text, its body too); ``close`` carries the stop marker, or ``""`` at the
+    end of output.
+    Tokens outside a message (openai-harmony raises there) are ``loose`` text. ``<|endoftext|>``
+    (an EOS/pad id, not text) is skipped everywhere. ``tb``: id -> bytes."""
+    ev: list[tuple[str, str]] = []
+    for t in ids:
+        if st.phase == "header":
+            if t == MESSAGE_ID:
+                head = _utf8(st, b"".join(tb(i) for i in st.hdr), True)
+                st.hdr = []
+                parsed = parse_header(head, role_known=not st.opener)
+                if parsed is None:
+                    ev.append(("loose", st.opener + head + MESSAGE))
+                    st.phase = "text"
+                    continue
+                st.phase = "body"
+                ev.append(("open", "\x1f".join((st.opener + head, *parsed))))
+            elif t in STOP_IDS or len(st.hdr) >= MAX_HEADER_TOKENS:
+                # never a header: its text (and the stop marker) as it came
+                data = b"".join(tb(i) for i in st.hdr) + tb(t)
+                st.hdr = []
+                ev.append(("loose", st.opener + _utf8(st, data, t in STOP_IDS)))
+                st.phase = "text"
+            else:
+                st.hdr.append(t)
+        elif st.phase == "body":
+            if t in STOP_IDS:
+                tail = _utf8(st, b"", True)
+                if tail:
+                    ev.append(("body", tail))
+                ev.append(("close", STOP_IDS[t]))
+                st.phase = "text"
+            elif t != ENDOFTEXT_ID:
+                piece = _utf8(st, tb(t), False)
+                if piece:
+                    ev.append(("body", piece))
+        elif t == START_ID:
+            tail = _utf8(st, b"", True)
+            if tail:
+                ev.append(("loose", tail))
+            st.phase, st.opener, st.hdr = "header", START, []
+        elif t != ENDOFTEXT_ID:
+            piece = _utf8(st, tb(t), False)
+            if piece:
+                ev.append(("loose", piece))
+    if final:
+        if st.phase == "body":
+            tail = _utf8(st, b"", True)
+            if tail:
+                ev.append(("body", tail))
+            ev.append(("close", ""))
+        elif st.phase == "header":
+            # cut by the end of output: dropped when it holds Harmony markup (vLLM shows nothing
+            # for it); plain text that never became a header is content
+            if st.hdr and not st.opener and not any(i in HARMONY_IDS.values() for i in st.hdr):
+                ev.append(("loose", _utf8(st, b"".join(tb(i) for i in st.hdr), True)))
+            st.hdr = []
+        else:
+            tail = _utf8(st, b"", True)
+            if tail:
+                ev.append(("loose", tail))
+        st.phase = "text"
+    return ev
+
+
+def open_parsed(st: HarmonyIdState, payload: str) -> None:
+    """Record the message of an id-scanner ``open`` event (header, channel, recipient, type)."""
+    st.header, st.channel, st.recipient, st.ctype = payload.split("\x1f")
+
+
+def _call_name(st: HarmonyState) -> str | None:
+    """The function a message calls (recipient ``functions.NAME``), else None."""
+    r = st.recipient
+    return r[len("functions."):] if r.startswith("functions.") and len(r) > len("functions.") else None
+
+
+def _id_call_args(body: str, ctype: str) -> str | None:
+    """vLLM ``openai`` tool parser's arguments for a call body: re-dumped JSON when the content
+    type is absent or names json (else the body as it is, when it is JSON); None when the body
+    is not JSON (the message then stays content, never a call with broken JSON)."""
+    args = _harmony_args(body)
+    if args is None or not ctype or "json" in ctype:
+        return args
+    return body if body.strip() else args
+
+
 class _HarmonyScanning:
-    """Shared by both Harmony parsers: feed/finish run the message scanner and hand its events to
-    the parser's ``_apply``; the markers are special tokens the parsers must see."""
+    """Shared by both Harmony parsers: feed/finish run the message scanner (the id scanner on
+    gpt-oss's own vocabulary, see :func:`reads_harmony_ids`, else the text scanner) and hand its
+    events to the parser's ``_apply`` / ``_apply_ids``; the markers are special tokens the
+    parsers must see. In id mode the parser reads only the ids (``reads_ids``: the stack feeds
+    it every step's ids, text or not) and wants the final stop token (``wants_stop_token``:
+    ``<|call|>``/``<|return|>`` end gpt-oss's generation, and decide whether a call is whole)."""
 
     needs_special_tokens = True
 
     def __init__(self, tok):
         self.tok = tok
+        self.reads_ids = self.wants_stop_token = reads_harmony_ids(tok)
+        self._tb = tok.token_bytes if self.reads_ids else None
+
+    def _state(self, **kw) -> HarmonyState:
+        return HarmonyIdState(**kw) if self.reads_ids else HarmonyState(**kw)
 
     def _apply(self, st: HarmonyState, events: list[tuple[str, str]]) -> Delta:
         raise NotImplementedError
 
+    def _apply_ids(self, st: HarmonyIdState, events: list[tuple[str, str]]) -> Delta:
+        raise NotImplementedError
+
     def feed(self, state: HarmonyState, text: str, token_ids: list[int]) -> Delta:
+        if self.reads_ids:
+            return self._apply_ids(state, scan_ids(state, token_ids, False, self._tb))
         return self._apply(state, scan(state, text, final=False))
 
     def finish(self, state: HarmonyState) -> Delta:
+        if self.reads_ids:
+            return self._apply_ids(state, scan_ids(state, [], True, self._tb))
         return self._apply(state, scan(state, "", final=True))
 
 
 @register_reasoning("openai_gptoss", "OpenAI gpt-oss-20b / gpt-oss-120b",
                     "Harmony: <|channel|>analysis<|message|>…<|end|> = reasoning, final channel = content")
 class GptOssReasoningParser(_HarmonyScanning, ReasoningParser):
-    """Harmony channels -> reasoning/content; tool-call messages stay raw in the content."""
+    """Harmony channels -> reasoning/content (module docstring for both modes)."""
 
     def initial_state(self, ctx: RequestContext) -> HarmonyState:
-        return HarmonyState()
+        return self._state()
 
     def _apply(self, st: HarmonyState, events: list[tuple[str, str]]) -> Delta:
         out = Delta()
@@ -206,14 +414,39 @@ class GptOssReasoningParser(_HarmonyScanning, ReasoningParser):
                 st.mode = ""
         return out
 
+    def _apply_ids(self, st: HarmonyIdState, events: list[tuple[str, str]]) -> Delta:
+        out = Delta()
+        for kind, t in events:
+            if kind == "loose":
+                out.content += t
+            elif kind == "open":
+                open_parsed(st, t)
+                if _call_name(st) is not None:
+                    st.mode = "call"  # read from the ids by the tool parser; dropped without one
+                else:
+                    st.mode = "reasoning" if st.channel == "analysis" else "content"
+            elif kind == "body":
+                if st.mode == "reasoning":
+                    out.reasoning += t
+                elif st.mode == "content":
+                    out.content += t
+            elif kind == "close":
+                st.mode = ""
+        return out
+
 
 @register_tool("openai", "OpenAI gpt-oss-20b / gpt-oss-120b",
                "Harmony: <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>")
 class GptOssToolParser(_HarmonyScanning, ToolParser):
-    """Harmony tool calls (module docstring)."""
+    """Harmony tool calls (module docstring for both modes)."""
 
     def initial_state(self, ctx: RequestContext) -> HarmonyState:
-        return HarmonyState(parallel=ctx.parallel_tool_calls is not False)
+        return self._state(parallel=ctx.parallel_tool_calls is not False)
+
+    def _emit(self, st: HarmonyState, out: Delta, name: str, args: str) -> None:
+        if st.parallel or st.calls == 0:
+            out.tool_calls.append(ToolCallDelta(index=st.calls, name=name, arguments=args))
+            st.calls += 1
 
     def _apply(self, st: HarmonyState, events: list[tuple[str, str]]) -> Delta:
         out = Delta()
@@ -222,7 +455,7 @@ class GptOssToolParser(_HarmonyScanning, ToolParser):
                 out.content += t
             elif kind == "open":
                 open_message(st, t)
-                if st.recipient.startswith("functions.") and len(st.recipient) > len("functions."):
+                if _call_name(st) is not None:
                     st.mode, st.body = "call", ""
                 elif st.channel == "analysis":
                     st.mode = "drop"
@@ -239,9 +472,34 @@ class GptOssToolParser(_HarmonyScanning, ToolParser):
                     args = _harmony_args(body)
                     if args is None or t not in ("<|call|>", "<|end|>"):
                         out.content += st.header + MESSAGE + body + t
-                    elif st.parallel or st.calls == 0:
-                        out.tool_calls.append(ToolCallDelta(index=st.calls, name=st.recipient[len("functions."):],
-                                                            arguments=args))
-                        st.calls += 1
+                    else:
+                        self._emit(st, out, _call_name(st) or "", args)
+                st.mode = ""
+        return out
+
+    def _apply_ids(self, st: HarmonyIdState, events: list[tuple[str, str]]) -> Delta:
+        out = Delta()
+        for kind, t in events:
+            if kind == "loose":
+                out.content += t
+            elif kind == "open":
+                open_parsed(st, t)
+                if _call_name(st) is not None:
+                    st.mode, st.body = "call", ""
+                else:
+                    st.mode = "drop" if st.channel == "analysis" else "content"
+            elif kind == "body":
+                if st.mode == "call":
+                    st.body += t
+                elif st.mode == "content":
+                    out.content += t
+            elif kind == "close":
+                if st.mode == "call":
+                    body, st.body = st.body, ""
+                    args = _id_call_args(body, st.ctype) if t else None
+                    if args is None:
+                        out.content += st.header + MESSAGE + body + t
+                    else:
+                        self._emit(st, out, _call_name(st) or "", args)
                 st.mode = ""
         return out
