@@ -266,3 +266,26 @@ def test_markers_as_text_keep_the_text_path() -> None:
     qwen = load_tokenizer(str(Path(__file__).parent / "data" / "tokenizers" / "qwen3"))
     assert not make_reasoning_parser("openai_gptoss", qwen).reads_ids
     assert not make_tool_parser("openai", qwen).wants_stop_token
+
+
+# Product rules where openai-harmony raises or vLLM returns a call with broken JSON: the expected
+# answers are the rules of worker/parsers/families/gptoss.py (module docstring), not a reference.
+RULES = [
+    ("broken-json-call", ['<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+                          '{"city": Paris}<|call|>'], "stop",
+     ("", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": Paris}<|call|>', [])),
+    ("no-markup", ["Just plain text, no Harmony at all."], "stop", ("", "Just plain text, no Harmony at all.", [])),
+    ("loose-between", ["<|channel|>final<|message|>A<|end|>", LIT("stray"), "<|start|>assistant<|channel|>final"
+                       "<|message|>B<|return|>"], "stop", ("", "AstrayB", [])),
+    ("empty-channel", ["<|channel|><|message|>x<|end|>"], "stop", ("", "<|channel|><|message|>x<|end|>", [])),
+    ("endoftext", ["<|channel|>final<|message|>Hi<|endoftext|>"], "stop", ("", "Hi", [])),
+]
+
+
+@pytest.mark.parametrize("vid,parts,finish,want", RULES, ids=[r[0] for r in RULES])
+def test_product_rules_on_real_ids(svc, enc, vid, parts, finish, want) -> None:
+    ids = encode(enc, parts)
+    got, fin = nonstream(svc, enc, ids, finish, True)
+    assert got == want
+    for how, seed in (("1", 0), ("3", 0), ("rand", 3)):
+        assert streamed(svc, enc, ids, finish, True, chunked(ids, how, seed)) == (got, fin), how
