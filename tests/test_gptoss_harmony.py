@@ -289,3 +289,55 @@ def test_product_rules_on_real_ids(svc, enc, vid, parts, finish, want) -> None:
     assert got == want
     for how, seed in (("1", 0), ("3", 0), ("rand", 3)):
         assert streamed(svc, enc, ids, finish, True, chunked(ids, how, seed)) == (got, fin), how
+
+
+def _random_output(rng: random.Random, enc) -> tuple[list[int], str]:
+    """A random gpt-oss output rendered by openai-harmony: 1-5 messages (analysis, preamble,
+    call on commentary or analysis, final), random text (multi-byte characters, literal marker
+    strings as ordinary text), the last one closed by its stop token, or cut anywhere
+    (``length``)."""
+    alphabet = list("abc xyz 0123456789,.!?\n\t\"'{}[]éüß日本語🙂👍🏽—") + ["<|channel|>", "<|end|>", " to=functions.x"]
+
+    def text(lo=0, hi=40):
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(lo, hi)))
+
+    a = harmony.Role.ASSISTANT
+    msgs = []
+    for k in range(rng.randint(1, 5)):
+        kind = rng.choice(["analysis", "preamble", "call", "final"])
+        if kind == "call":
+            args = {"q": text(0, 12), "n": rng.randint(-5, 10 ** 6), "ok": rng.random() < 0.5,
+                    "xs": [text(0, 4) for _ in range(rng.randint(0, 3))]}
+            body = json.dumps(args, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 1, 2]))
+            m = harmony.Message.from_role_and_content(a, body).with_channel(rng.choice(["commentary", "analysis"]))
+            m = m.with_recipient("functions." + rng.choice(["get_weather", "get_time", "grep"]))
+            ctype = rng.choice(["<|constrain|>json", "json", None])
+            msgs.append(m.with_content_type(ctype) if ctype else m)
+        else:
+            channel = {"preamble": "commentary"}.get(kind, kind)
+            msgs.append(harmony.Message.from_role_and_content(a, text(1)).with_channel(channel))
+    ids: list[int] = []
+    for m in msgs:
+        ids += enc.render(m)
+    head = enc.encode("<|start|>assistant", allowed_special="all")
+    assert ids[:len(head)] == head
+    ids = ids[len(head):]
+    if msgs[-1].channel == "final" and ids[-1] == 200007:
+        ids[-1] = 200002  # <|return|> ends the answer
+    if rng.random() < 0.4:
+        return ids[:rng.randint(1, len(ids) - 1)], "length"
+    return ids, "stop"
+
+
+@pytest.mark.parametrize("seed", range(75))
+def test_random_outputs_agree_with_openai_harmony(svc, enc, seed) -> None:
+    rng = random.Random(1000 + seed)
+    for _ in range(2):
+        ids, finish = _random_output(rng, enc)
+        for with_tools in (True, False):
+            want = expected(enc, ids, with_tools)
+            got, fin = nonstream(svc, enc, ids, finish, with_tools)
+            assert got == want, (ids, finish)
+            for how in ("1", "rand"):
+                s_got, s_fin = streamed(svc, enc, ids, finish, with_tools, chunked(ids, how, seed))
+                assert (s_got, s_fin) == (got, fin), how

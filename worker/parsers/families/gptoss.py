@@ -54,8 +54,8 @@ non-stream must agree here); vLLM's tool parser keeps only the last of final / p
 here all of it stays, in order. End of output (``finish_reason: length``) mid-message: the text
 so far stays reasoning or content; a call cut short is content, verbatim, never a call (vLLM
 drops it from the non-streaming answer); in id mode a header cut short is dropped (it carries
-no text; vLLM shows nothing for it), unless it holds no markup at all (plain text that never
-became a header, which is content). Where openai-harmony raises (a token other than
+no text; vLLM shows nothing for it), unless it never began like a header (no marker, no leading
+``to=``: plain text, which is content). Where openai-harmony raises (a token other than
 ``<|start|>`` between messages, a header it rejects) the id scanner keeps the text as content;
 ``<|endoftext|>`` (EOS/pad) is skipped.
 
@@ -346,15 +346,18 @@ def scan_ids(st: HarmonyIdState, ids: list[int], final: bool, tb) -> list[tuple[
                 ev.append(("loose", piece))
     if final:
         if st.phase == "body":
-            tail = _utf8(st, b"", True)
-            if tail:
-                ev.append(("body", tail))
+            # cut by the end of output: an incomplete character is not text yet (openai-harmony's
+            # current_content and vLLM's detokenizer leave it out)
+            st.pend = b""
             ev.append(("close", ""))
         elif st.phase == "header":
-            # cut by the end of output: dropped when it holds Harmony markup (vLLM shows nothing
-            # for it); plain text that never became a header is content
+            # cut by the end of output: dropped once it has begun like a header (a marker, or
+            # the recipient ``to=`` first; vLLM shows nothing for it); plain text that never
+            # became a header is content
             if st.hdr and not st.opener and not any(i in HARMONY_IDS.values() for i in st.hdr):
-                ev.append(("loose", _utf8(st, b"".join(tb(i) for i in st.hdr), True)))
+                head = _utf8(st, b"".join(tb(i) for i in st.hdr), True)
+                if not head.lstrip().startswith("to="):
+                    ev.append(("loose", head))
             st.hdr = []
         else:
             tail = _utf8(st, b"", True)
