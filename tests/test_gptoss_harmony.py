@@ -146,7 +146,9 @@ def expected(enc, ids: list[int], with_tools: bool) -> tuple[str, str, list]:
     if p.state == harmony.StreamState.CONTENT:
         if call_name(p.current_recipient) is not None:
             if with_tools:  # the product's rule: an unterminated call is content, verbatim
-                content += enc.decode(ids[start:])
+                # (less an incomplete last character, as for any text cut by the end of output;
+                # no vector holds a real U+FFFD)
+                content += enc.decode(ids[start:]).rstrip("\ufffd")
         elif p.current_channel == "analysis":
             reasoning += p.current_content
         else:
@@ -303,7 +305,7 @@ def _random_output(rng: random.Random, enc) -> tuple[list[int], str]:
 
     a = harmony.Role.ASSISTANT
     msgs = []
-    for k in range(rng.randint(1, 5)):
+    for _ in range(rng.randint(1, 5)):
         kind = rng.choice(["analysis", "preamble", "call", "final"])
         if kind == "call":
             args = {"q": text(0, 12), "n": rng.randint(-5, 10 ** 6), "ok": rng.random() < 0.5,
@@ -341,3 +343,23 @@ def test_random_outputs_agree_with_openai_harmony(svc, enc, seed) -> None:
             for how in ("1", "rand"):
                 s_got, s_fin = streamed(svc, enc, ids, finish, with_tools, chunked(ids, how, seed))
                 assert (s_got, s_fin) == (got, fin), how
+
+
+def test_tokenizer_by_name_and_by_folder(tmp_path) -> None:
+    """``o200k_harmony`` stays a name in a config file; a folder holding only the ranks file is
+    detected as gpt-oss's tokenizer (same cached build: the cache is keyed by the file's hash)."""
+    from worker.config import load_config_file
+    from worker.core.tokenizer import load_tokenizer
+    cfg = tmp_path / "models.json"
+    cfg.write_text(json.dumps({"gpt-oss": {"tokenizer": "o200k_harmony", "reasoning_parser": "openai_gptoss"}}))
+    assert load_config_file(cfg, tokenizer_root=tmp_path)[0].tokenizer == "o200k_harmony"
+    d = tmp_path / "gpt-oss"
+    d.mkdir()
+    shutil.copy(_packaged_ranks(), d / "o200k_base.tiktoken.gz")
+    tok = load_tokenizer(str(d))
+    assert tok.token_to_id("<|call|>") == 200012 and tok.vocab_size == 201088
+    assert tok.decode(tok.encode("<|channel|>final<|message|>Hi"), skip_special_tokens=False) == \
+        "<|channel|>final<|message|>Hi"
+    (d / "o200k_base.tiktoken.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError):
+        load_tokenizer(str(d), "hf")

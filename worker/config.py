@@ -81,7 +81,9 @@ def load_config_file(path: str | os.PathLike, tokenizer_root: str | os.PathLike 
                      ) -> list[ServedModelConfig]:
     """Read a multi-model JSON config (see module docstring). Relative tokenizer paths resolve
     against ``tokenizer_root`` when given, else the file's directory when the path exists there,
-    else stay relative to the current directory. Raises ``ValueError`` on a bad file."""
+    else stay relative to the current directory; the built-in name ``o200k_harmony`` (gpt-oss's
+    tokenizer, ``worker.core.tiktoken_vocab``) stays a name unless such a folder exists there.
+    Raises ``ValueError`` on a bad file."""
     p = Path(path)
     try:
         raw = json.loads(p.read_text(encoding="utf-8"))
@@ -99,7 +101,10 @@ def load_config_file(path: str | os.PathLike, tokenizer_root: str | os.PathLike 
         tok = entry["tokenizer"]
         if not os.path.isabs(tok):
             if tokenizer_root is not None:
-                entry["tokenizer"] = str((Path(tokenizer_root) / tok).resolve())
+                cand = (Path(tokenizer_root) / tok).resolve()
+                # the built-in gpt-oss tokenizer name stays a name unless a folder shadows it
+                if cand.exists() or tok != "o200k_harmony":
+                    entry["tokenizer"] = str(cand)
             elif (p.parent / tok).exists():
                 entry["tokenizer"] = str((p.parent / tok).resolve())
         entry.setdefault("tokenizer_mode", "auto")

@@ -193,10 +193,9 @@ def harmony_tokenizer_dir(ranks_file: Path | None = None) -> Path:
     when the ranks are missing or wrong, or the cache directory cannot be written."""
     src = ranks_file or _packaged_ranks()
     try:
-        st = src.stat()
+        key = hashlib.sha256(src.read_bytes()).hexdigest()[:16]  # same ranks file, same build
     except OSError as e:
         raise ValueError(f"cannot read {src}: {e}") from e
-    key = hashlib.sha256(f"{src.resolve()}\x1f{st.st_size}\x1f{st.st_mtime_ns}".encode()).hexdigest()[:16]
     d = _cache_root() / f"{BUILTIN_NAME}-{key}"
     if (d / "tokenizer.json").is_file() and (d / "generation_config.json").is_file():
         return d
