@@ -234,14 +234,19 @@ class HarmonyIdState(HarmonyState, kw_only=True, array_like=True):
 def _utf8(st: HarmonyIdState, data: bytes, final: bool) -> str:
     """Decode ``st.pend + data``; an incomplete trailing character stays in ``st.pend`` unless
     ``final`` (then U+FFFD, as openai-harmony's lossy flush)."""
-    buf = st.pend + data
+    buf = st.pend + data if st.pend else data
     if final:
         st.pend = b""
         return buf.decode("utf-8", "replace")
-    dec = codecs.getincrementaldecoder("utf-8")("replace")
-    text = dec.decode(buf, False)
-    st.pend = dec.getstate()[0]
-    return text
+    try:
+        text = buf.decode("utf-8")
+        st.pend = b""
+        return text
+    except UnicodeDecodeError:
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        text = dec.decode(buf, False)
+        st.pend = dec.getstate()[0]
+        return text
 
 
 def parse_header(text: str, role_known: bool) -> tuple[str, str, str] | None:
@@ -304,6 +309,15 @@ def scan_ids(st: HarmonyIdState, ids: list[int], final: bool, tb) -> list[tuple[
     Tokens outside a message (openai-harmony raises there) are ``loose`` text. ``<|endoftext|>``
     (an EOS/pad id, not text) is skipped everywhere. ``tb``: id -> bytes."""
     ev: list[tuple[str, str]] = []
+    run: list[bytes] = []  # bytes of the current body / loose run, decoded once per run
+
+    def flush(final_run: bool) -> None:
+        kind = "body" if st.phase == "body" else "loose"
+        text = _utf8(st, b"".join(run), final_run) if (run or final_run) else ""
+        run.clear()
+        if text:
+            ev.append((kind, text))
+
     for t in ids:
         if st.phase == "header":
             if t == MESSAGE_ID:
@@ -324,26 +338,17 @@ def scan_ids(st: HarmonyIdState, ids: list[int], final: bool, tb) -> list[tuple[
                 st.phase = "text"
             else:
                 st.hdr.append(t)
-        elif st.phase == "body":
-            if t in STOP_IDS:
-                tail = _utf8(st, b"", True)
-                if tail:
-                    ev.append(("body", tail))
-                ev.append(("close", STOP_IDS[t]))
-                st.phase = "text"
-            elif t != ENDOFTEXT_ID:
-                piece = _utf8(st, tb(t), False)
-                if piece:
-                    ev.append(("body", piece))
-        elif t == START_ID:
-            tail = _utf8(st, b"", True)
-            if tail:
-                ev.append(("loose", tail))
+        elif t in STOP_IDS and st.phase == "body":
+            flush(True)
+            ev.append(("close", STOP_IDS[t]))
+            st.phase = "text"
+        elif t == START_ID and st.phase == "text":
+            flush(True)
             st.phase, st.opener, st.hdr = "header", START, []
         elif t != ENDOFTEXT_ID:
-            piece = _utf8(st, tb(t), False)
-            if piece:
-                ev.append(("loose", piece))
+            run.append(tb(t))
+    if run:
+        flush(False)
     if final:
         if st.phase == "body":
             # cut by the end of output: an incomplete character is not text yet (openai-harmony's
@@ -360,9 +365,7 @@ def scan_ids(st: HarmonyIdState, ids: list[int], final: bool, tb) -> list[tuple[
                     ev.append(("loose", head))
             st.hdr = []
         else:
-            tail = _utf8(st, b"", True)
-            if tail:
-                ev.append(("loose", tail))
+            flush(True)
         st.phase = "text"
     return ev
 
