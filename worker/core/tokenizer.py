@@ -160,7 +160,7 @@ class Tokenizer:
             return None
         table = self._bytes
         if table is None:
-            with _LOCK:
+            with _BYTES_LOCK:
                 table = self._bytes
                 if table is None:
                     table = self._bytes = _byte_table(self)
@@ -421,6 +421,7 @@ def _load_transformers(tok: Tokenizer, d: Path, use_fast: bool) -> None:
 
 _CACHE: dict[tuple[str, str], Tokenizer] = {}
 _LOCK = threading.Lock()
+_BYTES_LOCK = threading.Lock()
 
 
 _HUB_FILES = ["tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json",
