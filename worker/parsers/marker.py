@@ -69,6 +69,37 @@ def json_call_list(body: str) -> list[tuple[str, str]] | None:
     return out or None
 
 
+def json_list_prefix(body: str) -> str | None:
+    """The complete part of a JSON list cut off before its end: ``[{…}, {…}, {"na`` ->
+    ``[{…}, {…}]`` (elements decoded with ``json.JSONDecoder.raw_decode``, so an element counts
+    only when its JSON value is whole); None when ``body`` does not open a list or no element is
+    complete. Used for open ``<tool_calls>[…`` sections (``TaggedToolParser.complete_prefix``)."""
+    dec = json.JSONDecoder()
+    n = len(body)
+    i = 0
+    while i < n and body[i].isspace():
+        i += 1
+    if i >= n or body[i] != "[":
+        return None
+    i += 1
+    last = -1
+    while True:
+        while i < n and body[i].isspace():
+            i += 1
+        try:
+            _, j = dec.raw_decode(body, i)
+        except ValueError:
+            break
+        last = j
+        while j < n and body[j].isspace():
+            j += 1
+        if j < n and body[j] == ",":
+            i = j + 1
+            continue
+        break
+    return body[:last] + "]" if last >= 0 else None
+
+
 def json_objects_split(body: str, marker: str) -> list[tuple[str, str]] | None:
     """Body made of JSON call objects each introduced by ``marker`` (the first one's marker
     already removed), separated by whitespace only -> calls; None otherwise."""

@@ -11,7 +11,16 @@ Content rules (coupled vLLM's non-streaming answer, kept split-independent):
 * with ``parallel_tool_calls=false`` only the first call is returned;
 * JSON bodies (``json_body``; on by default for the JSON body parsers): a call ends at the
   first end marker *outside* a JSON string of the body, found by a small incremental lexer
-  (string / escape / nesting depth), so arguments may quote the end marker text (bug-005).
+  (string / escape / nesting depth), so arguments may quote the end marker text (bug-005);
+* sections (``call_ends`` set: several calls inside one START…END section, e.g. DeepSeek's
+  ``<｜tool▁calls▁begin｜>``, Kimi K2's ``<|tool_calls_section_begin|>``): a section left open at
+  the end of the output (``finish_reason: "length"``, or a stop token mid-section) keeps its
+  complete calls: the body up to the end of the last complete call is parsed as a closed
+  section (``complete_prefix``); the cut-off tail after it is dropped, never a call (vLLM's
+  non-streaming answer for DeepSeek V3.1 keeps the complete calls too, but sometimes invents a
+  call from the tail). A section without a complete call, or whose complete part does not
+  parse, keeps the family's rule for an open block (``parse_partial``; default: content).
+  Same answer in both modes: the open section is buffered and parsed at ``finish``.
 """
 from __future__ import annotations
 
@@ -139,6 +148,10 @@ class TaggedToolParser(ToolParser):
     #: on when ``parse_body`` is one of the JSON body parsers)
     json_body: ClassVar[bool | None] = None
 
+    #: section families: the marker(s) ending one call inside the START…END section (see the
+    #: module docstring); empty for one-call-per-block families
+    call_ends: ClassVar[tuple[str, ...]] = ()
+
     starts: ClassVar[tuple[str, ...]] = ("<tool_call>",)
     ends: ClassVar[tuple[str, ...]] = ("</tool_call>",)
     parse_body: ClassVar[Callable[[str], list[tuple[str, str]] | None]] = staticmethod(json_name_arguments)
@@ -158,9 +171,26 @@ class TaggedToolParser(ToolParser):
         """Calls of one complete block body (None: malformed, the block stays content)."""
         return type(self).parse_body(body.strip())
 
+    def complete_prefix(self, body: str) -> str | None:
+        """The part of an open section's ``body`` that a closed section would hold if the output
+        had stopped after its last complete call: ``body`` up to the end of the last
+        ``call_ends`` marker; None when no call is complete (or the family has no sections).
+        O(len(body)), once per output (at ``finish``)."""
+        end = -1
+        for m in self.call_ends:
+            i = body.rfind(m)
+            if i >= 0:
+                end = max(end, i + len(m))
+        return body[:end] if end >= 0 else None
+
     def parse_partial(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
-        """Calls of a block left open at the end of the output (see class docstring)."""
-        return None
+        """Calls of a block left open at the end of the output (see class docstring): the
+        complete calls of an open section (``complete_prefix`` parsed by ``parse_call``), or
+        None (content) when there are none or they do not parse."""
+        prefix = self.complete_prefix(body)
+        if prefix is None:
+            return None
+        return self.parse_call(st, prefix) or None
 
     def _emit(self, st: TaggedState, out: Delta, parsed: list[tuple[str, str]]) -> None:
         for name, args in parsed:

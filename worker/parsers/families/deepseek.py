@@ -17,7 +17,9 @@ encoder shipped with vLLM ``--tokenizer-mode deepseek_v4``; vLLM's ``deepseek_v3
   reasoning (vLLM's V4 parser hands it to the tool parser as content).
 * V3.1 tool calls: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{JSON args}
   <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>``; arguments are returned as written (must be JSON).
-  A block left open at the end is dropped, no call, no content (``dsv31-tool-malformed-v0``).
+  A block left open at the end (``finish_reason: "length"``) keeps its complete calls (vLLM's
+  answer) and drops the cut-off call after them; with no complete call it is dropped, no call,
+  no content (``dsv31-tool-malformed-v0``).
 * V4 tool calls (DSML, same grammar as V3.2 inside a ``tool_calls`` fence)::
 
     <｜DSML｜tool_calls>
@@ -104,12 +106,16 @@ class DeepSeekV31ToolParser(TaggedToolParser):
 
     starts = ("<｜tool▁calls▁begin｜>",)
     ends = ("<｜tool▁calls▁end｜>",)
+    call_ends = ("<｜tool▁call▁end｜>",)
 
     def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
         return parse_v31_body(body)
 
     def parse_partial(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
-        return []  # unterminated block: dropped (coupled non-stream answer)
+        # unterminated block: its complete calls; nothing complete -> dropped (coupled
+        # non-stream answer, dsv31-tool-malformed-*)
+        calls = super().parse_partial(st, body)
+        return calls if calls is not None else []
 
 
 # -------------------------------------------------------------------------------- V4 tools ---

@@ -13,7 +13,9 @@ DSML invokes; each parameter says whether its value is a raw string (``string="t
 
 The invoke grammar is DeepSeek V4's DSML inside a ``function_calls`` fence, so the body is parsed
 by ``deepseek.parse_dsml_body`` (``string="false"`` values typed by the request schema, else
-JSON). A block left open at the end is content (vLLM's V3.2 parser needs the closed fence).
+JSON). A block left open at the end of the output keeps its complete invokes
+(``TaggedToolParser.call_ends``: ``</｜DSML｜invoke>``), the cut-off invoke after them is dropped;
+with no complete invoke it is content.
 """
 from worker.parsers.families.deepseek import parse_dsml_body
 from worker.parsers.registry import register_tool
@@ -27,6 +29,7 @@ class DeepSeekV32ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<｜DSML｜function_calls>",)
     ends = ("</｜DSML｜function_calls>",)
+    call_ends = ("</｜DSML｜invoke>",)
     param_types = True
 
     def parse_call(self, st: TaggedState, body: str):

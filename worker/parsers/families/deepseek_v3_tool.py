@@ -8,7 +8,9 @@ special tokens, each call typed ``function``, named, with its JSON arguments in 
     {"city": "Hangzhou"}
     ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
-The section is parsed when it closes; a malformed or unclosed section is content.
+The section is parsed when it closes; a malformed section is content. A section left open at
+the end of the output keeps its complete calls (``TaggedToolParser.call_ends``), the cut-off
+call after them is dropped; with no complete call it is content.
 (``deepseek_v31``, the unfenced V3.1 form, lives with the other DeepSeek families.)
 """
 import re
@@ -43,4 +45,5 @@ class DeepSeekV3ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<｜tool▁calls▁begin｜>",)
     ends = ("<｜tool▁calls▁end｜>",)
+    call_ends = ("<｜tool▁call▁end｜>",)
     parse_body = staticmethod(parse_v3_section)

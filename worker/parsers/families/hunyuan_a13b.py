@@ -10,9 +10,10 @@ Example: ``<think>\\nEasy.\\n</think>\\n<answer>\\n42\\n</answer>`` -> reasoning
 content ``42``.
 
 Tool calls (Hunyuan-A13B template; vLLM ``hunyuan_a13b``): a JSON list in one block,
-``<tool_calls>[{"name": "get_weather", "arguments": {"city": "SZ"}}]</tool_calls>``.
+``<tool_calls>[{"name": "get_weather", "arguments": {"city": "SZ"}}]</tool_calls>``; a block left
+open at the end of the output keeps the list's complete call objects (``json_list_prefix``).
 """
-from worker.parsers.marker import json_call_list
+from worker.parsers.marker import json_call_list, json_list_prefix
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedToolParser
 from worker.parsers.think import ThinkSpec
@@ -31,3 +32,6 @@ class HunyuanA13BToolParser(TaggedToolParser):
     starts = ("<tool_calls>",)
     ends = ("</tool_calls>",)
     parse_body = staticmethod(json_call_list)
+
+    def complete_prefix(self, body: str) -> str | None:
+        return json_list_prefix(body)  # an open list keeps its complete call objects

@@ -12,7 +12,9 @@ each call's id is ``functions.NAME:INDEX`` and its arguments are JSON:
     <|tool_call_argument_begin|>{"city": "Beijing"}<|tool_call_end|><|tool_calls_section_end|>
 
 The singular spelling ``<|tool_call_section_begin|>``/``…_end|>`` is accepted too. The section is
-parsed when it closes; a section that does not parse (or never closes) is content.
+parsed when it closes; a section that does not parse is content. A section that never closes
+(``finish_reason: "length"``) keeps its complete calls (``TaggedToolParser.call_ends``), the
+cut-off call after them is dropped; with no complete call it is content.
 
 Kimi-K2.5 sometimes drops the ``.``/``:`` of the call id (``functionsexec5``, bug-020): an id
 whose canonical name is not a declared tool resolves to the declared tool it spells with
@@ -80,6 +82,7 @@ class KimiK2ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
     ends = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")
+    call_ends = ("<|tool_call_end|>",)
     parse_body = staticmethod(parse_kimi_section)
     param_types = True  # the state keeps the declared tool names (call ids resolve against them)
 

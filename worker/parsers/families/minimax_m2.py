@@ -16,7 +16,9 @@ Tool calls (MiniMax-M2 template; vLLM/SGLang ``minimax_m2``): XML invokes in one
     </minimax:tool_call>
 
 several ``<invoke>`` per block allowed; values are typed by the request's tool schema
-(``worker.parsers.values``; undeclared parameters stay strings).
+(``worker.parsers.values``; undeclared parameters stay strings). A block left open at the end of
+the output keeps its complete invokes (``TaggedToolParser.call_ends``: ``</invoke>``), the
+cut-off invoke after them is dropped.
 """
 import msgspec
 
@@ -77,6 +79,7 @@ class MiniMaxM2ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<minimax:tool_call>",)
     ends = ("</minimax:tool_call>",)
+    call_ends = ("</invoke>",)
     param_types = True
 
     def parse_call(self, st: TaggedState, body: str):

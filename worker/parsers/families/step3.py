@@ -10,7 +10,8 @@ Tool calls (Step-3 template; vLLM ``step3``): a section of calls, each an XML in
     <｜tool_calls_end｜>
 
 values are stripped of surrounding whitespace (as vLLM does) and typed by the request's tool
-schema (undeclared parameters stay strings).
+schema (undeclared parameters stay strings). A section left open at the end of the output keeps
+its complete calls (``TaggedToolParser.call_ends``), the cut-off call after them is dropped.
 """
 import re
 
@@ -48,6 +49,7 @@ class Step3ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<｜tool_calls_begin｜>",)
     ends = ("<｜tool_calls_end｜>",)
+    call_ends = ("<｜tool_call_end｜>",)
     param_types = True
 
     def parse_call(self, st: TaggedState, body: str):

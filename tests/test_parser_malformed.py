@@ -1,0 +1,188 @@
+"""Malformed and truncated tool-call markup, family by family (issue 8 items 2 and 3).
+
+Extends the numbered corner-case taxonomy of ``tests/test_parser_families.py`` (1 single call ·
+2 parallel · 3 no call · 4 malformed -> content · 5 missing end marker · 6 split markers ·
+7 reasoning + tool · 8 tool_choice · 9 finish_reason) with:
+
+10 an unclosed tool-call section (``finish_reason: "length"``) keeps its complete calls:
+   10a one complete call then a cut-off one · 10b several complete calls · 10c no complete call
+   (the family's rule for an open block: content, or dropped for DeepSeek V3.1) · 10d text
+   before the section · 10e ``parallel_tool_calls=false`` · 10f DeepSeek V4 (its own rule: the
+   open invoke's complete parameters, as the parity corpus expects);
+11 malformed XML-parameter markup that is still unambiguous is recovered (the rules of
+   ``worker.parsers.xmlcall``; an ambiguous one stays content, kind 4).
+
+Every vector runs like the family vectors (one delta, 1-char and random char deltas, state
+round-tripped through msgspec) and, here, also as token-aligned deltas: the text encoded with
+the family tokenizer and detokenized incrementally in chunks of 1 token, 3 tokens and random
+sizes (``IncrementalDetokenizer``, as the streaming path does). All runs must agree with the
+one-delta (non-streaming) answer and with the expected one. The DeepSeek V3.1 example of the
+issue also runs end to end through ``DerenderService`` in both modes.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import msgspec
+import pytest
+
+from tests.parity import corpus, service
+from tests.parity_tools import to_requests
+from tests.test_parser_families import TM, T, V, W, run, splits, stack_for, tokenizer
+from tests.test_stream_parity import _nonstream_view, _stream_view, run_stream, stream_bodies_from_nonstream
+from worker.core.detokenize import IncrementalDetokenizer
+from worker.parsers.base import RequestContext
+
+W2 = ("get_weather", {"city": "Paris", "days": 2})
+
+# -------------------------------------------------------------- 10: unclosed sections --
+_V31 = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        '{"city": "Paris", "unit": "celsius"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_')
+_V3_CALL = ('<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city": "Paris"}\n```'
+            "<｜tool▁call▁end｜>")
+_KIMI_CALL = ('<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}'
+              "<|tool_call_end|>")
+_KIMI_CALL2 = '<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{"tz": "CET"}<|tool_call_end|>'
+_DSML_INV = ('<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris'
+             "</｜DSML｜parameter>\n</｜DSML｜invoke>\n")
+_STEP3_CALL = ('<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="get_weather"><steptml:parameter '
+               'name="city">Paris</steptml:parameter></steptml:invoke><｜tool_call_end｜>')
+_MM_INV = '<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n</invoke>\n'
+_JSON_W = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+_JSON_T = '{"name": "get_time", "arguments": {"tz": "CET"}}'
+
+SECTION_VECTORS: list[V] = [
+    # the issue's example: reasoning R, the complete call, the cut-off tail neither call nor content
+    T("10a", "deepseek_v31", "deepseek", "R</think>" + _V31, calls=[("get_weather", {"city": "Paris", "unit": "celsius"})],
+      rp="deepseek_v3", reasoning="R", kwargs={"thinking": True}),
+    T("10b", "deepseek_v31", "deepseek", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+      '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz": "CET"}<｜tool▁call▁end｜>'
+      "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"ci", calls=[W, TM]),
+    T("10c", "deepseek_v31", "deepseek", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"ci"),
+    T("10d", "deepseek_v31", "deepseek", "Checking." + _V31, "Checking.",
+      calls=[("get_weather", {"city": "Paris", "unit": "celsius"})]),
+    T("10a", "deepseek_v3", "deepseek", "<｜tool▁calls▁begin｜>" + _V3_CALL + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get",
+      calls=[W]),
+    T("10c", "deepseek_v3", "deepseek", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get",
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get"),
+    T("10a", "deepseek_v32", "deepseek", "<｜DSML｜function_calls>\n" + _DSML_INV + '<｜DSML｜invoke name="get_time">\n'
+      '<｜DSML｜parameter name="tz" string="true">CET</｜DSML｜parameter>\n', calls=[W]),
+    T("10a", "kimi_k2", "kimi", "<|tool_calls_section_begin|>" + _KIMI_CALL + "<|tool_call_begin|>functions.g",
+      calls=[W]),
+    T("10b", "kimi_k2", "kimi", "<|tool_calls_section_begin|>" + _KIMI_CALL + _KIMI_CALL2 + "<|tool_call_begin|>",
+      calls=[W, TM]),
+    T("10d", "kimi_k2", "kimi", "<think>plan</think>Sure.<|tool_calls_section_begin|>" + _KIMI_CALL
+      + "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{\"tz\"", "Sure.", [W],
+      rp="kimi_k2", reasoning="plan"),
+    T("10e", "kimi_k2", "kimi", "<|tool_calls_section_begin|>" + _KIMI_CALL + _KIMI_CALL2 + "<|tool_call_begin|>",
+      calls=[W], parallel=False),
+    T("10a", "step3", "step3", "<｜tool_calls_begin｜>" + _STEP3_CALL + "<｜tool_call_begin｜>function<｜tool_sep｜>"
+      '<steptml:invoke name="get_time">', calls=[W]),
+    T("10a", "minimax_m2", "minimax", "<minimax:tool_call>\n" + _MM_INV + '<invoke name="get_time">\n<parameter name="tz">CE',
+      calls=[W]),
+    T("10a", "hunyuan_a13b", "hunyuan", "<tool_calls>[" + _JSON_W + ', {"name": "get_ti', calls=[W]),
+    T("10b", "jamba", "hunyuan", "<tool_calls>[" + _JSON_W + ", " + _JSON_T, calls=[W, TM]),
+    T("10c", "jamba", "hunyuan", '<tool_calls>[{"name": "get_weather", "arguments": {"ci',
+      '<tool_calls>[{"name": "get_weather", "arguments": {"ci'),
+    # DeepSeek V4: complete invokes plus the open invoke with its complete parameters
+    # (dsv4-tool-malformed-*)
+    T("10f", "deepseek_v4", "deepseek", "<｜DSML｜tool_calls>\n" + _DSML_INV + '<｜DSML｜invoke name="get_time">\n'
+      '<｜DSML｜parameter name="tz" string="true">CET</｜DSML｜parameter>\n<｜DSML｜parameter name="x" string="true">y',
+      calls=[W, TM]),
+]
+
+VECTORS = SECTION_VECTORS
+
+
+# ------------------------------------------------------------------------- machinery --
+def _token_chunks(n: int, how: str, rng: random.Random) -> list[int]:
+    if how in ("1", "3"):
+        k = int(how)
+        return [k] * (n // k) + ([n % k] if n % k else [])
+    out = []
+    while sum(out) < n:
+        out.append(min(rng.randint(1, 7), n - sum(out)))
+    return out
+
+
+def run_tokens(v: V, how: str, seed: int = 0) -> tuple:
+    """The vector's text as token ids of the family tokenizer, detokenized incrementally in
+    ``how`` chunks ("1", "3", "random") and fed to the stack (state round-tripped)."""
+    tok = tokenizer(v.family)
+    ids = tok.encode(v.text)
+    detok = IncrementalDetokenizer(tok, skip_special_tokens=False)
+    parts, pos = [], 0
+    for n in _token_chunks(len(ids), how, random.Random(seed)):
+        parts.append(detok.add(ids[pos:pos + n]))
+        pos += n
+    assert "".join(parts) == v.text, "the tokenizer does not round-trip the vector text"
+    return run(v, parts)
+
+
+def check(v: V) -> None:
+    results = [run(v, parts) for parts in splits(v.text)]
+    r, c, calls, fin = results[0]
+    assert (r, c, calls) == (v.reasoning, v.content, v.calls)
+    if v.finish is not None:
+        assert fin == v.finish
+    for other in results[1:]:
+        assert other == results[0], "split-dependent result (char deltas)"
+    for how, seed in (("1", 0), ("3", 0), ("random", 1), ("random", 2)):
+        assert run_tokens(v, how, seed) == results[0], f"split-dependent result ({how}-token deltas)"
+
+
+@pytest.mark.parametrize("v", VECTORS, ids=[v.id for v in VECTORS])
+def test_vector(v: V) -> None:
+    check(v)
+
+
+def test_stack_feeds_tail_only_once_section_is_open() -> None:
+    """While a section is open nothing is emitted (no call before the section is decided)."""
+    v = SECTION_VECTORS[0]
+    stack = stack_for(v)
+    st = stack.initial_state(RequestContext(tools=v.tools, tool_choice="auto", chat_template_kwargs=v.kwargs))
+    d = stack.feed(st, v.text, [])
+    assert d.tool_calls == [] and d.content == "" and d.reasoning == "R"
+    st = stack.load_state(msgspec.json.decode(msgspec.json.encode(st)))
+    d = stack.finish(st)
+    assert [(c.name, json.loads(c.arguments)) for c in d.tool_calls] == [
+        ("get_weather", {"city": "Paris", "unit": "celsius"})]
+
+
+# ----------------------------------------------- end to end: the issue's V3.1 example --
+def _v31_length_body() -> dict:
+    """The issue's DeepSeek V3.1 output, ``finish_reason: "length"``, thinking on, as a
+    non-streaming derender body for the corpus' ``deepseek-v31-markup`` model (its tokenizer
+    and prompt from ``dsv31-tool-malformed-v0``)."""
+    case = next(c for c in corpus() if c["id"] == "dsv31-tool-malformed-v0")
+    body = copy.deepcopy(to_requests.nonstream_body(case))
+    ids = service().runtime("deepseek-v31-markup").tokenizer.encode("R</think>" + _V31)
+    ch = body["generate_response"]["choices"][0]
+    ch.update(token_ids=ids, finish_reason="length", stop_reason=None)
+    body["chat_request"] = dict(body.get("chat_request") or {}, chat_template_kwargs={"thinking": True})
+    return body
+
+
+def test_deepseek_v31_unclosed_section_length_nonstream() -> None:
+    body = _v31_length_body()
+    res = service().derender(json.dumps(body).encode())
+    assert not res.is_error, res.body
+    ch = json.loads(res.body)["choices"][0]
+    assert ch["finish_reason"] == "length"
+    msg = ch["message"]
+    assert msg["reasoning"] == "R"
+    assert not msg["content"]
+    assert [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in msg["tool_calls"]] == [
+        ("get_weather", {"city": "Paris", "unit": "celsius"})]
+
+
+@pytest.mark.parametrize("how", ["1", "3", "random"])
+def test_deepseek_v31_unclosed_section_length_stream(how: str) -> None:
+    body = _v31_length_body()
+    want = _nonstream_view(json.loads(service().derender(json.dumps(body).encode()).body), "chat")
+    for seed in ((0, 1, 2) if how == "random" else (0,)):
+        got = _stream_view(run_stream(stream_bodies_from_nonstream(copy.deepcopy(body), "chat", how, seed)), "chat")
+        assert got == want, f"chunking {how} seed {seed}"
+    assert want["choices"][0]["finish_reason"] == "length"
