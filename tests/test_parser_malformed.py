@@ -93,7 +93,74 @@ SECTION_VECTORS: list[V] = [
       calls=[W, TM]),
 ]
 
-VECTORS = SECTION_VECTORS
+# ------------------------------------------------- 11: malformed but unambiguous XML --
+# 11a repeated closing tag · 11b repeated opening tag · 11c missing opening tag whose closing
+# tag is there (GLM's attribute-less <arg_key>/<arg_value>) · 11d missing closing tag implied by
+# the next tag of a closed block · 11e GLM: missing first <arg_key> right after the name ·
+# 11f not recoverable (orphan closing tag of a key-carrying tag, text where only tags may be,
+# key without value, uncertain name/key boundary): content, verbatim
+_TC, _ETC = "<tool_call>", "</tool_call>"
+_K, _EK, _VV, _EV = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+
+
+def _glm(body: str) -> str:
+    return _TC + body + _ETC
+
+
+XML_VECTORS: list[V] = [
+    # the issue's GLM examples
+    T("11a", "glm47", "glm", _glm(f"get_weather{_K}path{_EK}{_EK}{_VV}/tmp/x{_EV}"),
+      calls=[("get_weather", {"path": "/tmp/x"})]),
+    T("11c", "glm47", "glm", _glm(f"get_weather{_K}q{_EK}text{_EV}"), calls=[("get_weather", {"q": "text"})]),
+    T("11a", "glm45", "glm", _glm(f"get_weather\n{_K}city{_EK}\n{_VV}Paris{_EV}\n{_EV}\n"), calls=[W]),
+    T("11b", "glm47", "glm", _glm(f"get_weather{_K}{_K}city{_EK}{_VV}Paris{_EV}"), calls=[W]),
+    T("11b", "glm45", "glm", _glm(f"get_weather\n{_K}city{_EK}\n{_VV}\n{_VV}Paris{_EV}\n"), calls=[W]),
+    T("11c", "glm45", "glm", _glm(f"get_weather\n{_K}city{_EK}\n{_VV}Paris{_EV}\ndays{_EK}\n{_VV}2{_EV}\n"),
+      calls=[W2]),
+    T("11d", "glm47", "glm", _glm(f"get_weather{_K}city{_VV}Paris{_EV}{_K}days{_EK}{_VV}2"), calls=[W2]),
+    T("11e", "glm45", "glm", _glm(f"get_weather\ncity{_EK}\n{_VV}Paris{_EV}\n"), calls=[W]),
+    T("11e", "glm47", "glm", _glm(f"get_weathercity{_EK}{_VV}Paris{_EV}"), calls=[W]),
+    T("11f", "glm47", "glm", _glm(f"getcity{_EK}{_VV}Paris{_EV}"), _glm(f"getcity{_EK}{_VV}Paris{_EV}")),
+    T("11f", "glm47", "glm", _glm(f"get_weather{_K}city{_EK}{_VV}Par{_EV}is{_EV}"),
+      _glm(f"get_weather{_K}city{_EK}{_VV}Par{_EV}is{_EV}")),
+    T("11f", "glm47", "glm", _glm(f"get_time{_EV}"), _glm(f"get_time{_EV}")),
+    T("11f", "glm47", "glm", _glm(f"get_weather{_K}city{_EK}"), _glm(f"get_weather{_K}city{_EK}")),
+    T("11a", "glm45", "glm", f"<think>use it</think>{_glm(f'get_time{_K}tz{_EK}{_EK}{_VV}CET{_EV}')} and "
+      + _glm(f"get_weather{_K}city{_EK}Paris{_EV}"), " and ", [TM, W], rp="glm45", reasoning="use it"),
+    # qwen3_coder / qwen3_xml / seed_oss (<function=N><parameter=K>)
+    T("11a", "qwen3_coder", "plain", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+      "</parameter>\n</function>\n</function>\n</tool_call>", calls=[W]),
+    T("11b", "qwen3_xml", "plain", "<tool_call><function=get_weather><parameter=city><parameter=city>Paris</parameter>"
+      "</function></tool_call>", calls=[W]),
+    T("11d", "qwen3_coder", "plain", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n<parameter=days>\n2"
+      "\n</tool_call>", calls=[W2]),
+    T("11d", "seed_oss", "seed", "<seed:tool_call><function=get_weather><parameter=city>Paris</parameter>"
+      "</seed:tool_call>", calls=[W]),
+    T("11f", "qwen3_coder", "plain", "<tool_call><function=get_weather>Paris</parameter></function></tool_call>",
+      "<tool_call><function=get_weather>Paris</parameter></function></tool_call>"),
+    T("11f", "seed_oss", "seed", "<seed:tool_call>get_weather></function></seed:tool_call>",
+      "<seed:tool_call>get_weather></function></seed:tool_call>"),
+    # minimax_m2 / step3 (<invoke name="N"><parameter name="K">)
+    T("11a", "minimax_m2", "minimax", '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris'
+      "</parameter></parameter>\n</invoke>\n</invoke>\n</minimax:tool_call>", calls=[W]),
+    T("11d", "minimax_m2", "minimax", '<minimax:tool_call><invoke name="get_weather"><parameter name="city">Paris'
+      '<parameter name="days">2</invoke><invoke name="get_time"><parameter name="tz">CET</parameter>'
+      "</minimax:tool_call>", calls=[W2, TM]),
+    T("11f", "minimax_m2", "minimax", '<minimax:tool_call><invoke name="get_weather">Paris</parameter></invoke>'
+      "</minimax:tool_call>", '<minimax:tool_call><invoke name="get_weather">Paris</parameter></invoke>'
+      "</minimax:tool_call>"),
+    T("11a", "step3", "step3", '<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke '
+      'name="get_weather"><steptml:parameter name="city">Paris</steptml:parameter></steptml:parameter>'
+      "</steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>", calls=[W]),
+    T("11d", "step3", "step3", '<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke '
+      'name="get_weather"><steptml:parameter name="city"> Paris <｜tool_call_end｜><｜tool_calls_end｜>', calls=[W]),
+    T("11f", "step3", "step3", '<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke '
+      'name="get_weather">Paris</steptml:parameter></steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>',
+      '<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke '
+      'name="get_weather">Paris</steptml:parameter></steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>'),
+]
+
+VECTORS = SECTION_VECTORS + XML_VECTORS
 
 
 # ------------------------------------------------------------------------- machinery --

@@ -18,6 +18,14 @@ the function name then key/value pairs as special-token tags:
 GLM-4.7 writes the same without the newlines (``<tool_call>get_weather<arg_key>city</arg_key>
 <arg_value>Beijing</arg_value></tool_call>``); both parsers accept both. A value stays a string when the request's schema types the parameter
 ``string``, else it is decoded as JSON when it is JSON (vLLM's ``glm4_moe`` rule), else a string.
+
+Malformed GLM markup seen in production (vLLM issue #49248, pull requests #54971, #49249,
+#47190) is recovered when the name and the pairs are certain (``worker.parsers.xmlcall``
+rules): ``<arg_key>path</arg_key></arg_key>`` (repeated tag) -> ``{"path": …}`` (vLLM's regex
+gives the key ``path</arg_key>``); ``<arg_key>q</arg_key>text</arg_value>`` (missing
+``<arg_value>``) -> ``{"q": "text"}`` (vLLM: ``{}``); ``get_weather city</arg_key>…`` (missing
+first ``<arg_key>``) -> name ``get_weather``, key ``city``. Anything else malformed stays
+content.
 """
 import json
 import re
@@ -25,9 +33,12 @@ import re
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec
-from worker.parsers.xmlcall import json_or_text, match_all
+from worker.parsers.xmlcall import XmlFormat, json_or_text, read_calls
 
-_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+#: GLM's parameter tags; the call name is the text before the first tag
+GLM_FORMAT = XmlFormat(key_open=r"<arg_key>", key_close=r"</arg_key>",
+                       value_open=r"<arg_value>", value_close=r"</arg_value>")
+_FIRST_TAG = re.compile(r"</?arg_(?:key|value)>")
 
 
 def _glm_value(raw: str, fn_types, key: str):
@@ -39,21 +50,47 @@ def _glm_value(raw: str, fn_types, key: str):
     return json_or_text(raw)
 
 
+def _valid_name(name: str) -> bool:
+    return bool(name) and not any(c.isspace() or c in "<>{}" for c in name)
+
+
+def _split_name_key(lead: str, declared) -> tuple[str, str] | None:
+    """``NAME KEY`` written without the ``<arg_key>`` between them (the key's ``</arg_key>``
+    follows): split at the whitespace (GLM-4.5 puts a newline after the name), else at the end
+    of the one declared tool name the text starts with (GLM-4.7 writes no newline); None when
+    that is not unique."""
+    parts = lead.split(None, 1)
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    hits = [n for n in declared if lead.startswith(n) and len(lead) > len(n)]
+    return (hits[0], lead[len(hits[0]):]) if len(hits) == 1 else None
+
+
 def parse_glm_call(body: str, types: dict) -> list[tuple[str, str]] | None:
-    """``NAME <arg_key>k</arg_key><arg_value>v</arg_value> ...`` -> one call; None if malformed."""
-    i = body.find("<arg_key>")
-    name = (body if i < 0 else body[:i]).strip()
-    if not name or any(c.isspace() or c in "<>{}" for c in name):
-        return None
-    args = {}
-    if i >= 0:
-        pairs = match_all(_PAIR, body[i:])
-        if pairs is None:
+    """``NAME <arg_key>k</arg_key><arg_value>v</arg_value> ...`` -> one call; None if
+    unreadable. Malformed but unambiguous tags are recovered by ``xmlcall.read_calls``
+    (repeated tag; missing ``<arg_key>`` or ``<arg_value>`` whose closing tag is there; missing
+    ``</arg_key>`` before ``<arg_value>``, missing ``</arg_value>`` before the next key or the
+    end); a first ``<arg_key>`` missing right after the name is recovered when the name/key
+    boundary is certain (``_split_name_key``)."""
+    m = _FIRST_TAG.search(body)
+    lead = (body if m is None else body[:m.start()]).strip()
+    rest = "" if m is None else body[m.start():]
+    if m is not None and m.group() == "</arg_key>":
+        split = _split_name_key(lead, types)
+        if split is None:
             return None
-        for m in pairs:
-            key = m.group(1).strip()
-            args[key] = _glm_value(m.group(2), types.get(name), key)
-    return [(name, json.dumps(args, ensure_ascii=False))]
+        lead, rest = split[0], split[1] + rest
+    elif m is not None and m.group() != "<arg_key>":
+        return None  # a value before any key
+    if not _valid_name(lead):
+        return None
+    calls = read_calls(GLM_FORMAT, rest, name=lead)
+    if calls is None:
+        return None
+    fn_types = types.get(lead)
+    args = {key: _glm_value(raw, fn_types, key) for key, raw in calls[0][1]}
+    return [(lead, json.dumps(args, ensure_ascii=False))]
 
 
 _GLM_THINK = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=False,

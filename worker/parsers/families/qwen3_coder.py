@@ -18,6 +18,12 @@ parsed). Reasoning uses the ``qwen3`` parser (``<think>``; the call ends the rea
 Parity rules (corpus ``coder-*``): a block without ``<function=NAME>`` is content; a block left
 open at the end of the output (``coder-tool-malformed-v0``) returns the call with only the
 parameters whose ``</parameter>`` arrived (README rule d, coupled's non-stream answer).
+
+Malformed but unambiguous markup (``worker.parsers.xmlcall`` rules): a repeated tag counts once
+(``</parameter></parameter>``), a missing ``</parameter>`` or ``</function>`` in a closed block is
+implied by the next tag; a missing ``<parameter=K>`` or ``<function=NAME>`` cannot be implied (the
+key or name is unknown): its orphan closing tag leaves the block as content. Plain text between
+the tags is ignored, as vLLM's ``qwen3coder`` parser does.
 """
 from __future__ import annotations
 
@@ -25,66 +31,24 @@ from typing import Any
 
 from worker.parsers.registry import register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
-from worker.parsers.values import convert_param, dumps_args
+from worker.parsers.xmlcall import XmlFormat, read_calls, typed_args
 
-_FN = "<function="
-_FN_END = "</function>"
-_P = "<parameter="
-_P_END = "</parameter>"
-
-
-def _strip_nl(v: str) -> str:
-    if v.startswith("\n"):
-        v = v[1:]
-    if v.endswith("\n"):
-        v = v[:-1]
-    return v
+#: Qwen3-Coder's tags; ``lenient``: text outside the tags is ignored (vLLM's ``findall``)
+CODER_FORMAT = XmlFormat(call_open=r"<function=(?P<a>[^>]*)>", call_close=r"</function>",
+                         value_open=r"<parameter=(?P<a>[^>]*)>", value_close=r"</parameter>", lenient=True)
 
 
 def parse_coder_body(body: str, types: dict[str, dict[str, Any]], complete: bool
                      ) -> list[tuple[str, str]] | None:
-    """``(name, arguments JSON)`` of one ``<function=NAME>...`` body. ``complete``: the block
-    was closed (``</function>`` required); otherwise keep the complete parameters only.
-    None when there is no complete ``<function=NAME>`` tag."""
-    i = body.find(_FN)
-    if i < 0:
+    """``[(name, arguments JSON)]`` of the ``<function=NAME>...`` calls of one block body
+    (``xmlcall.read_calls`` with ``CODER_FORMAT``: a missing ``</parameter>`` or ``</function>``
+    is implied in a closed block, repeated tags count once). ``complete``: the block was
+    closed; otherwise the open call keeps its complete parameters only. None when there is no
+    ``<function=NAME>`` tag or the body is unreadable."""
+    calls = read_calls(CODER_FORMAT, body, complete=complete)
+    if calls is None:
         return None
-    j = body.find(">", i + len(_FN))
-    if j < 0:
-        return None
-    name = body[i + len(_FN):j].strip()
-    if not name:
-        return None
-    rest = body[j + 1:]
-    k = rest.find(_FN_END)
-    if k >= 0:
-        rest = rest[:k]
-    elif complete:
-        return None
-    fn_types = types.get(name)
-    params: dict[str, Any] = {}
-    pos = 0
-    while True:
-        a = rest.find(_P, pos)
-        if a < 0:
-            break
-        b = rest.find(">", a + len(_P))
-        if b < 0:
-            break
-        pname = rest[a + len(_P):b].strip()
-        c = rest.find(_P_END, b + 1)
-        if c < 0:
-            if not complete:
-                break  # cut-off parameter: dropped
-            # a closed block tolerates a missing </parameter> (value runs to the next one)
-            nxt = rest.find(_P, b + 1)
-            c_end = nxt if nxt >= 0 else len(rest)
-            raw, pos = rest[b + 1:c_end], c_end
-        else:
-            raw, pos = rest[b + 1:c], c + len(_P_END)
-        known = fn_types is not None and pname in fn_types
-        params[pname] = convert_param(_strip_nl(raw), fn_types.get(pname) if known else None, known)
-    return [(name, dumps_args(params))]
+    return [(name, typed_args(params, types.get(name))) for name, params in calls]
 
 
 @register_tool("qwen3_coder", "Qwen3-Coder", "<tool_call><function=NAME><parameter=P>V</parameter></function></tool_call>")
