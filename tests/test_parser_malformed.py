@@ -94,7 +94,7 @@ SECTION_VECTORS: list[V] = [
 ]
 
 # ------------------------------------------------- 11: malformed but unambiguous XML --
-# 11a repeated closing tag · 11b repeated opening tag · 11c missing opening tag whose closing
+# 11a repeated closing tag (also a block's end marker) · 11b repeated opening tag · 11c missing opening tag whose closing
 # tag is there (GLM's attribute-less <arg_key>/<arg_value>) · 11d missing closing tag implied by
 # the next tag of a closed block · 11e GLM: missing first <arg_key> right after the name ·
 # 11f not recoverable (orphan closing tag of a key-carrying tag, text where only tags may be,
@@ -127,6 +127,14 @@ XML_VECTORS: list[V] = [
     T("11f", "glm47", "glm", _glm(f"get_weather{_K}city{_EK}"), _glm(f"get_weather{_K}city{_EK}")),
     T("11a", "glm45", "glm", f"<think>use it</think>{_glm(f'get_time{_K}tz{_EK}{_EK}{_VV}CET{_EV}')} and "
       + _glm(f"get_weather{_K}city{_EK}Paris{_EV}"), " and ", [TM, W], rp="glm45", reasoning="use it"),
+    # a block's end marker repeated after a parsed call counts once (tagged engine)
+    T("11a", "hermes", "plain", f'<tool_call>{_JSON_W}</tool_call></tool_call>', calls=[W]),
+    T("11a", "glm45", "glm", _glm(f"get_weather\n{_K}city{_EK}\n{_VV}Paris{_EV}\n") + "\n" + _ETC + "\nDone.",
+      "\n\nDone.", [W]),
+    T("11a", "kimi_k2", "kimi", "<|tool_calls_section_begin|>" + _KIMI_CALL + "<|tool_calls_section_end|>"
+      "<|tool_calls_section_end|> ok", " ok", [W]),
+    T("11f", "hermes", "plain", "<tool_call>{bad}</tool_call></tool_call>", "<tool_call>{bad}</tool_call></tool_call>"),
+    T("11f", "hermes", "plain", f'<tool_call>{_JSON_W}</tool_call>x</tool_call>', "x</tool_call>", [W]),
     # qwen3_coder / qwen3_xml / seed_oss (<function=N><parameter=K>)
     T("11a", "qwen3_coder", "plain", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
       "</parameter>\n</function>\n</function>\n</tool_call>", calls=[W]),

@@ -12,6 +12,9 @@ Content rules (coupled vLLM's non-streaming answer, kept split-independent):
 * JSON bodies (``json_body``; on by default for the JSON body parsers): a call ends at the
   first end marker *outside* a JSON string of the body, found by a small incremental lexer
   (string / escape / nesting depth), so arguments may quote the end marker text (bug-005);
+* a call's end marker repeated right after it (only whitespace between:
+  ``</tool_call></tool_call>``) counts once, the rule "repeated tag" of ``xmlcall.py`` at the
+  block level; a malformed block's end stays in its verbatim content;
 * sections (``call_ends`` set: several calls inside one START…END section, e.g. DeepSeek's
   ``<｜tool▁calls▁begin｜>``, Kimi K2's ``<|tool_calls_section_begin|>``): a section left open at
   the end of the output (``finish_reason: "length"``, or a stop token mid-section) keeps its
@@ -58,6 +61,9 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     lex_str: bool = False
     lex_esc: bool = False
     lex_depth: int = 0
+    #: the end marker of the call just parsed, while only whitespace followed it: the same
+    #: marker repeated there is dropped (``</tool_call></tool_call>``)
+    after_end: str = ""
 
 
 _STR_STOP = re.compile(r'["\\]')
@@ -221,6 +227,7 @@ class TaggedToolParser(ToolParser):
             self._text(st, out, st.marker + body + end)
             return
         self._emit(st, out, parsed)
+        st.after_end = end
 
     def feed(self, state: TaggedState, text: str, token_ids: list[int]) -> Delta:
         out = Delta()
@@ -229,6 +236,16 @@ class TaggedToolParser(ToolParser):
         while st.buf:
             if not st.in_call:
                 s = st.buf
+                if st.after_end:  # a repeated end marker after a parsed call counts once
+                    k = len(s) - len(s.lstrip())
+                    self._text(st, out, s[:k])
+                    s = st.buf = s[k:]
+                    if s.startswith(st.after_end):
+                        st.buf = s[len(st.after_end):]
+                        continue
+                    if st.after_end.startswith(s):  # empty, or a prefix of the marker: wait
+                        return out
+                    st.after_end = ""
                 i, m = find_first(s, self.starts)
                 if i < 0:
                     keep = hold_back(s, self.starts)
