@@ -86,6 +86,12 @@ SECTION_VECTORS: list[V] = [
     T("10b", "jamba", "hunyuan", "<tool_calls>[" + _JSON_W + ", " + _JSON_T, calls=[W, TM]),
     T("10c", "jamba", "hunyuan", '<tool_calls>[{"name": "get_weather", "arguments": {"ci',
       '<tool_calls>[{"name": "get_weather", "arguments": {"ci'),
+    # wrapper sections of the pythonic engine (a call is complete at its closing parenthesis)
+    T("10a", "llama4_pythonic", "llama4", '<|python_start|>[get_weather(city="Paris"), get_time(tz="CE', calls=[W]),
+    T("10b", "llama4_pythonic", "llama4", '<|python_start|>[get_weather(city="Paris"), get_time(tz="CET")]', calls=[W, TM]),
+    T("10c", "llama4_pythonic", "llama4", '<|python_start|>[get_weather(city="Pa)ris', '<|python_start|>[get_weather(city="Pa)ris'),
+    T("10a", "olmo3", "plain", '<function_calls>\nget_weather(city="Paris")\nget_time(tz="C', calls=[W]),
+    T("10b", "olmo3", "plain", '<function_calls>\nget_weather(city="Paris")\nget_time(tz="CET")', calls=[W, TM]),
     # DeepSeek V4: complete invokes plus the open invoke with its complete parameters
     # (dsv4-tool-malformed-*)
     T("10f", "deepseek_v4", "deepseek", "<｜DSML｜tool_calls>\n" + _DSML_INV + '<｜DSML｜invoke name="get_time">\n'

@@ -11,10 +11,16 @@ non-literal values) comes back as content, verbatim.
 Prose before the list (``after_text``, bug-016): a ``[`` later in the output opens the list
 when it is followed by ``name(`` with ``name`` a declared tool; the prose is content.
 
-Options a family sets: ``wrappers`` (start marker -> end marker that must close the body, e.g.
+Options a family sets: ``wrappers`` (start marker -> end marker that closes the body, e.g.
 Llama 4's ``<|python_start|>``/``<|python_end|>``), ``newline_calls`` (the body is one call per
 line without brackets, Olmo 3) and ``json_literals`` (``true``/``false``/``null`` accepted as
 values, Olmo 3).
+
+A wrapper section that never closed (``finish_reason: "length"``) keeps its complete calls, as
+the tagged engine's sections do (``open_section``): the longest prefix of the list that ends
+with a call's closing ``)`` and parses (the last ``_MAX_CUTS`` candidates, from the end), or
+for one-call-per-line bodies every line but a last one that does not parse; the cut-off call is
+dropped, never a call. Nothing complete: content, verbatim.
 """
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ from worker.parsers.marker import MarkerToolParser
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 _CALL_HEAD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(\()?")
 _HEAD_MAX = 256
+#: candidate cut points (a call's ``)``) tried for an open wrapper section, from the end
+_MAX_CUTS = 64
 
 
 def _value(node: ast.AST, json_literals: bool) -> Any:
@@ -97,7 +105,7 @@ class PythonicToolParser(MarkerToolParser):
         end = self.wrappers.get(marker)
         if end is not None:
             if not body.endswith(end):
-                return None
+                return self.open_section(body)
             body = body[: len(body) - len(end)].strip()
         elif marker == "[":
             body = "[" + body
@@ -105,3 +113,28 @@ class PythonicToolParser(MarkerToolParser):
             lines = [ln.strip() for ln in body.splitlines() if ln.strip()]
             body = "[" + ", ".join(lines) + "]"
         return parse_pythonic_list(body, self.json_literals)
+
+    def open_section(self, body: str) -> list[tuple[str, str]] | None:
+        """The complete calls of a wrapper section cut off before its end marker (module
+        docstring); None when there is none. Runs once, at the end of the output: at most
+        ``_MAX_CUTS`` + 2 parses of the body."""
+        if self.newline_calls and not body.startswith("["):
+            lines = [ln.strip() for ln in body.splitlines() if ln.strip()]
+            for n in (len(lines), len(lines) - 1):  # the last line may be a cut-off call
+                if n > 0:
+                    calls = parse_pythonic_list("[" + ", ".join(lines[:n]) + "]", self.json_literals)
+                    if calls is not None:
+                        return calls
+            return None
+        calls = parse_pythonic_list(body, self.json_literals)  # the list closed, the wrapper not
+        if calls is not None:
+            return calls
+        i = len(body)
+        for _ in range(_MAX_CUTS):
+            i = body.rfind(")", 0, i)
+            if i < 0:
+                break
+            calls = parse_pythonic_list(body[: i + 1] + "]", self.json_literals)
+            if calls is not None:
+                return calls
+        return None

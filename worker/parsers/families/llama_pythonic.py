@@ -7,7 +7,8 @@ Format (vLLM ``tool_chat_template_llama3.2_pythonic`` / Llama 4 templates; vLLM 
 ``llama4_pythonic``, SGLang ``pythonic``): the whole output is a Python list of calls with
 keyword arguments, ``[get_weather(city="San Francisco", metric=True), get_time(tz="PST")]``;
 Llama 4 may wrap it in ``<|python_start|>…<|python_end|>``. Output that is not exactly such a
-list is content.
+list is content, except a ``<|python_start|>`` section cut off before its end, which keeps its
+complete calls (``PythonicToolParser.open_section``).
 """
 from worker.parsers.families.llama import Llama3JsonToolParser
 from worker.parsers.pythonic import PythonicToolParser

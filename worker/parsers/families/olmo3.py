@@ -14,6 +14,9 @@ Tool calls (Olmo 3 template; vLLM ``olmo3``): pythonic calls, one per line, in
     get_weather(city="Paris", metric=true)
     get_time(tz=null)
     </function_calls>
+
+A section cut off before ``</function_calls>`` keeps its complete lines' calls
+(``PythonicToolParser.open_section``); a cut-off last line is dropped.
 """
 from worker.parsers.pythonic import PythonicToolParser
 from worker.parsers.registry import register_reasoning, register_tool
