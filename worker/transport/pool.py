@@ -170,11 +170,21 @@ class DerenderPool:
         segfault, OOM kill...), restart the pool and rerun this message alone in a one-process
         quarantine pool, one message at a time, so only the message that kills it again is
         dead-lettered (``derender-crashed``) and messages that merely shared the broken pool are
-        answered. ``where``: the record's ``topic[partition]@offset`` for the logs."""
+        answered. Any other failure of the (batch) call is not this record's: it is rerun alone,
+        and only when that fails too does it get a 500. ``where``: the record's
+        ``topic[partition]@offset`` for the logs."""
         try:
             return await future
         except BrokenProcessPool:
             log.error("derender process died while %s was in the pool; retrying it in quarantine", where)
+            self._restart_if_broken()
+            return await self.quarantine(value, kind, where)
+        except Exception as e:
+            log.error("derender call with %s failed (%s: %s); rerunning that record alone", where,
+                      type(e).__name__, e)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, self._job_fn, value, kind)
+        except BrokenProcessPool:
             self._restart_if_broken()
             return await self.quarantine(value, kind, where)
         except Exception as e:
