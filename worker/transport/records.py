@@ -43,19 +43,25 @@ Dead letters (``--dead-letter-topic``, default ``derender-dlq``)
 ----------------------------------------------------------------
 A message is dead-lettered, instead of answered, exactly when no useful reply can be addressed:
 
-1. ``invalid-reply-topic``: the ``reply-topic`` header is empty, not UTF-8, longer than 249
-   characters or has characters outside ``[A-Za-z0-9._-]``;
-2. ``unparseable-no-reply-topic``: the value is not a JSON object (empty/null value, invalid
+1. ``invalid-reply-topic``: the ``reply-topic`` header is not a legal Kafka topic name (empty,
+   not ASCII, longer than 249 characters, characters outside ``[A-Za-z0-9._-]``, ``.``/``..``);
+2. ``reply-topic-not-allowed``: it names an internal topic (``__`` prefix) or does not match
+   ``--allowed-reply-topics`` in full;
+3. ``unparseable-no-reply-topic``: the value is not a JSON object (empty/null value, invalid
    UTF-8 or JSON, a JSON array/scalar) **and** there is no ``reply-topic`` header. (With the header
    the sender explicitly asked for a reply and gets a 400 error object instead.);
-3. ``no-correlation-id``: no ``correlation-id`` header, no key and no readable request id;
-4. ``derender-crashed``: a derender process died on this message, and again when the message
+4. ``no-correlation-id``: no ``correlation-id`` header, no key and no readable request id;
+5. ``derender-crashed``: a derender process died on this message, and again when the message
    was rerun alone in a one-process quarantine pool (poison pill);
-5. ``reply-publish-failed``: the broker refused the reply (e.g. unknown topic, too large).
+6. ``reply-publish-failed: <error>``: the reply could not be published for a reason of its own
+   (refused as too large, reply topic unknown after ``--reply-topic-wait-ms``);
+7. ``internal-error: <error>``: planning the reply raised.
 
-A dead-letter record carries the original key and value, the original headers, plus
-``x-dlq-reason`` (one of the names above; for 5 followed by ``: <error>``), ``x-original-topic``,
-``x-original-partition`` and ``x-original-offset`` (ASCII decimal).
+A dead-letter record carries the original key and value and headers, cut to fit
+``--dead-letter-max-bytes``, plus ``x-dlq-reason``, ``x-original-topic``/``-partition``/``-offset``,
+``x-original-value-sha256``/``-size`` and, when something was cut, ``x-dlq-truncated`` (see
+``worker.transport.deadletter``). A dead letter the broker refuses is retried with the partition
+paused and the worker not ready, never skipped.
 
 Streaming
 ---------

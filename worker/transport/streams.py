@@ -40,8 +40,9 @@ Design
   stored state: deterministic, byte-identical).
 * **Gaps.** A chunk with ``seq`` > next expected is held (its offset stays uncommitted) until the
   missing ones arrive, at most ``--stream-gap-timeout`` seconds since the stream last progressed;
-  then one 409 error reply ends the stream (``derender-stream-end: 1``). A stream whose chunk 0
-  never came (unknown stream) is a gap too and ends the same way.
+  then one 409 error reply ends the stream (``derender-stream-end: 1``). A stream with no state
+  and no chunk 0 (unknown stream: its state was lost or expired, or chunk 0 was never sent) is a
+  gap too and ends the same way, the 409 saying so.
 * **End of stream.** The reply of the chunk that completes the request (every choice finished,
   usage sent), and every error reply, carries ``derender-stream-end: 1``. Its checkpoint is a
   tombstone (state None, window kept); once the offsets past it are committed the key is deleted
@@ -405,8 +406,12 @@ class StreamRouter:
         seqs = sorted(s.held)
         last = seqs[-1]
         if not s.known and s.next_seq == 0:
-            why = (f"unknown stream {s.rid!r}: its first chunk ({HDR_SEQ} 0) never came within "
-                   f"{self.gap_timeout_s:g}s; got {HDR_SEQ} {', '.join(map(str, seqs))}")
+            # chunks of a stream share its key, hence its partition, hence arrive in order: a later
+            # chunk with no stored state means the state was lost or expired (state store
+            # restarted without persistence, flushed, TTL passed) or chunk 0 was never produced
+            why = (f"unknown stream {s.rid!r}: no state for it; its stream state was lost or expired (or its "
+                   f"first chunk, {HDR_SEQ} 0, was never sent); got {HDR_SEQ} {', '.join(map(str, seqs))}, "
+                   f"waited {self.gap_timeout_s:g}s; stream ended")
         else:
             why = (f"stream {s.rid!r}: chunk(s) {s.next_seq}..{seqs[0] - 1} missing after "
                    f"{self.gap_timeout_s:g}s (held {HDR_SEQ} {', '.join(map(str, seqs))}); stream ended")
