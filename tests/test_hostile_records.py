@@ -398,3 +398,85 @@ def test_settings_reject_bad_reliability_flags():
         WorkerSettings(dead_letter_max_bytes=2 * 1024 * 1024, max_request_size=1024 * 1024)
     with pytest.raises(ValueError, match="allowed-reply-topics"):
         WorkerSettings(allowed_reply_topics="(")
+
+
+# ------------------------------------------------------------------------------ no orphans ---
+def _children_of(root: int) -> set[int]:
+    """Every descendant pid of ``root`` (from /proc)."""
+    import os
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    stat = f.read()
+                parent[int(d)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError):
+                continue
+    out, frontier = set(), {root}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - out
+        out |= frontier
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b") ")[1][:1] != b"Z"  # a zombie is dead (waiting for its reaper)
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="/proc and prctl are Linux")
+def test_kill_9_of_the_main_process_leaves_no_pool_process(kafka_bootstrap, qwen3_models, tmp_path):
+    """``derender-worker run`` with a 2-process pool (fork server, resource tracker, 2 pool
+    processes): SIGKILL the main process; within a few seconds no process it started is left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import msgspec
+
+    repo = Path(__file__).resolve().parent.parent
+    cfg = tmp_path / "models.json"
+    cfg.write_text(json.dumps({m.name: msgspec.to_builtins(m) for m in qwen3_models}))
+    n = _names()
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker.transport.run", "--config", str(cfg), "--bootstrap-servers", kafka_bootstrap,
+         "--stream-state", "memory", "--executor", "process", "--num-threads", "2", "--input-topic", n.inp,
+         "--group-id", n.group, "--session-timeout-ms", "6000"],
+        cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kids: set[int] = set()
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "worker consuming" in line:
+                break
+        assert any("worker consuming" in ln for ln in lines), "".join(lines)
+        kids = _children_of(proc.pid)
+        assert len(kids) >= 4, kids  # fork server, resource tracker, 2 pool processes
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_alive(p) for p in kids):
+            time.sleep(0.1)
+        left = {p: open(f"/proc/{p}/cmdline", "rb").read()[:200] for p in kids if _alive(p)}
+        assert not left, left
+    finally:  # never leave processes behind, also when the test fails
+        kids |= _children_of(proc.pid) if proc.poll() is None else set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for p in kids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)

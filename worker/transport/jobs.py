@@ -108,9 +108,12 @@ _PROC_SERVICE: Any = None
 
 
 def proc_init(models: list[ServedModelConfig]) -> None:
-    """Pool-process initializer: build this process' ``DerenderService`` once."""
+    """Pool-process initializer: end with the main process (``lifetime.guard_pool_process``),
+    then build this process' ``DerenderService`` once."""
     global _PROC_SERVICE
     from worker.core.service import DerenderService
+    from worker.transport.lifetime import guard_pool_process
+    guard_pool_process()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and drains
     _PROC_SERVICE = DerenderService(models)
     preload = getattr(_PROC_SERVICE, "preload", None)

@@ -29,6 +29,7 @@ from worker.transport.jobs import (
     proc_ping,
     proc_stream_job,
 )
+from worker.transport.lifetime import mark_main
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,11 @@ __all__ = ["DerenderPool"]
 
 
 def _mp_context():
-    return multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    """The pool's multiprocessing context (``forkserver`` on Linux, else ``spawn``), set up so
+    that its processes end with this one (``worker.transport.lifetime``)."""
+    ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    mark_main(ctx)
+    return ctx
 
 
 class DerenderPool:
