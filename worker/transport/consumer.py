@@ -514,8 +514,9 @@ class KafkaDerenderWorker:
     async def _publish(self, st: _Partition, msg, plan) -> tuple[tuple, asyncio.Future]:
         """Send ``plan`` (a reply or a dead letter) -> ``(plan actually sent, delivery future)``.
         A reply that cannot be sent for a reason of its own (unknown or unwritable reply topic,
-        too large: ``KafkaError``) is dead-lettered instead; a dead letter is retried until the
-        broker acknowledged it (``_dead_letter_until_acked``: never skipped, never a crash)."""
+        too large: ``KafkaError``) is dead-lettered instead. A dead letter the producer refuses at
+        once is retried here until acknowledged (``_dead_letter_until_acked``: never skipped,
+        never a crash); otherwise its delivery is awaited (and retried) by the acker, like a reply."""
         if plan[4] is None and not await self._reply_topic_known(plan[0]):
             plan = self._dlq(msg, f"reply-publish-failed: unknown topic {plan[0]!r}")
         if plan[4] is None:
@@ -528,6 +529,10 @@ class KafkaDerenderWorker:
                             msg.offset, plan[4], refused)
         else:
             log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4])
+        try:
+            return plan, await self._send(plan)
+        except KafkaError:
+            pass
         await self._dead_letter_until_acked(st, msg, plan)
         done = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -608,13 +613,14 @@ class KafkaDerenderWorker:
                 try:
                     await delivery
                 except KafkaError as e:  # the broker refused the reply (too large for the topic, ...)
-                    if plan is None or plan[4] is not None:
+                    if plan is None:
                         raise
-                    refused = plan[0]
-                    plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                    log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                msg.offset, plan[4], refused)
-                    await self._dead_letter_until_acked(st, msg, plan)
+                    if plan[4] is None:
+                        refused = plan[0]
+                        plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                        log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                                    msg.offset, plan[4], refused)
+                    await self._dead_letter_until_acked(st, msg, plan)  # retried until acked
                 self._count(plan, out)
                 if not st.failed:
                     st.inflight.discard(msg.offset)

@@ -528,13 +528,12 @@ class StreamRouter:
                 try:
                     await delivery
                 except KafkaError as e:
-                    if plan[4] is not None:
-                        raise
-                    refused = plan[0]
-                    plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                    log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                msg.offset, plan[4], refused)
-                    await self.w._dead_letter_until_acked(st, msg, plan)
+                    if plan[4] is None:
+                        refused = plan[0]
+                        plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                        log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                                    msg.offset, plan[4], refused)
+                    await self.w._dead_letter_until_acked(st, msg, plan)  # retried until acked
                 self.w._count(plan, _Counted(entry.status))
                 if wr is None:
                     self.w._stream_done(st, msg.offset)
