@@ -158,7 +158,8 @@ class DerenderService:
             return rt
         cfg = self.models.get(name)
         if cfg is None:
-            raise ModelNotFound(f"The model `{name}` does not exist. Served models: {', '.join(self.models)}",
+            shown = name if len(name) <= 256 else name[:256] + "..."  # a name from the body: bounded
+            raise ModelNotFound(f"The model `{shown}` does not exist. Served models: {', '.join(self.models)}",
                                 param="model", status=404)
         with self._lock:
             rt = self._runtimes.get(name)
