@@ -495,7 +495,7 @@ class KafkaDerenderWorker:
         ``topic``. A topic that did not appear is remembered as unknown for
         ``UNKNOWN_TOPIC_MEMORY_S`` seconds, so records addressed to it fail at once instead of each
         blocking its partition for the producer's full metadata wait (``request_timeout_ms``)."""
-        if topic == self.settings.reply_topic or self._producer.client.cluster.partitions_for_topic(topic):
+        if topic == self.settings.reply_topic or self._producer.client.cluster.partitions_for_topic(topic):  # cached
             return True
         now = time.monotonic()
         until = self._unknown_topics.get(topic)
@@ -509,6 +509,12 @@ class KafkaDerenderWorker:
             if len(self._unknown_topics) >= 1024:  # bounded: forget the oldest
                 self._unknown_topics.pop(next(iter(self._unknown_topics)))
             self._unknown_topics[topic] = now + UNKNOWN_TOPIC_MEMORY_S
+            # the producer's client added the name to the topics it refreshes metadata for, for
+            # good: take it out again, so that names from records cannot grow that list forever
+            client = self._producer.client
+            known = getattr(client, "_topics", None)
+            if isinstance(known, set) and topic in known:
+                client.set_topics(known - {topic})
             return False
 
     async def _publish(self, st: _Partition, msg, plan) -> tuple[tuple, asyncio.Future]:

@@ -179,7 +179,8 @@ def _bad_chunk(msg, seq: int | None) -> str | None:
 
 class StreamRouter:
     """The streaming half of a ``KafkaDerenderWorker`` (see the module docstring). ``worker``
-    supplies the producer (``_send``), the reply planning (``_plan``/``_dlq``), the executor
+    supplies the producer (``_send``, ``_publish``, ``_dead_letter_until_acked``), the reply planning
+    (``_safe_plan``/``_dlq``), the executor
     (``_stream_submit``), stats and ``_stream_done(st, offset)`` (offset finished)."""
 
     def __init__(self, worker: Any, store: Any, gap_timeout_s: float, replay_window: int,
