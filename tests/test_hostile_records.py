@@ -480,3 +480,78 @@ def test_kill_9_of_the_main_process_leaves_no_pool_process(kafka_bootstrap, qwen
         for p in kids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_dead_letter_fits_by_the_producers_own_size_estimate():
+    """For any mix of sizes (and null key/value/header values), the dead letter's size as the
+    producer computes it (``estimate_size_in_bytes``, what ``max_request_size`` is checked
+    against) stays within the limit, and the hash/size headers describe the full value."""
+    import hashlib
+    import random
+    from types import SimpleNamespace
+
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    from worker.transport.deadletter import MIN_MAX_BYTES, dead_letter
+
+    rng = random.Random(7)
+    for limit in (MIN_MAX_BYTES, 64 * 1024, 512 * 1024):
+        for _ in range(40):
+            value = None if rng.random() < 0.1 else bytes(rng.getrandbits(8) for _ in range(rng.choice((0, 10, 5000)))) \
+                * rng.choice((1, 10, 200))
+            key = None if rng.random() < 0.2 else b"k" * rng.choice((0, 5, 3000, 40_000))
+            headers = [(f"h{i}" * rng.choice((1, 50)), None if rng.random() < 0.2 else b"v" * rng.choice((1, 900, 9000)))
+                       for i in range(rng.choice((0, 3, 40)))]
+            msg = SimpleNamespace(topic="in", partition=2, offset=99, key=key, value=value, headers=headers)
+            topic, k, v, hs, reason = dead_letter(msg, "unparseable-no-reply-topic" * rng.choice((1, 100)), "dlq", limit)
+            assert DefaultRecordBatchBuilder.estimate_size_in_bytes(k, v, hs) <= limit
+            h = dict(hs)
+            assert h["x-original-value-sha256"] == hashlib.sha256(value or b"").hexdigest().encode()
+            assert h["x-original-value-size"] == str(len(value or b"")).encode()
+            cut = set(h.get("x-dlq-truncated", b"").decode().split(",")) - {""}
+            assert ("value" in cut) == (v != value) and ("key" in cut) == (k != key)
+            assert (value or b"").startswith(v or b"") and (key or b"").startswith(k or b"")
+
+
+def _put(obj, path: tuple, v):
+    """A deep copy of JSON ``obj`` with ``v`` at ``path`` (``[v]`` when the last key is
+    ``prompt_token_ids``)."""
+    out = json.loads(json.dumps(obj))
+    cur = out
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = [v] if path[-1] == "prompt_token_ids" else v
+    return out
+
+
+def test_core_out_of_range_ids_and_numbers_are_400_on_every_path(qwen3_models):
+    """The core (shared by the worker and batch mode): prompt and output token ids < 0 or >= 2^63
+    (or beyond the vocabulary), numbers >= 2^64 and deep nesting are 400s, never 500s, for chat,
+    completion and stream bodies."""
+    from tests.test_kafka_worker import completion_body
+
+    svc = DerenderService(qwen3_models)
+    tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
+    chat = json.loads(chat_body(tok, model, "c", "Hello there"))
+    comp = json.loads(completion_body(tok, model, "p", " a fox"))
+    stream0 = {"stream": True, "model": model, "prompt_token_ids": chat["prompt_token_ids"],
+               "chat_request": dict(chat["chat_request"], stream=True),
+               "generate_chunk": {"request_id": "s", "choices": [{"index": 0, "token_ids": [9707]}]}}
+    chat_paths = (("prompt_token_ids", 0), ("generate_response", "prompt_token_ids"),
+                  ("generate_response", "choices", 0, "token_ids", 0))
+    comp_paths = (("prompt_token_ids", 0, 0), ("generate_responses", 0, "choices", 0, "token_ids", 0))
+    stream_paths = (("prompt_token_ids", 0), ("generate_chunk", "choices", 0, "token_ids", 0))
+    for v in (-1, 2**63, 2**64, 10**30, 200_000):
+        for base, paths in ((chat, chat_paths), (comp, comp_paths)):
+            for path in paths:
+                res = svc.derender(json.dumps(_put(base, path, v)).encode())
+                assert res.status == 400, (v, path, res.body[:300])
+        for path in stream_paths:
+            res, state = svc.derender_stream(json.dumps(_put(stream0, path, v)).encode(), None, 0)
+            assert res.status == 400 and state is None, (v, path, res.body[:300])
+    for seq in (-1, 2**63 - 1, 2**64):
+        res, _ = svc.derender_stream(json.dumps(stream0).encode(), None, seq)
+        assert res.status == 400, (seq, res.body[:300])
+    deep = b'{"model":"' + model.encode() + b'","generate_response":' + b"[" * 100_000
+    assert svc.derender(deep).status == 400
+    assert svc.derender_stream(b'{"generate_chunk":' + b"{" * 100_000, None, 0)[0].status == 400
