@@ -398,6 +398,9 @@ def test_settings_reject_bad_reliability_flags():
         WorkerSettings(dead_letter_max_bytes=2 * 1024 * 1024, max_request_size=1024 * 1024)
     with pytest.raises(ValueError, match="allowed-reply-topics"):
         WorkerSettings(allowed_reply_topics="(")
+    for kw in ({"dead_letter_topic": "."}, {"reply_topic": "__consumer_offsets"}, {"input_topic": "a b"}):
+        with pytest.raises(ValueError, match="topic"):
+            WorkerSettings(**kw)
 
 
 # ------------------------------------------------------------------------------ no orphans ---

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.transport.deadletter import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
+from worker.transport.records import reply_topic_problem
 
 __all__ = ["WorkerSettings", "add_run_args", "security_kwargs", "env_default", "redact_url"]
 
@@ -70,7 +71,12 @@ class WorkerSettings:
 
     def __post_init__(self) -> None:
         """Check the reliability settings. Raises ``ValueError`` (a bad regular expression, a
-        dead-letter limit below ``MIN_MAX_BYTES`` or above ``max_request_size``)."""
+        dead-letter limit below ``MIN_MAX_BYTES`` or above ``max_request_size``, an illegal or
+        internal input, reply or dead-letter topic name)."""
+        for flag, name in (("--input-topic", self.input_topic), ("--reply-topic", self.reply_topic),
+                           ("--dead-letter-topic", self.dead_letter_topic)):
+            if reply_topic_problem(name) is not None:
+                raise ValueError(f"{flag} {name!r} is not a legal, non-internal Kafka topic name")
         if not MIN_MAX_BYTES <= self.dead_letter_max_bytes <= self.max_request_size:
             raise ValueError(f"--dead-letter-max-bytes {self.dead_letter_max_bytes} must be between {MIN_MAX_BYTES} "
                              f"and --max-request-size ({self.max_request_size})")
