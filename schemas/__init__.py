@@ -12,7 +12,11 @@ Rules shared by all request Structs:
   even though derender reads only a few of its fields;
 * ``None`` and a missing field mean the same thing (vLLM's pydantic defaults);
 * types are checked on decode: a wrong type raises ``msgspec.ValidationError`` with a JSON path,
-  which the core turns into an OpenAI 400 error object.
+  which the core turns into an OpenAI 400 error object;
+* every integer of an incoming message is bounded on decode (``Int64``: a signed 64-bit value,
+  what msgpack, Rust and C can hold; ``Byte``: 0..255), so an out-of-range number is a 400 with
+  its JSON path, never an ``OverflowError`` later; the core then checks what the value means
+  (token ids inside the vocabulary, as vLLM does).
 
 Response Structs encode every field (``null`` included), as vLLM does.
 
@@ -21,9 +25,9 @@ Response Structs encode every field (``null`` included), as vLLM does.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from msgspec import Struct, field
+from msgspec import Meta, Struct, field
 
 __all__ = [
     "TopLogprobIn", "TokenLogprobIn", "LogprobsIn", "UsageInfo", "GenerateTokensChoice",
@@ -35,8 +39,15 @@ __all__ = [
     "ChatCompletionResponse", "DeltaMessage", "ChatCompletionStreamChoice",
     "ChatCompletionStreamResponse", "CompletionLogprobs", "CompletionChoice", "CompletionResponse",
     "CompletionStreamChoice", "CompletionStreamResponse", "ErrorInfo", "ErrorResponse",
-    "CompletionTokensDetails", "MESSAGE_TYPES",
+    "CompletionTokensDetails", "MESSAGE_TYPES", "Int64", "Byte",
 ]
+
+
+#: a signed 64-bit integer (bounds every integer read from a message; the core checks the
+#: meaning: token ids inside the vocabulary, non-negative counts and indices, ...)
+Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+#: one byte of a token's UTF-8 (``bytes`` of a logprob entry)
+Byte = Annotated[int, Meta(ge=0, le=255)]
 
 
 # ----------------------------------------------------------------------------- engine output ---
@@ -45,21 +56,21 @@ class TopLogprobIn(Struct, kw_only=True):
     (1 = most likely). ``token``/``bytes`` are accepted (vLLM may send them) but derender always
     recomputes them from ``token_id`` with the served tokenizer."""
 
-    token_id: int | None = None
+    token_id: Int64 | None = None
     logprob: float = -9999.0
-    rank: int | None = None
+    rank: Int64 | None = None
     token: str | None = None
-    bytes: list[int] | None = None
+    bytes: list[Byte] | None = None
 
 
 class TokenLogprobIn(Struct, kw_only=True):
     """Engine logprobs of one sampled token (``token_id``) plus its ``top_logprobs`` candidates."""
 
-    token_id: int | None = None
+    token_id: Int64 | None = None
     logprob: float = -9999.0
-    rank: int | None = None
+    rank: Int64 | None = None
     token: str | None = None
-    bytes: list[int] | None = None
+    bytes: list[Byte] | None = None
     top_logprobs: list[TopLogprobIn] = field(default_factory=list)
 
 
@@ -73,15 +84,15 @@ class CompletionTokensDetails(Struct, kw_only=True):
     """``usage.completion_tokens_details``; ``reasoning_tokens`` counts tokens the reasoning
     parser classified as reasoning (present only when a reasoning parser is configured)."""
 
-    reasoning_tokens: int | None = None
+    reasoning_tokens: Int64 | None = None
 
 
 class UsageInfo(Struct, kw_only=True):
     """OpenAI ``usage`` block (token counts)."""
 
-    prompt_tokens: int = 0
-    total_tokens: int = 0
-    completion_tokens: int | None = 0
+    prompt_tokens: Int64 = 0
+    total_tokens: Int64 = 0
+    completion_tokens: Int64 | None = 0
     prompt_tokens_details: dict[str, Any] | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
 
@@ -93,10 +104,10 @@ class GenerateTokensChoice(Struct, kw_only=True):
     it. ``finish_reason`` defaults to ``"stop"`` (OpenAI default, as vLLM). ``stop_reason``: the
     stop token id (int) or stop string that ended the sequence, else ``None``."""
 
-    index: int = 0
-    token_ids: list[int] | None = None
+    index: Int64 = 0
+    token_ids: list[Int64] | None = None
     finish_reason: str | None = "stop"
-    stop_reason: int | str | None = None
+    stop_reason: Int64 | str | None = None
     logprobs: LogprobsIn | None = None
     routed_experts: str | None = None
 
@@ -106,10 +117,10 @@ class GenerateTokensResponse(Struct, kw_only=True):
 
     request_id: str | None = None
     model: str | None = None
-    created: int | None = None
+    created: Int64 | None = None
     choices: list[GenerateTokensChoice] = field(default_factory=list)
     usage: UsageInfo | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[Int64] | None = None
     prompt_logprobs: Any = None
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
@@ -119,10 +130,10 @@ class GenerateTokensStreamChoice(Struct, kw_only=True):
     """One choice of one streaming engine chunk: the new ``token_ids`` since the last chunk;
     ``finish_reason``/``stop_reason`` set on the choice's last chunk only."""
 
-    index: int = 0
-    token_ids: list[int] | None = None
+    index: Int64 = 0
+    token_ids: list[Int64] | None = None
     finish_reason: str | None = None
-    stop_reason: int | str | None = None
+    stop_reason: Int64 | str | None = None
     logprobs: LogprobsIn | None = None
     routed_experts: str | None = None
 
@@ -133,7 +144,7 @@ class GenerateTokensStreamResponse(Struct, kw_only=True):
     request_id: str | None = None
     choices: list[GenerateTokensStreamChoice] = field(default_factory=list)
     usage: UsageInfo | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[Int64] | None = None
 
 
 # --------------------------------------------------------------------------- OpenAI requests ---
@@ -156,21 +167,21 @@ class ChatCompletionRequest(Struct, kw_only=True):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: Int64 | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_reasoning: bool = True
     include_stop_str_in_output: bool = False
     stop: str | list[str] | None = None
-    min_tokens: int = 0
+    min_tokens: Int64 = 0
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_ids: bool | None = None
     echo: bool = False
-    n: int | None = 1
+    n: Int64 | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int64 | None = None
+    max_completion_tokens: Int64 | None = None
     response_format: dict[str, Any] | None = None
     reasoning_effort: str | None = None
 
@@ -181,18 +192,18 @@ class CompletionRequest(Struct, kw_only=True):
 
     model: str | None = None
     prompt: Any = None
-    logprobs: int | None = None
+    logprobs: Int64 | None = None
     echo: bool | None = False
-    n: int = 1
+    n: Int64 = 1
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stop: str | list[str] | None = None
-    min_tokens: int = 0
+    min_tokens: Int64 = 0
     return_token_ids: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = 16
+    max_tokens: Int64 | None = 16
     suffix: str | None = None
 
 
@@ -208,8 +219,8 @@ class DerenderChatRequest(Struct, kw_only=True):
     model: str
     generate_response: GenerateTokensResponse
     stream: bool = False
-    prompt_tokens: int | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_tokens: Int64 | None = None
+    prompt_token_ids: list[Int64] | None = None
     chat_request: ChatCompletionRequest | None = None
 
 
@@ -222,8 +233,8 @@ class DerenderCompletionRequest(Struct, kw_only=True):
     model: str
     generate_responses: list[GenerateTokensResponse]
     stream: bool = False
-    prompt_tokens: list[int] | None = None
-    prompt_token_ids: list[list[int]] | None = None
+    prompt_tokens: list[Int64] | None = None
+    prompt_token_ids: list[list[Int64]] | None = None
     completion_request: CompletionRequest | None = None
 
 
@@ -264,8 +275,8 @@ class DerenderChatStreamRequest(Struct, kw_only=True):
     generate_chunk: GenerateTokensStreamResponse
     stream: bool = True
     stream_state: DerenderStreamState | None = None
-    prompt_tokens: int | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_tokens: Int64 | None = None
+    prompt_token_ids: list[Int64] | None = None
     chat_request: ChatCompletionRequest | None = None
 
 
@@ -276,8 +287,8 @@ class DerenderCompletionStreamRequest(Struct, kw_only=True):
     generate_chunk: GenerateTokensStreamResponse
     stream: bool = True
     stream_state: DerenderStreamState | None = None
-    prompt_tokens: int | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_tokens: Int64 | None = None
+    prompt_token_ids: list[Int64] | None = None
     completion_request: CompletionRequest | None = None
 
 

@@ -231,6 +231,7 @@ def test_stream_end_to_end(kafka_bootstrap, kafka_broker_kind, qwen3_models, red
     (unk,) = per[rid_unk]
     assert _h(unk)[SEQ] == b"5" and _h(unk)[HDR_STATUS] == b"409" and _h(unk)[END] == b"1"
     assert "unknown stream" in json.loads(unk.value)["error"]["message"]
+    assert "state was lost or expired" in json.loads(unk.value)["error"]["message"]
     assert json.loads(unk.value)["error"]["type"] == "ConflictError"
     assert stats.stream_gaps == 2 and stats.crashes == 0
 

@@ -114,6 +114,19 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
                                  param=f"{where}.logprobs")
 
 
+def check_prompt_ids(rt: ModelRuntime, ids: list[int] | None, where: str) -> None:
+    """Every prompt token id inside the tokenizer's vocabulary ``[0, vocab_size)``, as vLLM's
+    input processor requires of a prompt ("Token id ... is out of vocabulary"). ``ids`` None
+    passes. Raises ``BadRequest`` naming ``where`` (the field's path)."""
+    if not ids:
+        return
+    vocab = rt.tokenizer.vocab_size
+    lo, hi = min(ids), max(ids)
+    if lo < 0 or hi >= vocab:
+        bad = lo if lo < 0 else hi
+        raise BadRequest(f"prompt token id {bad} in {where} is outside the vocabulary [0, {vocab})", param=where)
+
+
 def validate_chat(rt: ModelRuntime, body: DerenderChatRequest) -> None:
     """Reject a chat body before any decode (vLLM render-server semantics): ``stream: true``,
     too many choices, empty/oversized/out-of-vocab ``token_ids``, oversized logprobs, a missing
@@ -135,6 +148,8 @@ def validate_chat(rt: ModelRuntime, body: DerenderChatRequest) -> None:
             and body.prompt_tokens != len(body.prompt_token_ids):
         raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
                          f"({len(body.prompt_token_ids)})", param="prompt_tokens")
+    check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
+    check_prompt_ids(rt, body.generate_response.prompt_token_ids, "generate_response.prompt_token_ids")
     for i, c in enumerate(choices):
         _check_choice(rt, c, f"choice {c.index if c.index is not None else i}")
 
@@ -157,6 +172,10 @@ def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> No
             if n != len(p):
                 raise BadRequest(f"prompt_tokens[{i}] ({n}) != len(prompt_token_ids[{i}]) ({len(p)})",
                                  param="prompt_tokens")
+    for i, p in enumerate(body.prompt_token_ids or ()):
+        check_prompt_ids(rt, p, f"prompt_token_ids[{i}]")
+    for i, g in enumerate(grs):
+        check_prompt_ids(rt, g.prompt_token_ids, f"generate_responses[{i}].prompt_token_ids")
     total = sum(len(g.choices) for g in grs)
     if total > rt.config.max_n:
         raise BadRequest(f"{total} choices exceed the maximum n ({rt.config.max_n})", param="generate_responses")

@@ -62,10 +62,19 @@ _completion_stream_decoder = msgspec.json.Decoder(DerenderCompletionStreamReques
 _encoder = msgspec.json.Encoder()
 
 
+#: what a JSON decoder raises for a value that is not a valid body: malformed or wrongly typed
+#: (``DecodeError``/``ValidationError``), or nested deeper than the interpreter's recursion limit
+#: (``RecursionError``: msgspec checks the C stack, e.g. ``{"a":`` x 100,000)
+_BAD_JSON = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
 def _decode_or_400(decoder: msgspec.json.Decoder, data):
-    """``decoder.decode(data)``; a decode/validation failure becomes ``BadRequest`` (400)."""
+    """``decoder.decode(data)``; a decode/validation failure or too deep nesting becomes
+    ``BadRequest`` (400)."""
     try:
         return decoder.decode(data)
+    except RecursionError:
+        raise BadRequest("invalid request body: JSON nested too deeply") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise error_from_validation(e) from None
 
@@ -149,7 +158,8 @@ class DerenderService:
             return rt
         cfg = self.models.get(name)
         if cfg is None:
-            raise ModelNotFound(f"The model `{name}` does not exist. Served models: {', '.join(self.models)}",
+            shown = name if len(name) <= 256 else name[:256] + "..."  # a name from the body: bounded
+            raise ModelNotFound(f"The model `{shown}` does not exist. Served models: {', '.join(self.models)}",
                                 param="model", status=404)
         with self._lock:
             rt = self._runtimes.get(name)
@@ -217,7 +227,7 @@ class DerenderService:
                 raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
             try:
                 request_id = _rid_decoder.decode(probe.generate_chunk).request_id
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except _BAD_JSON:
                 request_id = None
             if probe.model is None:
                 raise BadRequest("model is required", param="model")
@@ -234,6 +244,8 @@ class DerenderService:
             elif kind is None:
                 kind = "completion" if _Probe.present(probe.completion_request) else "chat"
             kind_used = kind + "-stream"
+            if seq is not None and not 0 <= seq <= 2**63 - 2:  # next_seq = seq + 1 must fit an int64
+                raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
             if seq is not None and state is not None and seq < state.next_seq:
                 raise DerenderError(f"stale chunk: sequence number {seq} < next expected {state.next_seq}",
                                     param="seq", status=409)
@@ -263,7 +275,7 @@ def _request_id(probe: _Probe) -> str | None:
             return rids[0].request_id if rids else None
         if _Probe.present(probe.generate_chunk):
             return _rid_decoder.decode(probe.generate_chunk).request_id
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except _BAD_JSON:
         return None
     return None
 

@@ -91,6 +91,7 @@ from schemas import (
 from worker.core.derender import (
     ModelRuntime,
     check_ids_and_logprobs,
+    check_prompt_ids,
     effective_skip_special_tokens,
     final_finish_reason,
     request_context,
@@ -232,6 +233,8 @@ def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: st
             and body.prompt_tokens != len(body.prompt_token_ids):
         raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
                          f"({len(body.prompt_token_ids)})", param="prompt_tokens")
+    check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
+    check_prompt_ids(rt, body.generate_chunk.prompt_token_ids, "generate_chunk.prompt_token_ids")
     seen: set[int] = set()
     n_known = len(state.choices) if state is not None else 0
     for c in body.generate_chunk.choices:

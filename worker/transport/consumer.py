@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ from aiokafka.errors import KafkaError
 
 from worker.config import ServedModelConfig
 from worker.state.memory_store import MemoryStateStore
-from worker.transport.deadletter import dead_letter
+from worker.transport.deadletter import DeadLetterError, dead_letter
 from worker.transport.health import HealthState
 from worker.transport.jobs import JobOutcome
 from worker.transport.metrics import PromMetrics, WorkerStats
@@ -42,16 +43,19 @@ from worker.transport.records import (
     HDR_SEQ,
     HDR_STATUS,
     JSON_CT,
-    TOPIC_RE,
     header,
     kind_header,
+    reply_topic_problem,
 )
 from worker.transport.settings import WorkerSettings, redact_url
 from worker.transport.streams import OffsetCommitError, StreamRouter
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KafkaDerenderWorker"]
+__all__ = ["KafkaDerenderWorker", "UNKNOWN_TOPIC_MEMORY_S"]
+
+#: seconds a reply topic that did not appear within ``reply_topic_wait_ms`` counts as unknown
+UNKNOWN_TOPIC_MEMORY_S = 10.0
 
 
 @dataclass
@@ -126,6 +130,7 @@ class KafkaDerenderWorker:
         self._prom = PromMetrics.get() if settings.metrics_port is not None else None
         self._assigned = asyncio.Event()
         self._router: StreamRouter | None = None  # created by start()
+        self._unknown_topics: dict[str, float] = {}  # reply topic -> monotonic time until it counts as unknown
         self._stop_requested = False
         self._hurry: asyncio.Event | None = None  # a second stop(): give up the drain
 
@@ -453,12 +458,12 @@ class KafkaDerenderWorker:
             return self._dlq(msg, "derender-crashed")
         reply_topic = self.settings.reply_topic
         if reply_hdr is not None:
-            try:
-                reply_topic = reply_hdr.decode("utf-8")
-            except UnicodeDecodeError:
+            if len(reply_hdr) > 249 or not reply_hdr.isascii():
                 return self._dlq(msg, "invalid-reply-topic")
-            if not TOPIC_RE.match(reply_topic):
-                return self._dlq(msg, "invalid-reply-topic")
+            reply_topic = reply_hdr.decode("ascii")
+            problem = reply_topic_problem(reply_topic, self.settings.allowed_reply_topics_re)
+            if problem is not None:
+                return self._dlq(msg, problem)
         elif not out.is_object:
             return self._dlq(msg, "unparseable-no-reply-topic")
         rid = out.request_id.encode("utf-8") if out.request_id else None
@@ -474,7 +479,108 @@ class KafkaDerenderWorker:
         return reply_topic, key, out.body, headers, None
 
     def _dlq(self, msg, reason: str) -> tuple[str, bytes | None, bytes | None, list, str]:
-        return dead_letter(msg, reason, self.settings.dead_letter_topic)
+        return dead_letter(msg, reason, self.settings.dead_letter_topic, self.settings.dead_letter_max_bytes)
+
+    def _safe_plan(self, msg, out: JobOutcome) -> tuple[str, bytes | None, bytes | None, list, str | None]:
+        """``_plan``, except that an exception while planning this record (a bug met by an odd
+        record) dead-letters it (``internal-error: ...``) instead of stopping the worker."""
+        try:
+            return self._plan(msg, out)
+        except Exception as e:
+            log.exception("planning the reply of %s[%d]@%d failed", msg.topic, msg.partition, msg.offset)
+            return self._dlq(msg, f"internal-error: {type(e).__name__}: {e}")
+
+    async def _reply_topic_known(self, topic: str) -> bool:
+        """Whether the producer has (or gets within ``reply_topic_wait_ms``) metadata for
+        ``topic``. A topic that did not appear is remembered as unknown for
+        ``UNKNOWN_TOPIC_MEMORY_S`` seconds, so records addressed to it fail at once instead of each
+        blocking its partition for the producer's full metadata wait (``request_timeout_ms``)."""
+        if topic == self.settings.reply_topic or self._producer.client.cluster.partitions_for_topic(topic):  # cached
+            return True
+        now = time.monotonic()
+        until = self._unknown_topics.get(topic)
+        if until is not None and until > now:
+            return False
+        try:
+            await asyncio.wait_for(self._producer.partitions_for(topic), self.settings.reply_topic_wait_ms / 1000)
+            self._unknown_topics.pop(topic, None)
+            return True
+        except (asyncio.TimeoutError, KafkaError):
+            if len(self._unknown_topics) >= 1024:  # bounded: forget the oldest
+                self._unknown_topics.pop(next(iter(self._unknown_topics)))
+            self._unknown_topics[topic] = now + UNKNOWN_TOPIC_MEMORY_S
+            # the producer's client added the name to the topics it refreshes metadata for, for
+            # good: take it out again, so that names from records cannot grow that list forever
+            client = self._producer.client
+            known = getattr(client, "_topics", None)
+            if isinstance(known, set) and topic in known:
+                client.set_topics(known - {topic})
+            return False
+
+    async def _publish(self, st: _Partition, msg, plan) -> tuple[tuple, asyncio.Future]:
+        """Send ``plan`` (a reply or a dead letter) -> ``(plan actually sent, delivery future)``.
+        A reply that cannot be sent for a reason of its own (unknown or unwritable reply topic,
+        too large: ``KafkaError``) is dead-lettered instead. A dead letter the producer refuses at
+        once is retried here until acknowledged (``_dead_letter_until_acked``: never skipped,
+        never a crash); otherwise its delivery is awaited (and retried) by the acker, like a reply."""
+        if plan[4] is None and not await self._reply_topic_known(plan[0]):
+            plan = self._dlq(msg, f"reply-publish-failed: unknown topic {plan[0]!r}")
+        if plan[4] is None:
+            try:
+                return plan, await self._send(plan)
+            except KafkaError as e:  # e.g. MessageSizeTooLargeError
+                refused = plan[0]
+                plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                            msg.offset, plan[4], refused)
+        else:
+            log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4])
+        try:
+            return plan, await self._send(plan)
+        except KafkaError:
+            pass
+        await self._dead_letter_until_acked(st, msg, plan)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return plan, done
+
+    async def _dead_letter_until_acked(self, st: _Partition, msg, plan) -> None:
+        """Publish dead letter ``plan`` of ``msg`` and wait for the broker's ack, retrying with
+        backoff (0.5 s doubling to 30 s) while it fails (dead-letter topic missing or unwritable).
+        Meanwhile the partition is paused (no new fetches; its offset cannot pass this record
+        anyway) and the health state is not ready (reason key ``dead-letter:<topic>[<partition>]``).
+        Raises ``DeadLetterError`` when the partition is revoked or the worker is stopping while
+        retrying: the record stays uncommitted and is redelivered."""
+        delay, paused, attempt = 0.5, False, 0
+        key = f"dead-letter:{st.tp.topic}[{st.tp.partition}]"
+        try:
+            while True:
+                attempt += 1
+                try:
+                    await (await self._send(plan))
+                    if attempt > 1:
+                        log.warning("dead letter of %s[%d]@%d published after %d attempts", msg.topic,
+                                    msg.partition, msg.offset, attempt)
+                    return
+                except KafkaError as e:
+                    why = (f"cannot publish dead letters to {plan[0]!r}: {type(e).__name__}: {e}; "
+                           f"partition {st.tp.topic}[{st.tp.partition}] paused at offset {msg.offset}")
+                    self.health.set_reason(key, why)
+                    if st.closed or (self._stopping is not None and self._stopping.is_set()):
+                        raise DeadLetterError(why) from e
+                    log.error("%s; retrying in %.1fs (attempt %d)", why, delay, attempt)
+                    if not paused and self._consumer is not None and st.tp in self._consumer.assignment():
+                        self._consumer.pause(st.tp)
+                        paused = True
+                    try:  # the backoff, cut short by a stop request
+                        await asyncio.wait_for(self._stopping.wait(), delay)
+                    except asyncio.TimeoutError:
+                        pass
+                    delay = min(delay * 2, 30.0)
+        finally:
+            self.health.clear_reason(key)
+            if paused and not st.closed and self._consumer is not None and st.tp in self._consumer.assignment():
+                self._consumer.resume(st.tp)
 
     async def _sequencer(self, st: _Partition) -> None:
         """Take the partition's jobs in offset order, await each derender, hand its record to the
@@ -490,19 +596,7 @@ class KafkaDerenderWorker:
                               msg.key, out.crash)
                 if self._prom is not None:
                     self._prom.latency.observe(out.seconds)
-                plan = self._plan(msg, out)
-                if plan[4] is not None:
-                    log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4])
-                try:
-                    delivery = await self._send(plan)
-                except KafkaError as e:  # e.g. metadata timeout: the reply topic does not exist
-                    if plan[4] is not None:
-                        raise
-                    refused = plan[0]
-                    plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                    log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                msg.offset, plan[4], refused)
-                    delivery = await self._send(plan)
+                plan, delivery = await self._publish(st, msg, self._safe_plan(msg, out))
                 st.acks.put_nowait((job, plan, out, delivery))
             except Exception as e:
                 log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset)
@@ -524,17 +618,21 @@ class KafkaDerenderWorker:
             try:
                 try:
                     await delivery
-                except KafkaError as e:
-                    if plan is None or plan[4] is not None:
+                except KafkaError as e:  # the broker refused the reply (too large for the topic, ...)
+                    if plan is None:
                         raise
-                    refused = plan[0]
-                    plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                    log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                msg.offset, plan[4], refused)
-                    await (await self._send(plan))
+                    if plan[4] is None:
+                        refused = plan[0]
+                        plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                        log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                                    msg.offset, plan[4], refused)
+                    await self._dead_letter_until_acked(st, msg, plan)  # retried until acked
                 self._count(plan, out)
                 if not st.failed:
                     st.inflight.discard(msg.offset)
+            except DeadLetterError as e:  # revoked / drain given up while retrying: redelivered later
+                st.failed = True  # never commit past an undelivered message
+                log.warning("%s; %s[%d]@%d left uncommitted", e, msg.topic, msg.partition, msg.offset)
             except Exception as e:
                 st.failed = True  # never commit past an undelivered message
                 log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,

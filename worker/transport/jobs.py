@@ -61,16 +61,28 @@ def error_body(message: str, status: int, request_id: str | None) -> bytes:
                                              request_id=request_id))
 
 
+def _crash_outcome(e: BaseException, kind: str | None, is_object: bool, t0: float) -> JobOutcome:
+    return JobOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, None, kind,
+                      is_object, crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
 
 
 def derender_job(service: Any, value: bytes | None, kind: str | None) -> JobOutcome:
     """Derender one message value with ``service`` (a ``DerenderService``); never raises.
 
     ``kind``: the ``derender-kind`` header (``chat``/``completion``/None; anything else yields a
-    400 error without calling the core). An exception from the core becomes a 500 error reply
-    and its traceback is returned in ``crash`` for the caller to log with message context."""
+    400 error without calling the core). Any exception (from the core or while probing the value:
+    ``RecursionError``, ``MemoryError``, ``OverflowError``, ...) becomes a 500 error reply for this
+    value only, its traceback returned in ``crash`` for the caller to log with message context."""
     t0 = time.perf_counter()
     body = value or b""
+    is_object, detected = is_object_value(body), None
+    try:
+        return _derender_job(service, body, kind, t0)
+    except Exception as e:
+        return _crash_outcome(e, kind or detected, is_object, t0)
+
+
+def _derender_job(service: Any, body: bytes, kind: str | None, t0: float) -> JobOutcome:
     try:
         shape = _shape_decoder.decode(body)
         is_object = True
@@ -78,6 +90,8 @@ def derender_job(service: Any, value: bytes | None, kind: str | None) -> JobOutc
             "completion" if _present(shape.generate_responses) else None)
     except (msgspec.DecodeError, msgspec.ValidationError):
         is_object, detected = False, None
+    except RecursionError:  # nested deeper than the decoder allows: the core answers 400
+        is_object, detected = is_object_value(body), None
     if kind is not None and kind not in KINDS:
         return JobOutcome(error_body(bad_kind_message(kind), 400, None), 400, None, None, is_object,
                           seconds=time.perf_counter() - t0)
@@ -87,18 +101,19 @@ def derender_job(service: Any, value: bytes | None, kind: str | None) -> JobOutc
         return JobOutcome(res.body, int(res.status), res.request_id, kind_used, is_object,
                           seconds=time.perf_counter() - t0)
     except Exception as e:  # the core must not raise; answer 500 and report the traceback
-        return JobOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, None,
-                          kind or detected, is_object, crash=traceback.format_exc(),
-                          seconds=time.perf_counter() - t0)
+        return _crash_outcome(e, kind or detected, is_object, t0)
 
 
 _PROC_SERVICE: Any = None
 
 
 def proc_init(models: list[ServedModelConfig]) -> None:
-    """Pool-process initializer: build this process' ``DerenderService`` once."""
+    """Pool-process initializer: end with the main process (``lifetime.guard_pool_process``),
+    then build this process' ``DerenderService`` once."""
     global _PROC_SERVICE
     from worker.core.service import DerenderService
+    from worker.transport.lifetime import guard_pool_process
+    guard_pool_process()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and drains
     _PROC_SERVICE = DerenderService(models)
     preload = getattr(_PROC_SERVICE, "preload", None)
@@ -116,7 +131,9 @@ def proc_stream_job(value: bytes | None, state: bytes | None, seq: int, kind: st
 
 
 def proc_jobs(items: list[tuple[bytes | None, str | None]]) -> list[JobOutcome]:
-    """Several ``(value, kind)`` jobs in one pool call (one pickling round trip)."""
+    """Several ``(value, kind)`` jobs in one pool call (one pickling round trip). Each job's
+    outcome is its own: ``derender_job`` never raises, so one value's failure (of any type) is a
+    500 for that value and never fails its neighbours in the call."""
     return [derender_job(_PROC_SERVICE, v, k) for v, k in items]
 
 
@@ -162,7 +179,7 @@ def body_request_id(value: bytes | None) -> str | None:
     """``generate_chunk.request_id`` of a stream chunk body, or None when it cannot be read."""
     try:
         gc = _chunk_probe_decoder.decode(value or b"").generate_chunk
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     return gc.request_id if gc is not None and gc.request_id else None
 
@@ -185,6 +202,16 @@ def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, 
     answered with a 400 error without calling the core)."""
     t0 = time.perf_counter()
     body = value or b""
+    try:
+        return _derender_stream_job(service, body, state, seq, kind, t0)
+    except Exception as e:
+        return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, False, None,
+                             None, is_object_value(body), crash=traceback.format_exc(),
+                             seconds=time.perf_counter() - t0)
+
+
+def _derender_stream_job(service: Any, body: bytes, state: bytes | None, seq: int, kind: str | None,
+                         t0: float) -> StreamOutcome:
     if kind is not None and kind not in KINDS and kind not in STREAM_KINDS:
         return StreamOutcome(error_body(bad_kind_message(kind), 400, body_request_id(body)), 400, False, None, None,
                              is_object_value(body), seconds=time.perf_counter() - t0)

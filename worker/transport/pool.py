@@ -29,6 +29,7 @@ from worker.transport.jobs import (
     proc_ping,
     proc_stream_job,
 )
+from worker.transport.lifetime import mark_main
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,11 @@ __all__ = ["DerenderPool"]
 
 
 def _mp_context():
-    return multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    """The pool's multiprocessing context (``forkserver`` on Linux, else ``spawn``), set up so
+    that its processes end with this one (``worker.transport.lifetime``)."""
+    ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    mark_main(ctx)
+    return ctx
 
 
 class DerenderPool:
@@ -170,11 +175,21 @@ class DerenderPool:
         segfault, OOM kill...), restart the pool and rerun this message alone in a one-process
         quarantine pool, one message at a time, so only the message that kills it again is
         dead-lettered (``derender-crashed``) and messages that merely shared the broken pool are
-        answered. ``where``: the record's ``topic[partition]@offset`` for the logs."""
+        answered. Any other failure of the (batch) call is not this record's: it is rerun alone,
+        and only when that fails too does it get a 500. ``where``: the record's
+        ``topic[partition]@offset`` for the logs."""
         try:
             return await future
         except BrokenProcessPool:
             log.error("derender process died while %s was in the pool; retrying it in quarantine", where)
+            self._restart_if_broken()
+            return await self.quarantine(value, kind, where)
+        except Exception as e:
+            log.error("derender call with %s failed (%s: %s); rerunning that record alone", where,
+                      type(e).__name__, e)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, self._job_fn, value, kind)
+        except BrokenProcessPool:
             self._restart_if_broken()
             return await self.quarantine(value, kind, where)
         except Exception as e:

@@ -43,19 +43,25 @@ Dead letters (``--dead-letter-topic``, default ``derender-dlq``)
 ----------------------------------------------------------------
 A message is dead-lettered, instead of answered, exactly when no useful reply can be addressed:
 
-1. ``invalid-reply-topic``: the ``reply-topic`` header is empty, not UTF-8, longer than 249
-   characters or has characters outside ``[A-Za-z0-9._-]``;
-2. ``unparseable-no-reply-topic``: the value is not a JSON object (empty/null value, invalid
+1. ``invalid-reply-topic``: the ``reply-topic`` header is not a legal Kafka topic name (empty,
+   not ASCII, longer than 249 characters, characters outside ``[A-Za-z0-9._-]``, ``.``/``..``);
+2. ``reply-topic-not-allowed``: it names an internal topic (``__`` prefix) or does not match
+   ``--allowed-reply-topics`` in full;
+3. ``unparseable-no-reply-topic``: the value is not a JSON object (empty/null value, invalid
    UTF-8 or JSON, a JSON array/scalar) **and** there is no ``reply-topic`` header. (With the header
    the sender explicitly asked for a reply and gets a 400 error object instead.);
-3. ``no-correlation-id``: no ``correlation-id`` header, no key and no readable request id;
-4. ``derender-crashed``: a derender process died on this message, and again when the message
+4. ``no-correlation-id``: no ``correlation-id`` header, no key and no readable request id;
+5. ``derender-crashed``: a derender process died on this message, and again when the message
    was rerun alone in a one-process quarantine pool (poison pill);
-5. ``reply-publish-failed``: the broker refused the reply (e.g. unknown topic, too large).
+6. ``reply-publish-failed: <error>``: the reply could not be published for a reason of its own
+   (refused as too large, reply topic unknown after ``--reply-topic-wait-ms``);
+7. ``internal-error: <error>``: planning the reply raised.
 
-A dead-letter record carries the original key and value, the original headers, plus
-``x-dlq-reason`` (one of the names above; for 5 followed by ``: <error>``), ``x-original-topic``,
-``x-original-partition`` and ``x-original-offset`` (ASCII decimal).
+A dead-letter record carries the original key and value and headers, cut to fit
+``--dead-letter-max-bytes``, plus ``x-dlq-reason``, ``x-original-topic``/``-partition``/``-offset``,
+``x-original-value-sha256``/``-size`` and, when something was cut, ``x-dlq-truncated`` (see
+``worker.transport.deadletter``). A dead letter the broker refuses is retried with the partition
+paused and the worker not ready, never skipped.
 
 Streaming
 ---------
@@ -75,7 +81,8 @@ import re
 
 __all__ = ["HDR_REPLY_TOPIC", "HDR_CORRELATION_ID", "HDR_KIND", "HDR_STATUS", "HDR_CONTENT_TYPE",
            "HDR_DLQ_REASON", "HDR_SEQ", "HDR_STREAM_END", "JSON_CT", "KINDS", "STREAM_KINDS", "TOPIC_RE",
-           "header", "kind_header", "parse_seq", "bad_kind_message"]
+           "header", "kind_header", "reply_topic_problem", "INTERNAL_TOPIC_PREFIX", "parse_seq", "bad_kind_message", "SEQ_MAX",
+           "KIND_MAX_BYTES", "STREAM_KEY_MAX_BYTES"]
 
 HDR_REPLY_TOPIC = "reply-topic"
 HDR_CORRELATION_ID = "correlation-id"
@@ -88,7 +95,27 @@ HDR_STREAM_END = "derender-stream-end"
 JSON_CT = b"application/json"
 KINDS = ("chat", "completion")
 STREAM_KINDS = ("chat-stream", "completion-stream")  # also accepted on stream chunk records
-TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
+
+
+#: topic names a record may not reply to: Kafka's internal topics (``__consumer_offsets``,
+#: ``__transaction_state``, ...) and every other name starting with two underscores
+INTERNAL_TOPIC_PREFIX = "__"
+
+
+def reply_topic_problem(name: str, allowed: re.Pattern | None = None) -> str | None:
+    """Why ``name`` (a decoded ``reply-topic`` header) cannot be replied to, or None when it can:
+    ``"invalid-reply-topic"`` unless a legal Kafka topic name (1 to 249 characters of
+    ``[A-Za-z0-9._-]``, not ``.`` or ``..``: Kafka's ``Topic.validate``);
+    ``"reply-topic-not-allowed"`` for internal names (``__`` prefix) and names ``allowed`` (the
+    ``--allowed-reply-topics`` pattern) does not match in full."""
+    if not TOPIC_RE.match(name) or name in (".", ".."):
+        return "invalid-reply-topic"
+    if name.startswith(INTERNAL_TOPIC_PREFIX):
+        return "reply-topic-not-allowed"
+    if allowed is not None and allowed.fullmatch(name) is None:
+        return "reply-topic-not-allowed"
+    return None
 
 
 def header(msg, name: str) -> bytes | None:
@@ -99,25 +126,44 @@ def header(msg, name: str) -> bytes | None:
     return None
 
 
+#: longest ``derender-kind`` value looked at (the accepted ones are far shorter); longer values
+#: are cut to this many bytes plus "..." (still rejected, and the error message stays short)
+KIND_MAX_BYTES = 64
+#: longest key (request id) of a stream chunk record: it names the stream in memory and in the
+#: state store (a Redis key); longer keys are answered with a 400
+STREAM_KEY_MAX_BYTES = 1024
+
+
 def kind_header(msg) -> str | None:
-    """The ``derender-kind`` header, decoded (invalid UTF-8 replaced), stripped and lower-cased; None when absent."""
+    """The ``derender-kind`` header, decoded (invalid UTF-8 replaced), stripped and lower-cased;
+    None when absent; cut to ``KIND_MAX_BYTES`` (+ "...") when longer."""
     raw = header(msg, HDR_KIND)
     if raw is None:
         return None
+    if len(raw) > KIND_MAX_BYTES:
+        return raw[:KIND_MAX_BYTES].decode("utf-8", "replace").strip().lower() + "..."
     return raw.decode("utf-8", "replace").strip().lower()
 
 
+#: largest ``derender-seq``: the next expected one (seq + 1) still fits a signed 64-bit integer
+#: (the stream state and the checkpoint store it as msgpack int64)
+SEQ_MAX = 2**63 - 2
+_SEQ_DIGITS = len(str(SEQ_MAX))
+
+
 def parse_seq(msg) -> int | None:
-    """The ``derender-seq`` header as an int; None when absent or not ASCII decimal digits."""
+    """The ``derender-seq`` header as an int in ``[0, SEQ_MAX]``; None when absent, not ASCII
+    decimal digits (surrounding blanks allowed) or out of range (checked on the text's length
+    before converting, so a huge header costs nothing)."""
     for k, v in msg.headers or ():
         if k == HDR_SEQ:
-            try:
-                s = v.decode("ascii").strip()
-                if s.isdigit():
-                    return int(s)
-            except (UnicodeDecodeError, AttributeError):
-                pass
-            return None
+            if not isinstance(v, (bytes, bytearray)) or len(v) > _SEQ_DIGITS + 8:
+                return None
+            s = v.strip()
+            if not s or len(s) > _SEQ_DIGITS or not s.isdigit() or not s.isascii():
+                return None
+            n = int(s)
+            return n if n <= SEQ_MAX else None
     return None
 
 

@@ -8,6 +8,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.transport.deadletter import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
+from worker.transport.records import reply_topic_problem
+
 __all__ = ["WorkerSettings", "add_run_args", "security_kwargs", "env_default", "redact_url"]
 
 
@@ -57,6 +60,32 @@ class WorkerSettings:
     redis: Any = None
     stream_gap_timeout_s: float = 10.0
     stream_replay_window: int = 32
+    #: largest dead-letter record (key + value + headers, bytes); see ``worker.transport.deadletter``
+    dead_letter_max_bytes: int = DEFAULT_MAX_BYTES
+    #: regular expression a ``reply-topic`` header must match in full (``re.fullmatch``); None = any
+    #: legal, non-internal topic name (see ``records.reply_topic_problem``)
+    allowed_reply_topics: str | None = None
+    #: how long a reply waits for the metadata of a reply topic the producer does not know yet
+    #: before it is dead-lettered as unknown (the answer is remembered ``UNKNOWN_TOPIC_MEMORY_S``)
+    reply_topic_wait_ms: int = 2000
+
+    def __post_init__(self) -> None:
+        """Check the reliability settings. Raises ``ValueError`` (a bad regular expression, a
+        dead-letter limit below ``MIN_MAX_BYTES`` or above ``max_request_size``, an illegal or
+        internal input, reply or dead-letter topic name)."""
+        for flag, name in (("--input-topic", self.input_topic), ("--reply-topic", self.reply_topic),
+                           ("--dead-letter-topic", self.dead_letter_topic)):
+            if reply_topic_problem(name) is not None:
+                raise ValueError(f"{flag} {name!r} is not a legal, non-internal Kafka topic name")
+        if not MIN_MAX_BYTES <= self.dead_letter_max_bytes <= self.max_request_size:
+            raise ValueError(f"--dead-letter-max-bytes {self.dead_letter_max_bytes} must be between {MIN_MAX_BYTES} "
+                             f"and --max-request-size ({self.max_request_size})")
+        self.allowed_reply_topics_re = None
+        if self.allowed_reply_topics:
+            try:
+                self.allowed_reply_topics_re = re.compile(self.allowed_reply_topics)
+            except re.error as e:
+                raise ValueError(f"--allowed-reply-topics {self.allowed_reply_topics!r}: {e}") from None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WorkerSettings:
@@ -73,6 +102,8 @@ class WorkerSettings:
             security=security_kwargs(args),
             redis=_redis_settings(args), stream_gap_timeout_s=args.stream_gap_timeout,
             stream_replay_window=args.stream_replay_window,
+            dead_letter_max_bytes=args.dead_letter_max_bytes, allowed_reply_topics=args.allowed_reply_topics or None,
+            reply_topic_wait_ms=args.reply_topic_wait_ms,
         )
 
 
@@ -111,6 +142,18 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--reply-topic", default=env_default("reply_topic", "derender-replies"),
                    help="where replies go when a message has no reply-topic header")
     g.add_argument("--dead-letter-topic", default=env_default("dead_letter_topic", "derender-dlq"))
+    g.add_argument("--dead-letter-max-bytes", type=int,
+                   default=int(env_default("dead_letter_max_bytes", DEFAULT_MAX_BYTES)),
+                   help="largest dead-letter record in bytes (key + value + headers; default 512 KiB): keep it below "
+                        "the dead-letter topic's max.message.bytes (Kafka default 1 MiB); larger originals are "
+                        "truncated, marked x-dlq-truncated and identified by x-original-value-sha256")
+    g.add_argument("--allowed-reply-topics", default=env_default("allowed_reply_topics"), metavar="REGEX",
+                   help="reply-topic headers must match this regular expression in full (default: any legal "
+                        "topic name not starting with '__'); others are dead-lettered (reply-topic-not-allowed)")
+    g.add_argument("--reply-topic-wait-ms", type=int, default=int(env_default("reply_topic_wait_ms", 2000)),
+                   help="how long a reply waits for an unknown reply topic to appear before it is dead-lettered "
+                        "(reply-publish-failed); the answer is remembered for a while, so a missing topic "
+                        "never blocks a partition for long")
     g.add_argument("--group-id", default=env_default("group_id", "derender-workers"))
     g.add_argument("--client-id", default=env_default("client_id", "derender-worker"))
     g.add_argument("--max-in-flight", type=int, default=int(env_default("max_in_flight", 64)),

@@ -40,8 +40,9 @@ Design
   stored state: deterministic, byte-identical).
 * **Gaps.** A chunk with ``seq`` > next expected is held (its offset stays uncommitted) until the
   missing ones arrive, at most ``--stream-gap-timeout`` seconds since the stream last progressed;
-  then one 409 error reply ends the stream (``derender-stream-end: 1``). A stream whose chunk 0
-  never came (unknown stream) is a gap too and ends the same way.
+  then one 409 error reply ends the stream (``derender-stream-end: 1``). A stream with no state
+  and no chunk 0 (unknown stream: its state was lost or expired, or chunk 0 was never sent) is a
+  gap too and ends the same way, the 409 saying so.
 * **End of stream.** The reply of the chunk that completes the request (every choice finished,
   usage sent), and every error reply, carries ``derender-stream-end: 1``. Its checkpoint is a
   tombstone (state None, window kept); once the offsets past it are committed the key is deleted
@@ -59,8 +60,9 @@ from typing import Any
 
 import msgspec
 
+from worker.transport.deadletter import DeadLetterError
 from worker.transport.jobs import JobOutcome, body_request_id, error_body, is_object_value
-from worker.transport.records import HDR_SEQ, HDR_STREAM_END, parse_seq
+from worker.transport.records import HDR_SEQ, HDR_STREAM_END, SEQ_MAX, STREAM_KEY_MAX_BYTES, parse_seq
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +166,21 @@ class _Write:
     offsets: list
 
 
+def _bad_chunk(msg, seq: int | None) -> str | None:
+    """Why stream record ``msg`` (with parsed ``seq``) cannot be handed to a stream, or None."""
+    if msg.key is None:
+        return "stream chunk without a key (the key must be the request id)"
+    if len(msg.key) > STREAM_KEY_MAX_BYTES:
+        return f"stream chunk key of {len(msg.key)} bytes; at most {STREAM_KEY_MAX_BYTES} allowed"
+    if seq is None:
+        return f"invalid {HDR_SEQ} header: expected ASCII decimal digits, at most {SEQ_MAX}"
+    return None
+
+
 class StreamRouter:
     """The streaming half of a ``KafkaDerenderWorker`` (see the module docstring). ``worker``
-    supplies the producer (``_send``), the reply planning (``_plan``/``_dlq``), the executor
+    supplies the producer (``_send``, ``_publish``, ``_dead_letter_until_acked``), the reply planning
+    (``_safe_plan``/``_dlq``), the executor
     (``_stream_submit``), stats and ``_stream_done(st, offset)`` (offset finished)."""
 
     def __init__(self, worker: Any, store: Any, gap_timeout_s: float, replay_window: int,
@@ -249,7 +263,7 @@ class StreamRouter:
         the store in one ``get_many``. Raises ``StateStoreError`` after retries."""
         rids = []
         for m in msgs:
-            if m.key is None:
+            if _bad_chunk(m, 0) is not None:
                 continue
             rid = m.key.decode("utf-8", "replace")
             if rid not in st.streams and rid not in rids:
@@ -281,18 +295,21 @@ class StreamRouter:
     def dispatch(self, st, msg) -> None:
         """Hand one stream record to its stream's runner (``load`` must have run for it)."""
         seq = self.parse_seq(msg)
-        if msg.key is None or seq is None:
+        why = _bad_chunk(msg, seq)
+        if why is not None:
             # a 400 error reply, addressed like any reply: key, else the body's request id (the
             # dead-letter rules apply when neither nor a correlation-id header can address it)
             rid = msg.key.decode("utf-8", "replace") if msg.key is not None else body_request_id(msg.value)
-            why = ("stream chunk without a key (the key must be the request id)" if msg.key is None
-                   else f"invalid {HDR_SEQ} header: expected ASCII decimal digits")
             # seq -1: the reply carries no derender-seq header (there is no valid one to echo)
-            entry = ReplayEntry(seq if seq is not None else -1, 400, False, None, error_body(why, 400, rid))
+            echo = rid if rid is None or len(rid) <= STREAM_KEY_MAX_BYTES else None  # not an over-long key
+            entry = ReplayEntry(seq if seq is not None else -1, 400, False, None, error_body(why, 400, echo))
 
             async def answer():
                 try:
                     await self._publish(st, None, msg, entry, is_object=is_object_value(msg.value or b""), rid=rid)
+                except DeadLetterError as e:
+                    log.warning("%s; %s[%d]@%d stays uncommitted", e, msg.topic, msg.partition, msg.offset)
+                    self._fail(st, [msg.offset])
                 except Exception as e:
                     log.error("%s; stopping (it will be redelivered)", e)
                     self._fail(st, [msg.offset])
@@ -322,6 +339,11 @@ class StreamRouter:
                     await self._gap_check(st, s)
                 else:
                     await self._handle(st, s, item)
+        except DeadLetterError as e:  # stopping/revoked while a dead letter was retried: redelivered
+            log.warning("stream %r: %s; its records stay uncommitted", s.rid, e)
+            unsent = [m.offset for m in s.queue if m is not _GAP]
+            s.queue.clear()
+            self._fail(st, unsent)
         except Exception as e:  # a publish failure: stop the worker, nothing past it is committed
             log.exception("stream %r failed", s.rid)
             # the record(s) being handled and the queued ones will not finish: give them up
@@ -385,8 +407,12 @@ class StreamRouter:
         seqs = sorted(s.held)
         last = seqs[-1]
         if not s.known and s.next_seq == 0:
-            why = (f"unknown stream {s.rid!r}: its first chunk ({HDR_SEQ} 0) never came within "
-                   f"{self.gap_timeout_s:g}s; got {HDR_SEQ} {', '.join(map(str, seqs))}")
+            # chunks of a stream share its key, hence its partition, hence arrive in order: a later
+            # chunk with no stored state means the state was lost or expired (state store
+            # restarted without persistence, flushed, TTL passed) or chunk 0 was never produced
+            why = (f"unknown stream {s.rid!r}: no state for it; its stream state was lost or expired (or its "
+                   f"first chunk, {HDR_SEQ} 0, was never sent); got {HDR_SEQ} {', '.join(map(str, seqs))}, "
+                   f"waited {self.gap_timeout_s:g}s; stream ended")
         else:
             why = (f"stream {s.rid!r}: chunk(s) {s.next_seq}..{seqs[0] - 1} missing after "
                    f"{self.gap_timeout_s:g}s (held {HDR_SEQ} {', '.join(map(str, seqs))}); stream ended")
@@ -427,6 +453,24 @@ class StreamRouter:
             await self._publish(st, s, msg, entry)
 
     async def _derender_publish(self, st, s: _Stream, msg, seq: int) -> None:
+        """Derender and publish one in-order chunk. An unexpected exception for this record (a
+        bug, ``MemoryError``...; not a failed publish step, which stops the worker) stays with it:
+        the chunk is answered with a 500 error that ends its stream, the partition moves on."""
+        try:
+            await self._derender_publish_one(st, s, msg, seq)
+        except StreamStepError:
+            raise
+        except Exception as e:
+            log.exception("stream %r: chunk %s[%d]@%d failed; ending the stream with a 500", s.rid, msg.topic,
+                          msg.partition, msg.offset)
+            self.w.stats.crashes += 1
+            s.next_seq = max(s.next_seq, seq + 1)
+            self._end(s)
+            entry = ReplayEntry(seq, 500, True, None,
+                                error_body(f"internal error: {type(e).__name__}: {e}", 500, s.rid))
+            await self._publish(st, s, msg, entry, write=True)
+
+    async def _derender_publish_one(self, st, s: _Stream, msg, seq: int) -> None:
         kind = self.w._kind_header(msg)
         out = await self.w._stream_submit(msg.value, s.state, seq, kind)
         if out.crash:
@@ -450,36 +494,27 @@ class StreamRouter:
         """Steps 1 (produce) here; 2-4 follow in the partition's stream acker / state writer.
         ``rid``: the request id addressing the reply when there is no stream ``s``. An
         ``entry.seq`` < 0 (no valid ``derender-seq``) puts no ``derender-seq`` header on the reply."""
-        from aiokafka.errors import KafkaError
-
         out = JobOutcome(entry.value, entry.status, s.rid if s else rid, entry.kind, is_object)
-        plan = self.w._plan(msg, out)
+        plan = self.w._safe_plan(msg, out)
         if plan[4] is None:
             if entry.seq >= 0:
                 plan[3].append((HDR_SEQ, str(entry.seq).encode()))
             if entry.end:
                 plan[3].append((HDR_STREAM_END, b"1"))
-        else:
-            log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4])
-        try:
-            try:
-                delivery = await self.w._send(plan)
-            except KafkaError as e:
-                if plan[4] is not None:
-                    raise
-                refused = plan[0]
-                plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition, msg.offset,
-                            plan[4], refused)
-                delivery = await self.w._send(plan)
-        except Exception as e:
-            raise ReplyProduceError(f"producing the reply of {msg.topic}[{msg.partition}]@{msg.offset} failed: "
-                                    f"{type(e).__name__}: {e}") from e
-        wr = None
+        wr = None  # the checkpoint is built before anything is sent: nothing can fail after the send
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
             wr = _Write(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
                         [msg.offset, *(extra_offsets or ())])
+        try:
+            # a reply refused for a reason of its own is dead-lettered; a dead letter is retried
+            # until acked (partition paused, not ready) unless the partition goes away meanwhile
+            plan, delivery = await self.w._publish(st, msg, plan)
+        except DeadLetterError:
+            raise
+        except Exception as e:
+            raise ReplyProduceError(f"producing the reply of {msg.topic}[{msg.partition}]@{msg.offset} failed: "
+                                    f"{type(e).__name__}: {e}") from e
         if s is not None and s.ended:
             s.end_offset = max(s.end_offset, msg.offset, *(extra_offsets or ()))
         st.sacks.put_nowait((msg, plan, entry, delivery, wr))
@@ -494,19 +529,21 @@ class StreamRouter:
                 try:
                     await delivery
                 except KafkaError as e:
-                    if plan[4] is not None:
-                        raise
-                    refused = plan[0]
-                    plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                    log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                msg.offset, plan[4], refused)
-                    await (await self.w._send(plan))
+                    if plan[4] is None:
+                        refused = plan[0]
+                        plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                        log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                                    msg.offset, plan[4], refused)
+                    await self.w._dead_letter_until_acked(st, msg, plan)  # retried until acked
                 self.w._count(plan, _Counted(entry.status))
                 if wr is None:
                     self.w._stream_done(st, msg.offset)
                 else:
                     self._pending.append(wr)
                     self._wake.set()
+            except DeadLetterError as e:
+                log.warning("%s; %s[%d]@%d stays uncommitted", e, msg.topic, msg.partition, msg.offset)
+                self._fail(st, [msg.offset, *(wr.offsets if wr is not None else ())])
             except Exception as e:
                 err = ReplyAckError(f"reply of {msg.topic}[{msg.partition}]@{msg.offset} not acknowledged: "
                                     f"{type(e).__name__}: {e}")
