@@ -41,7 +41,7 @@ from schemas import (
     ToolCall,
     UsageInfo,
 )
-from worker.config import ServedModelConfig
+from worker.config import ServedModelConfig, tokenizer_mode
 from worker.core.detokenize import detokenize_with_stop, stop_strings, stop_token_trimmed
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, completion_logprobs
@@ -61,7 +61,7 @@ class ModelRuntime:
 
     def __init__(self, config: ServedModelConfig, tokenizer: Tokenizer | None = None):
         self.config = config
-        self.tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_mode)
+        self.tokenizer = tokenizer or load_tokenizer(config.tokenizer, tokenizer_mode(config.tokenizer_mode))
         self.stack = ParserStack(
             make_reasoning_parser(config.reasoning_parser, self.tokenizer),
             make_tool_parser(config.tool_parser, self.tokenizer),
@@ -89,7 +89,7 @@ def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str, allow_e
 def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: str) -> None:
     """Checks shared by the non-streaming and streaming paths, for one choice's (or chunk's)
     ``ids`` and engine ``logprobs``: every id inside the vocabulary; logprobs, when given, one
-    entry per id, at most ``max_logprobs`` candidates each, every candidate id in the vocabulary.
+    entry per id, at most ``max_logprobs`` candidates each (-1: no limit), every candidate id in the vocabulary.
     Raises ``BadRequest`` naming ``where``."""
     cfg = rt.config
     vocab = rt.tokenizer.vocab_size
@@ -104,7 +104,7 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
         raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
                          f"length ({len(ids)})", param=f"{where}.logprobs")
     for e in lp:
-        if len(e.top_logprobs) > cfg.max_logprobs:
+        if 0 <= cfg.max_logprobs < len(e.top_logprobs):
             raise BadRequest(f"top_logprobs count ({len(e.top_logprobs)}) in {where} exceeds max_logprobs "
                              f"({cfg.max_logprobs}).", param=f"{where}.logprobs")
         for cand in (e, *e.top_logprobs):

@@ -129,18 +129,25 @@ _stream_probe_decoder = msgspec.json.Decoder(_StreamProbe)
 class DerenderService:
     """Derenders request bodies for a set of served models, routing by the body's ``model``.
 
-    ``models``: served-model configs; runtimes (tokenizer + parsers) are built on first use
-    (``preload()`` builds them all up front). Thread-safe."""
+    ``models``: served-model configs; each is served under its ``name`` and its ``aliases`` (one
+    runtime shared by all its names; a response's ``model`` is the name the request used, as in
+    vLLM). Runtimes (tokenizer + parsers) are built on first use (``preload()`` builds them all up
+    front). Raises ``ValueError`` when two models claim the same name. Thread-safe."""
 
     def __init__(self, models: list[ServedModelConfig]):
-        self.models = {m.name: m for m in models}
+        self.models: dict[str, ServedModelConfig] = {}
+        for m in models:
+            for name in (m.name, *m.aliases):
+                if name in self.models and self.models[name] is not m:
+                    raise ValueError(f"served model name {name!r} is given to two models")
+                self.models[name] = m
         self._runtimes: dict[str, ModelRuntime] = {}
         self._lock = threading.Lock()
 
     def preload(self) -> None:
         """Load every model's tokenizer and parsers now. Raises ``ValueError`` on a bad config."""
-        for name in self.models:
-            self.runtime(name)
+        for cfg in {id(m): m for m in self.models.values()}.values():
+            self.runtime(cfg.name)
 
     def runtime(self, name: str) -> ModelRuntime:
         """The runtime of served model ``name``. Raises ``ModelNotFound`` for an unknown name."""
@@ -152,10 +159,11 @@ class DerenderService:
             raise ModelNotFound(f"The model `{name}` does not exist. Served models: {', '.join(self.models)}",
                                 param="model", status=404)
         with self._lock:
-            rt = self._runtimes.get(name)
+            rt = self._runtimes.get(cfg.name)
             if rt is None:
                 rt = ModelRuntime(cfg)
-                self._runtimes[name] = rt
+                self._runtimes[cfg.name] = rt
+            self._runtimes[name] = rt
         return rt
 
     def derender(self, body: bytes, kind: str | None = None) -> DerenderResult:
