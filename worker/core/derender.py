@@ -5,7 +5,9 @@ model's runtime (tokenizer + parser stack) -> OpenAI ``ChatCompletionResponse`` 
 What each response field comes from (coupled ``vllm serve`` semantics, vLLM 0.32):
 
 * ``id``: ``generate_response.request_id`` (completions: the first response's); ``model``: the
-  served name in the body; ``created``: the engine response's ``created`` or 0 (deterministic);
+  served name in the body; ``created``: the engine response's ``created`` when it has one, else
+  the caller's ``created`` (the Kafka worker passes the input record's timestamp in seconds, so
+  a redelivered record gets a byte-identical reply; batch passes nothing: 0, deterministic);
 * text: the choice's token ids minus the final stop token (EOS or the int ``stop_reason``) unless
   ``include_stop_str_in_output``, detokenized incrementally, seeded from the prompt tail; the
   request's ``stop`` strings are applied here, as vLLM's detokenizer applies them (cut at the
@@ -269,8 +271,16 @@ def final_finish_reason(finish_reason: str | None, has_calls: bool, tool_mode: s
     return finish_reason
 
 
-def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletionResponse:
-    """Derender a validated chat body (call ``validate_chat`` first). Returns the response."""
+def _created(engine: int | None, fallback: int | None) -> int:
+    """Response ``created``: the engine's value when the body has one, else ``fallback``, else 0."""
+    if engine is not None:
+        return engine
+    return fallback or 0
+
+
+def derender_chat(rt: ModelRuntime, body: DerenderChatRequest, created: int | None = None) -> ChatCompletionResponse:
+    """Derender a validated chat body (call ``validate_chat`` first). ``created``: Unix seconds
+    used when the engine response has no ``created`` (None = 0). Returns the response."""
     gr = body.generate_response
     req = body.chat_request or _DEFAULT_CHAT_REQUEST
     prompt_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
@@ -314,15 +324,17 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletion
                                    if stack.reasoning is not None else None),
     )
     return ChatCompletionResponse(
-        id=request_id, created=gr.created or 0, model=body.model, choices=choices, usage=usage,
+        id=request_id, created=_created(gr.created, created), model=body.model, choices=choices, usage=usage,
         prompt_token_ids=prompt_ids if req.return_token_ids else None,
         kv_transfer_params=gr.kv_transfer_params,
     )
 
 
-def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> CompletionResponse:
+def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest,
+                        created: int | None = None) -> CompletionResponse:
     """Derender a validated completion body: one choice per engine choice, flat ``index``
-    across prompts (prompt p's choices follow those of prompts < p)."""
+    across prompts (prompt p's choices follow those of prompts < p). ``created``: as in
+    ``derender_chat`` (the first engine response's value wins)."""
     req = body.completion_request or _DEFAULT_COMPLETION_REQUEST
     want_lp = req.logprobs is not None
     choices = []
@@ -354,7 +366,7 @@ def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> Co
     prompt_tokens = sum(body.prompt_tokens or [])
     first = body.generate_responses[0]
     return CompletionResponse(
-        id=first.request_id or "", created=first.created or 0, model=body.model, choices=choices,
+        id=first.request_id or "", created=_created(first.created, created), model=body.model, choices=choices,
         usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                         total_tokens=prompt_tokens + completion_tokens),
         kv_transfer_params=first.kv_transfer_params,

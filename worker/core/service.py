@@ -166,9 +166,11 @@ class DerenderService:
             self._runtimes[name] = rt
         return rt
 
-    def derender(self, body: bytes, kind: str | None = None) -> DerenderResult:
+    def derender(self, body: bytes, kind: str | None = None, created: int | None = None) -> DerenderResult:
         """Derender one non-streaming body. ``kind``: ``chat``/``completion`` (e.g. from the
-        message's ``derender-kind`` header) or None to tell by the body's shape.
+        message's ``derender-kind`` header) or None to tell by the body's shape. ``created``:
+        the response's ``created`` (Unix seconds) when the engine response has none; the Kafka
+        worker passes the input record's timestamp, batch passes None (= 0).
 
         Returns a ``DerenderResult``; never raises for bad input (400/404 error objects)."""
         request_id = None
@@ -185,11 +187,11 @@ class DerenderService:
             if kind == "chat":
                 req = _decode_or_400(_chat_decoder, body)
                 validate_chat(rt, req)
-                resp = derender_chat(rt, req)
+                resp = derender_chat(rt, req, created)
             else:
                 req = _decode_or_400(_completion_decoder, body)
                 validate_completion(rt, req)
-                resp = derender_completion(rt, req)
+                resp = derender_completion(rt, req, created)
             return DerenderResult(_encoder.encode(resp), 200, request_id, kind)
         except DerenderError as e:
             return DerenderResult(_encoder.encode(e.to_response(request_id)), e.status, request_id, kind)
@@ -203,7 +205,7 @@ class DerenderService:
     force_include_usage: bool = True
 
     def derender_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None = None,
-                        kind: str | None = None) -> tuple[StreamResult, bytes | None]:
+                        kind: str | None = None, created: int | None = None) -> tuple[StreamResult, bytes | None]:
         """Derender one streaming chunk body (``generate_chunk``) against the request's stored state.
 
         ``state_bytes``: what the previous call returned for this request id (None/empty for the
@@ -212,6 +214,8 @@ class DerenderService:
         a chunk whose ``seq`` is below the state's ``next_seq`` is stale (409, state unchanged).
         ``kind``: ``chat``/``completion`` (or ``chat-stream``/``completion-stream``) or None to tell
         by the body (``completion_request`` -> completion, else chat; a stored state's kind wins).
+        ``created``: Unix seconds for every chunk of the request, taken on its first chunk (the
+        state keeps it; the Kafka worker passes the first chunk record's timestamp; None = 0).
 
         Returns ``(result, new_state_bytes)``: ``result.body`` is the JSON list of OpenAI chunks to
         publish (or an error object, status 400/404/409/500); ``new_state_bytes`` is the state to store
@@ -247,7 +251,7 @@ class DerenderService:
                                     param="seq", status=409)
             req = _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
             fn = core_stream.derender_chat_chunk if kind == "chat" else core_stream.derender_completion_chunk
-            chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage)
+            chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage, created=created)
             if seq is not None:
                 state.next_seq = seq + 1
             done = state.done
