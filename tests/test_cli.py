@@ -68,11 +68,19 @@ def test_bad_flag_value_is_one_line():
     _one_error_line(_cli("batch", "-", "-o", "-", "--max-n", "many"), "--max-n", "derender-worker batch")
 
 
-@pytest.mark.parametrize("cmd", [["batch", "-", "-o", "-"], ["bench"], ["demo"]])
+@pytest.mark.parametrize("cmd", [["run"], ["batch", "-", "-o", "-"], ["bench"], ["demo"]])
 def test_malformed_env_value_names_the_variable(cmd):
     var = {"run": "DERENDER_MAX_IN_FLIGHT", "batch": "DERENDER_WORKERS", "bench": "DERENDER_TOKENS",
            "demo": "DERENDER_TIMEOUT"}[cmd[0]]
     _one_error_line(_cli(*cmd, env={var: "abc"}), f"{var}='abc'")
+
+
+def test_malformed_env_value_never_breaks_help():
+    env = {"DERENDER_MAX_IN_FLIGHT": "abc", "DERENDER_MAX_N": "x", "DERENDER_LOG_LEVEL": "loud"}
+    for cmd in (["--help"], ["run", "--help"], ["batch", "--help"], ["bench", "--help"]):
+        p = _cli(*cmd, env=env)
+        assert p.returncode == 0, (cmd, p.stderr)
+        assert "usage:" in p.stdout
 
 
 def test_a_flag_given_wins_over_a_malformed_env_value(tmp_path):
@@ -90,6 +98,19 @@ def test_a_flag_given_wins_over_a_malformed_env_value(tmp_path):
                                        ("DERENDER_TOKENIZER_MODE", "fancy")])
 def test_malformed_env_values_of_other_kinds(var, value):
     _one_error_line(_cli("batch", "-", "-o", "-", env={var: value}), var)
+
+
+def test_run_with_a_bad_tokenizer_path_is_one_line_before_any_pool(tmp_path):
+    p = _cli("run", "--tokenizer", str(tmp_path / "missing"), "--bootstrap-servers", "127.0.0.1:1",
+             "--stream-state", "memory", "--num-threads", "2")
+    line = _one_error_line(p, "missing")
+    assert "BrokenProcessPool" not in p.stderr and "initializer" not in p.stderr, line
+
+
+def test_run_with_an_unknown_parser_is_one_line():
+    p = _cli("run", "--tokenizer", QWEN3, "--reasoning-parser", "no-such-parser",
+             "--bootstrap-servers", "127.0.0.1:1", "--stream-state", "memory")
+    _one_error_line(p, "no-such-parser")
 
 
 def test_batch_with_a_bad_tokenizer_path_is_one_line(tmp_path):

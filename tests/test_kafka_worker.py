@@ -227,6 +227,8 @@ def test_run_args_read_env(monkeypatch):
     monkeypatch.setenv("DERENDER_MAX_IN_FLIGHT", "7")
     ap = argparse.ArgumentParser()
     add_run_args(ap)
+    from worker.flags import apply_env
+    apply_env(ap)  # the CLI does this for every subcommand (tests/test_cli.py)
     a = ap.parse_args([])
     assert (a.input_topic, a.bootstrap_servers, a.max_in_flight) == ("from-env", "k:1", 7)
     s = WorkerSettings.from_args(ap.parse_args(["--input-topic", "flag"]))

@@ -1,5 +1,5 @@
-"""Settings and CLI flags of ``derender-worker run`` (``WorkerSettings``, ``add_run_args``), the
-``DERENDER_<FLAG>`` environment defaults and the aiokafka security kwargs."""
+"""Settings and CLI flags of ``derender-worker run`` (``WorkerSettings``, ``add_run_args``) and the
+aiokafka security kwargs (``DERENDER_<FLAG>`` environment defaults: ``worker.flags.apply_env``)."""
 from __future__ import annotations
 
 import argparse
@@ -8,12 +8,27 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["WorkerSettings", "add_run_args", "security_kwargs", "env_default", "redact_url"]
+__all__ = ["WorkerSettings", "add_run_args", "security_kwargs", "redact_url"]
 
 
-def env_default(flag: str, default: Any = None) -> Any:
-    """``DERENDER_<FLAG>`` (upper case, ``-`` -> ``_``) from the environment, else ``default``."""
-    return os.environ.get("DERENDER_" + flag.upper().replace("-", "_"), default)
+def _positive_int(text: str) -> int:
+    """A flag value that must be an integer >= 1. Raises ``ValueError``."""
+    v = int(text)
+    if v < 1:
+        raise ValueError("must be >= 1")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    """A flag value that must be a number > 0. Raises ``ValueError``."""
+    v = float(text)
+    if not v > 0:
+        raise ValueError("must be > 0")
+    return v
+
+
+_positive_int.__name__ = "int"
+_positive_float.__name__ = "float"
 
 
 def _default_workers() -> int:
@@ -102,59 +117,61 @@ def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_run_args(ap: argparse.ArgumentParser) -> None:
     """Add the Kafka flags of ``derender-worker run``. Every flag also reads ``DERENDER_<FLAG>``
-    from the environment (``--bootstrap-servers`` also ``KAFKA_BOOTSTRAP_SERVERS``), flags winning."""
+    from the environment through ``worker.flags.apply_env`` (``--bootstrap-servers`` also
+    ``KAFKA_BOOTSTRAP_SERVERS``), flags winning; defaults here are plain values, so a malformed
+    variable is reported in one line instead of failing while the parser is built."""
     g = ap.add_argument_group("kafka")
     g.add_argument("--bootstrap-servers",
-                   default=env_default("bootstrap_servers", os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")),
+                   default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or "localhost:9092",
                    help="comma-separated host:port list (env KAFKA_BOOTSTRAP_SERVERS)")
-    g.add_argument("--input-topic", default=env_default("input_topic", "engine-outputs"))
-    g.add_argument("--reply-topic", default=env_default("reply_topic", "derender-replies"),
+    g.add_argument("--input-topic", default="engine-outputs")
+    g.add_argument("--reply-topic", default="derender-replies",
                    help="where replies go when a message has no reply-topic header")
-    g.add_argument("--dead-letter-topic", default=env_default("dead_letter_topic", "derender-dlq"))
-    g.add_argument("--group-id", default=env_default("group_id", "derender-workers"))
-    g.add_argument("--client-id", default=env_default("client_id", "derender-worker"))
-    g.add_argument("--max-in-flight", type=int, default=int(env_default("max_in_flight", 64)),
+    g.add_argument("--dead-letter-topic", default="derender-dlq")
+    g.add_argument("--group-id", default="derender-workers")
+    g.add_argument("--client-id", default="derender-worker")
+    g.add_argument("--max-in-flight", type=_positive_int, default=64,
                    help="most unacknowledged messages at once (backpressure)")
-    g.add_argument("--num-threads", "--num-workers", dest="num_threads", type=int,
-                   default=int(env_default("num_threads", _default_workers())),
+    g.add_argument("--num-threads", "--num-workers", dest="num_threads",
+                   type=_positive_int, default=_default_workers(),
                    help="derender pool size (default: usable CPU cores)")
-    g.add_argument("--executor", choices=["process", "thread"], default=env_default("executor", "process"),
+    g.add_argument("--executor", choices=["process", "thread"], default="process",
                    help="process pool (parallel, default) or thread pool (GIL-bound, cheap start)")
-    g.add_argument("--commit-interval-ms", type=int, default=int(env_default("commit_interval_ms", 200)))
-    g.add_argument("--drain-timeout", type=float, default=float(env_default("drain_timeout", 30.0)),
+    g.add_argument("--commit-interval-ms", type=_positive_int, default=200)
+    g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to finish in-flight work on SIGTERM")
-    g.add_argument("--request-timeout-ms", type=int, default=int(env_default("request_timeout_ms", 30000)))
-    g.add_argument("--max-request-size", type=int, default=int(env_default("max_request_size", 8 * 1024 * 1024)),
+    g.add_argument("--request-timeout-ms", type=_positive_int, default=30000)
+    g.add_argument("--max-request-size", type=_positive_int, default=8 * 1024 * 1024,
                    help="largest reply record in bytes (the topic's max.message.bytes must allow it)")
     g.add_argument("--auto-offset-reset", choices=["earliest", "latest"],
-                   default=env_default("auto_offset_reset", "earliest"),
+                   default="earliest",
                    help="where a group without a committed offset starts: earliest (default) = the beginning "
                         "of the topic, so a new --group-id replays every record still on it; latest = only "
                         "records produced after it joined")
-    g.add_argument("--session-timeout-ms", type=int, default=int(env_default("session_timeout_ms", 10000)),
+    g.add_argument("--session-timeout-ms", type=_positive_int, default=10000,
                    help="consumer-group session timeout (Kafka brokers require >= 6000 by default)")
-    g.add_argument("--heartbeat-interval-ms", type=int, default=int(env_default("heartbeat_interval_ms", 3000)))
-    g.add_argument("--metrics-port", type=int, default=env_default("metrics_port"),
+    g.add_argument("--heartbeat-interval-ms", type=_positive_int, default=3000)
+    g.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port")
     s = ap.add_argument_group("kafka security (aiokafka)")
     s.add_argument("--security-protocol", choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
-                   default=env_default("security_protocol", "PLAINTEXT"))
+                   default="PLAINTEXT")
     s.add_argument("--sasl-mechanism", choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
-                   default=env_default("sasl_mechanism", "PLAIN"))
-    s.add_argument("--sasl-username", default=env_default("sasl_username"))
-    s.add_argument("--sasl-password", default=env_default("sasl_password"),
+                   default="PLAIN")
+    s.add_argument("--sasl-username", default=None)
+    s.add_argument("--sasl-password", default=None,
                    help="prefer the env DERENDER_SASL_PASSWORD over the flag")
-    s.add_argument("--ssl-cafile", default=env_default("ssl_cafile"))
-    s.add_argument("--ssl-certfile", default=env_default("ssl_certfile"))
-    s.add_argument("--ssl-keyfile", default=env_default("ssl_keyfile"))
-    s.add_argument("--ssl-password", default=env_default("ssl_password"))
+    s.add_argument("--ssl-cafile", default=None)
+    s.add_argument("--ssl-certfile", default=None)
+    s.add_argument("--ssl-keyfile", default=None)
+    s.add_argument("--ssl-password", default=None)
     st = ap.add_argument_group("streaming (records with a derender-seq header)")
-    st.add_argument("--stream-state", choices=["redis", "memory"], default=env_default("stream_state", "redis"),
+    st.add_argument("--stream-state", choices=["redis", "memory"], default="redis",
                     help="where stream state lives between chunks: Redis (shared by the group, default) or "
                          "this process only (single worker, lost on restart)")
-    st.add_argument("--stream-gap-timeout", type=float, default=float(env_default("stream_gap_timeout", 10.0)),
+    st.add_argument("--stream-gap-timeout", type=_positive_float, default=10.0,
                     help="seconds a chunk beyond a missing one is held before the stream ends with an error")
-    st.add_argument("--stream-replay-window", type=int, default=int(env_default("stream_replay_window", 32)),
+    st.add_argument("--stream-replay-window", type=_positive_int, default=32,
                     help="replies per stream kept (memory and store) to answer redelivered chunks identically")
     from worker.state.redis_store import add_redis_args
     add_redis_args(ap)
