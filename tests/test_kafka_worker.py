@@ -141,13 +141,13 @@ def _h(rec) -> dict[str, bytes]:
 
 # ---------------------------------------------------------------------- broker-free unit tests ---
 class _Svc:
-    def derender(self, body, kind=None):
+    def derender(self, body, kind=None, created=None):
         from worker.core.service import DerenderResult
         return DerenderResult(b'{"ok":true}', 200, "rid-1")
 
 
 class _Boom:
-    def derender(self, body, kind=None):
+    def derender(self, body, kind=None, created=None):
         raise RuntimeError("kaboom")
 
 

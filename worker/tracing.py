@@ -93,6 +93,11 @@ class Tracer:
         self._tracer = _otel_trace.get_tracer(name) if _otel_trace is not None else None
         self._prop = TraceContextTextMapPropagator() if TraceContextTextMapPropagator is not None else None
 
+    @property
+    def enabled(self) -> bool:
+        """The OpenTelemetry API is installed (spans are made; recorded only with an SDK provider)."""
+        return self._tracer is not None
+
     def _context(self, carrier: list[tuple[str, bytes]]):
         assert self._prop is not None
         return self._prop.extract({k: v.decode("ascii", "replace") for k, v in carrier})

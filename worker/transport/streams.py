@@ -60,7 +60,7 @@ from typing import Any
 import msgspec
 
 from worker.transport.jobs import JobOutcome, body_request_id, error_body, is_object_value
-from worker.transport.records import HDR_SEQ, HDR_STREAM_END, parse_seq
+from worker.transport.records import HDR_SEQ, HDR_STREAM_END, parse_seq, record_created
 
 log = logging.getLogger(__name__)
 
@@ -428,7 +428,7 @@ class StreamRouter:
 
     async def _derender_publish(self, st, s: _Stream, msg, seq: int) -> None:
         kind = self.w._kind_header(msg)
-        out = await self.w._stream_submit(msg.value, s.state, seq, kind)
+        out = await self.w._stream_submit(msg.value, s.state, seq, kind, record_created(msg))
         if out.crash:
             self.w.stats.crashes += 1
             log.error("stream derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
