@@ -113,6 +113,12 @@ def test_run_with_an_unknown_parser_is_one_line():
     _one_error_line(p, "no-such-parser")
 
 
+def test_run_with_an_unknown_trace_exporter_is_one_line():
+    p = _cli("run", "--tokenizer", QWEN3, "--bootstrap-servers", "127.0.0.1:1", "--stream-state", "memory",
+             env={"OTEL_TRACES_EXPORTER": "carrier-pigeon"})
+    _one_error_line(p, "OTEL_TRACES_EXPORTER")
+
+
 def test_batch_with_a_bad_tokenizer_path_is_one_line(tmp_path):
     _one_error_line(_cli("batch", "-", "-o", "-", "--model", str(tmp_path / "missing")), "missing")
 

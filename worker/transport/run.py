@@ -87,6 +87,14 @@ def main_run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         log.error("bad model configuration: %s", e)
         return 2
+    from worker.tracing import setup_tracing
+    try:
+        exporter = setup_tracing()
+    except ValueError as e:
+        log.error("bad tracing configuration: %s", e)
+        return 2
+    if exporter:
+        log.info("OpenTelemetry spans exported with OTEL_TRACES_EXPORTER=%s", exporter)
     if settings.executor == "thread":  # the thread pool shares this service: no second load
         worker = KafkaDerenderWorker(settings, models, service=service)
     else:

@@ -59,6 +59,7 @@ from typing import Any
 
 import msgspec
 
+from worker.logs import record_fields
 from worker.transport.jobs import JobOutcome, body_request_id, error_body, is_object_value
 from worker.transport.records import HDR_SEQ, HDR_STREAM_END, parse_seq, record_created
 
@@ -432,7 +433,7 @@ class StreamRouter:
         if out.crash:
             self.w.stats.crashes += 1
             log.error("stream derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
-                      msg.key, out.crash)
+                      msg.key, out.crash, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
         if seq == 0 or out.status == 200:
             s.known = True
         s.next_seq = seq + 1
@@ -460,7 +461,8 @@ class StreamRouter:
             if entry.end:
                 plan[3].append((HDR_STREAM_END, b"1"))
         else:
-            log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4])
+            log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4],
+                        extra=record_fields(msg.topic, msg.partition, msg.offset, out.request_id))
         try:
             try:
                 delivery = await self.w._send(plan)
@@ -470,7 +472,7 @@ class StreamRouter:
                 refused = plan[0]
                 plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
                 log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition, msg.offset,
-                            plan[4], refused)
+                            plan[4], refused, extra=record_fields(msg.topic, msg.partition, msg.offset, out.request_id))
                 delivery = await self.w._send(plan)
         except Exception as e:
             raise ReplyProduceError(f"producing the reply of {msg.topic}[{msg.partition}]@{msg.offset} failed: "
@@ -499,7 +501,7 @@ class StreamRouter:
                     refused = plan[0]
                     plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
                     log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                msg.offset, plan[4], refused)
+                                msg.offset, plan[4], refused, extra=record_fields(msg.topic, msg.partition, msg.offset))
                     await (await self.w._send(plan))
                 self.w._count(plan, _Counted(entry.status))
                 if wr is None:
