@@ -117,3 +117,14 @@ async def test_opentelemetry_spans_continue_the_records_trace(kafka_bootstrap, k
     (rep,) = got[n.reply]
     tp = _h(rep)["traceparent"].split(b"-")
     assert tp[1].decode() == trace_id and tp[2].decode() == f"{spans['derender.publish'].context.span_id:016x}"
+
+
+def test_bench_kafka_prints_end_to_end_figures(kafka_bootstrap, capsys):
+    """``bench --kafka`` on the session broker with one worker subprocess: every record answered,
+    figures printed beside the in-process core figure."""
+    from worker.cli import main
+    assert main(["bench", "--kafka", "--bootstrap-servers", kafka_bootstrap, "--rate", "50", "--requests", "20",
+                 "--partitions", "2", "--distinct", "4", "--seconds", "0.2", "--fetch-max-wait-ms", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "20 replies (0 missing)" in out and "p50" in out and "p99" in out, out
+    assert "in-process core on the same bodies" in out

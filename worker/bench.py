@@ -67,6 +67,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--distinct", type=int, default=64, help="distinct bodies cycled through")
     ap.add_argument("--seconds", type=float, default=5.0, help="time per repeat")
     ap.add_argument("--repeats", type=int, default=3)
+    from worker.bench_kafka import add_kafka_bench_args
+    add_kafka_bench_args(ap)
 
 
 def run_bench(service: DerenderService, model: str, tokens: int, distinct: int, seconds: float,
@@ -111,6 +113,15 @@ def bench_models(args: argparse.Namespace) -> tuple[list[ServedModelConfig], str
 
 def main_bench(args: argparse.Namespace) -> int:
     """Print single-core throughput figures; returns 0, or 2 (one line) on a configuration error."""
+    if getattr(args, "kafka", False):
+        from worker.bench_kafka import print_kafka_bench, run_kafka_bench
+        try:
+            models, name = bench_models(args)
+            r = run_kafka_bench(models, name, args)
+        except (ValueError, OSError, RuntimeError, TimeoutError) as e:
+            return startup_error("derender-worker bench", str(e))
+        print_kafka_bench(name, args.tokens, r)
+        return 0
     try:
         models, name = bench_models(args)
         service = DerenderService(models)

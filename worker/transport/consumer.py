@@ -207,7 +207,8 @@ class KafkaDerenderWorker:
         self._consumer = AIOKafkaConsumer(
             **self._client_kwargs(), group_id=s.group_id, enable_auto_commit=False,
             auto_offset_reset=s.auto_offset_reset, session_timeout_ms=s.session_timeout_ms,
-            heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=s.max_in_flight)
+            heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=s.max_in_flight,
+            fetch_max_wait_ms=s.fetch_max_wait_ms)
         self._consumer.subscribe([s.input_topic], listener=_Rebalance(self))
         await self._consumer.start()
         self.health.mark_started()
