@@ -274,3 +274,14 @@ def test_bench_takes_the_model_flags_of_run(capsys):
     assert main(["bench", "--tokenizer", QWEN3, "--tokens", "64", "--distinct", "2", "--seconds", "0.05",
                  "--repeats", "1"]) == 0  # no parsers: plain text, with a note
     assert "note:" in capsys.readouterr().out
+
+
+def test_noop_vllm_flags_never_shadow_a_flag_the_subcommand_defines():
+    import argparse
+
+    from worker.flags import add_vllm_noop_args, noop_note
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int)
+    add_vllm_noop_args(ap)
+    a = ap.parse_args(["--port", "5", "--dtype", "half", "--no-trust-remote-code"])
+    assert a.port == 5 and noop_note(a).endswith("--dtype, --no-trust-remote-code")

@@ -233,22 +233,27 @@ class _NoopAction(argparse.Action):
 
 def add_vllm_noop_args(ap: argparse.ArgumentParser) -> None:
     """Accept the vLLM flags of ``NOOP_VALUE_FLAGS``/``NOOP_BOOL_FLAGS`` (and ``--no-`` forms of
-    the boolean ones) without effect; ``noop_note`` names those given."""
+    the boolean ones) without effect; ``noop_note`` names those given. Call it after the
+    subcommand's own flags: a flag the subcommand already defines (it then means something) is
+    skipped."""
+    taken = set(ap._option_string_actions)
     g = ap.add_argument_group(
         "vLLM flags accepted without effect",
         "vllm serve / vllm launch render flags for the GPU engine, HTTP server and prompt rendering: "
         "accepted so a vLLM command line starts, noted once in the log, otherwise ignored. "
         "--enable-force-include-usage is always on here; reasoning is on with --reasoning-parser.")
-    for flag in NOOP_VALUE_FLAGS:
+    value_flags = [f for f in NOOP_VALUE_FLAGS if f not in taken]
+    bool_flags = [f for f in NOOP_BOOL_FLAGS if f not in taken and "--no-" + f[2:] not in taken]
+    for flag in value_flags:
         a = g.add_argument(flag, dest=_NOOP_DEST, action=_NoopAction, metavar="X",
                            nargs="*" if flag in _NOOP_LIST_FLAGS else "?",
                            help=argparse.SUPPRESS, default=None)
         a.env = False  # type: ignore[attr-defined]
-    for flag in NOOP_BOOL_FLAGS:
+    for flag in bool_flags:
         a = g.add_argument(flag, "--no-" + flag[2:], dest=_NOOP_DEST, action=_NoopAction, nargs=0,
                            help=argparse.SUPPRESS, default=None)
         a.env = False  # type: ignore[attr-defined]
-    g.description = (g.description or "") + " Flags: " + ", ".join(NOOP_VALUE_FLAGS + NOOP_BOOL_FLAGS) + "."
+    g.description = (g.description or "") + " Flags: " + ", ".join(value_flags + bool_flags) + "."
 
 
 def noop_note(args: argparse.Namespace) -> str | None:
