@@ -285,3 +285,46 @@ def test_noop_vllm_flags_never_shadow_a_flag_the_subcommand_defines():
     add_vllm_noop_args(ap)
     a = ap.parse_args(["--port", "5", "--dtype", "half", "--no-trust-remote-code"])
     assert a.port == 5 and noop_note(a).endswith("--dtype, --no-trust-remote-code")
+
+
+def test_return_tokens_as_token_ids(tmp_path):
+    body = _logprob_body(2)
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps(body) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["batch", str(src), "-o", str(out), *QWEN_FLAGS, "--served-model-name", "q", "--workers", "1",
+                 "--return-tokens-as-token-ids"]) == 0
+    lp = json.loads(out.read_text())["choices"][0]["logprobs"]["content"]
+    ids = body["generate_response"]["choices"][0]["token_ids"]
+    assert [e["token"] for e in lp] == [f"token_id:{t}" for t in ids]
+    assert lp[0]["bytes"] == list(f"token_id:{ids[0]}".encode())
+    assert [t["token"] for t in lp[0]["top_logprobs"]] == [f"token_id:{ids[0]}", f"token_id:{ids[0] % 1000}"]
+    assert main(["batch", str(src), "-o", str(out), *QWEN_FLAGS, "--served-model-name", "q", "--workers", "1",
+                 "--no-return-tokens-as-token-ids"]) == 0
+    assert not json.loads(out.read_text())["choices"][0]["logprobs"]["content"][0]["token"].startswith("token_id:")
+
+
+def test_return_tokens_as_token_ids_in_streams_and_completions():
+    from worker.config import ServedModelConfig
+    from worker.core.service import DerenderService
+    svc = DerenderService([ServedModelConfig(name="q", tokenizer=QWEN3, return_tokens_as_token_ids=True)])
+    lp = {"content": [{"token_id": 9707, "logprob": -0.5, "top_logprobs": [{"token_id": 13, "logprob": -2.0}]}]}
+    chunk = {"model": "q", "stream": True, "prompt_token_ids": [151644, 872, 198],
+             "chat_request": {"model": "q", "messages": [], "logprobs": True, "top_logprobs": 1},
+             "generate_chunk": {"request_id": "s", "choices": [{"index": 0, "token_ids": [9707], "logprobs": lp}]}}
+    res, _ = svc.derender_stream(json.dumps(chunk).encode(), None)
+    got = [c["choices"][0]["logprobs"]["content"][0]["token"] for c in json.loads(res.body)
+           if c["choices"] and c["choices"][0].get("logprobs")]
+    assert got == ["token_id:9707"], res.body
+    comp = {"model": "q", "prompt_tokens": [1], "prompt_token_ids": [[6023]],
+            "completion_request": {"model": "q", "prompt": "hi", "logprobs": 1},
+            "generate_responses": [{"request_id": "c", "choices": [
+                {"index": 0, "token_ids": [9707, 13], "finish_reason": "length",
+                 "logprobs": {"content": lp["content"] * 2}}]}]}
+    comp["generate_responses"][0]["choices"][0]["logprobs"]["content"][1] = {
+        "token_id": 13, "logprob": -0.1, "top_logprobs": []}
+    r = json.loads(svc.derender(json.dumps(comp).encode()).body)
+    clp = r["choices"][0]["logprobs"]
+    assert clp["tokens"] == ["token_id:9707", "token_id:13"]
+    assert clp["text_offset"] == [0, len("token_id:9707")]
+    assert clp["top_logprobs"][0] == {"token_id:9707": -0.5, "token_id:13": -2.0}

@@ -54,6 +54,8 @@ class ServedModelConfig(msgspec.Struct, kw_only=True):
     max_model_len: int | None = None
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     max_n: int = DEFAULT_MAX_N
+    #: logprob token strings as ``token_id:<id>`` (vLLM's ``--return-tokens-as-token-ids``)
+    return_tokens_as_token_ids: bool = False
 
 
 #: ``--tokenizer-mode`` values: the modes ``load_tokenizer`` knows plus vLLM's ``custom`` (vLLM: a
@@ -137,6 +139,8 @@ def add_model_args(ap: argparse.ArgumentParser, positional_model: bool = False) 
     g.add_argument("--max-logprobs", type=_max_logprobs, default=DEFAULT_MAX_LOGPROBS,
                    help="most top_logprobs per token (-1 = no limit, as in vLLM)")
     g.add_argument("--max-n", type=_positive, default=DEFAULT_MAX_N, help="most choices per request")
+    g.add_argument("--return-tokens-as-token-ids", action=argparse.BooleanOptionalAction, default=False,
+                   help="logprob token strings as 'token_id:<id>' (vLLM's flag)")
 
 
 def load_config_file(path: str | os.PathLike, tokenizer_root: str | os.PathLike | None = None
@@ -215,4 +219,5 @@ def models_from_args(args: argparse.Namespace) -> list[ServedModelConfig]:
         max_model_len=int(args.max_model_len) if args.max_model_len else None,
         max_logprobs=args.max_logprobs,
         max_n=args.max_n,
+        return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
     )]

@@ -211,7 +211,7 @@ NOOP_BOOL_FLAGS = (
     "--disable-log-stats", "--enable-log-requests", "--disable-log-requests", "--enable-log-outputs",
     "--disable-uvicorn-access-log", "--enable-prompt-tokens-details", "--enable-force-include-usage",
     "--enable-server-load-tracking", "--enable-tokenizer-info-endpoint", "--enable-prompt-embeds",
-    "--return-tokens-as-token-ids", "--exclude-tools-when-tool-choice-none",
+    "--exclude-tools-when-tool-choice-none",
     "--trust-request-chat-template", "--enable-request-id-headers", "--disable-fastapi-docs",
     "--enable-prefix-caching", "--enable-chunked-prefill", "--enable-lora", "--headless",
     "--allow-credentials", "--enable-ssl-refresh", "--log-error-stack", "--enable-log-deltas",

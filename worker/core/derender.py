@@ -307,7 +307,8 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest, created: int | No
         msg = ChatMessage(content=content, reasoning=d.reasoning or None, tool_calls=calls or None)
         logprobs = None
         if want_lp and c.logprobs is not None and c.logprobs.content is not None:
-            logprobs = ChatLogprobs(content=chat_logprobs(rt.tokenizer, out.logprob_entries(c), top_k))
+            logprobs = ChatLogprobs(content=chat_logprobs(rt.tokenizer, out.logprob_entries(c), top_k,
+                                                          as_token_ids=rt.config.return_tokens_as_token_ids))
         choices.append(ChatCompletionChoice(
             index=c.index, message=msg, logprobs=logprobs,
             finish_reason=final_finish_reason(finish_reason, bool(calls), mode),
@@ -354,7 +355,8 @@ def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest,
             logprobs = None
             if want_lp and c.logprobs is not None and c.logprobs.content is not None:
                 logprobs = completion_logprobs(tok, out.logprob_entries(c), req.logprobs or 0,
-                                               text_offset_start=len(prefix))
+                                               text_offset_start=len(prefix),
+                                               as_token_ids=rt.config.return_tokens_as_token_ids)
             choices.append(CompletionChoice(
                 index=offset + c.index, text=prefix + text, logprobs=logprobs,
                 finish_reason=finish_reason, stop_reason=stop_reason,

@@ -511,7 +511,8 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
         lp = None
         entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
         if st.opts.logprobs and entries:
-            lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx))
+            lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx,
+                                                    as_token_ids=rt.config.return_tokens_as_token_ids))
         if c.token_ids:
             cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
         finish = stop_reason = None
@@ -591,7 +592,8 @@ def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRe
         entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
         if st.opts.logprobs and entries:
             lp = completion_logprobs(tok, entries, st.opts.top_logprobs,
-                                     text_offset_start=cs.text_offset + len(prefix), context_token_ids=cs.lp_ctx)
+                                     text_offset_start=cs.text_offset + len(prefix), context_token_ids=cs.lp_ctx,
+                                     as_token_ids=rt.config.return_tokens_as_token_ids)
         cs.text_offset += len(text)
         if c.token_ids:
             cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
