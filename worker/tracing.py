@@ -8,8 +8,8 @@ its reply or dead letter, and optional OpenTelemetry spans around decode, derend
   spec allowing a vendor to drop it) are copied to the reply. Invalid ones are not copied.
 * **Spans** (extra ``[otel]``: ``opentelemetry-api``/``-sdk``): when the OpenTelemetry API is
   installed, ``Tracer.span(name, carrier)`` opens a span child of the record's ``traceparent``
-  (kind CONSUMER for ``derender.decode``/``derender.derender``, PRODUCER for
-  ``derender.publish``), and ``Tracer.reply_headers`` gives the reply the context of the publish
+  (kind CONSUMER for ``derender.derender``: from submission to the pool until its result, i.e.
+  queueing, JSON decode and derender; PRODUCER for ``derender.publish``), and ``Tracer.reply_headers`` gives the reply the context of the publish
   span (so the reply continues the trace through this worker). Without the API every call is a
   no-op and the input headers are copied unchanged. A tracer provider is the operator's
   (``opentelemetry-instrument``) or, with ``OTEL_TRACES_EXPORTER=console``/``otlp`` and the SDK
