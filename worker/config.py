@@ -27,6 +27,8 @@ from pathlib import Path
 
 import msgspec
 
+from worker.core.tokenizer import TOKENIZER_MODES
+
 DEFAULT_MAX_N = 16384
 DEFAULT_MAX_LOGPROBS = 20
 
@@ -61,7 +63,7 @@ class ServedModelConfig(msgspec.Struct, kw_only=True):
 #: ``--tokenizer-mode`` values: the modes ``load_tokenizer`` knows plus vLLM's ``custom`` (vLLM: a
 #: tokenizer pre-registered under the ``--tokenizer`` name; there is no plugin registry here, so
 #: ``custom`` loads the ``--tokenizer`` directory as ``auto`` does and says so in the log)
-TOKENIZER_MODE_CHOICES = ("auto", "hf", "slow", "mistral", "deepseek_v4", "custom")
+TOKENIZER_MODE_CHOICES = (*TOKENIZER_MODES, "custom")
 
 
 def tokenizer_mode(mode: str | None) -> str:
