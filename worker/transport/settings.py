@@ -8,7 +8,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["WorkerSettings", "add_run_args", "security_kwargs", "redact_url"]
+__all__ = ["WorkerSettings", "add_run_args", "security_kwargs", "env_default", "redact_url"]
+
+
+def env_default(flag: str, default: Any = None) -> Any:
+    """``DERENDER_<FLAG>`` (upper case, ``-`` -> ``_``) from the environment, else ``default``.
+    Kept for callers that still read it; new flags take a plain default instead, since
+    ``worker.flags.apply_env`` reads ``DERENDER_<FLAG>`` for every flag and reports a malformed
+    value in one line (a conversion here, e.g. ``int(env_default(...))``, fails while the parser
+    is built, before ``--help``)."""
+    return os.environ.get("DERENDER_" + flag.upper().replace("-", "_"), default)
 
 
 def _positive_int(text: str) -> int:
