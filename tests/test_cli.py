@@ -51,6 +51,10 @@ def _bodies(n: int = 2) -> list[dict]:
 
 @pytest.fixture(autouse=True)
 def _no_derender_env(monkeypatch):
+    """No DERENDER_* variable during a test, and none left after it (``main`` exports the log
+    settings for pool processes: registered here so monkeypatch removes them afterwards)."""
+    for k in ("DERENDER_LOG_LEVEL", "DERENDER_LOG_FORMAT"):
+        monkeypatch.setenv(k, "")
     for k in list(os.environ):
         if k.startswith("DERENDER_"):
             monkeypatch.delenv(k)

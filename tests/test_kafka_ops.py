@@ -119,10 +119,12 @@ async def test_opentelemetry_spans_continue_the_records_trace(kafka_bootstrap, k
     assert tp[1].decode() == trace_id and tp[2].decode() == f"{spans['derender.publish'].context.span_id:016x}"
 
 
-def test_bench_kafka_prints_end_to_end_figures(kafka_bootstrap, capsys):
+def test_bench_kafka_prints_end_to_end_figures(kafka_bootstrap, capsys, monkeypatch):
     """``bench --kafka`` on the session broker with one worker subprocess: every record answered,
     figures printed beside the in-process core figure."""
     from worker.cli import main
+    for k in ("DERENDER_LOG_LEVEL", "DERENDER_LOG_FORMAT"):  # main exports them: undone after the test
+        monkeypatch.setenv(k, "INFO" if k.endswith("LEVEL") else "text")
     assert main(["bench", "--kafka", "--bootstrap-servers", kafka_bootstrap, "--rate", "50", "--requests", "20",
                  "--partitions", "2", "--distinct", "4", "--seconds", "0.2", "--fetch-max-wait-ms", "50"]) == 0
     out = capsys.readouterr().out

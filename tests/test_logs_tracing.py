@@ -130,3 +130,17 @@ def test_setup_tracing_refuses_an_unknown_exporter():
     with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER"):
         tracing.setup_tracing({"OTEL_TRACES_EXPORTER": "carrier-pigeon"})
     assert tracing.setup_tracing({}) is None
+
+
+def test_pool_processes_take_the_exported_log_settings(restore_logging, monkeypatch):
+    from worker.logs import JsonFormatter, TextFormatter, export_log_settings, setup_logging_from_env
+    monkeypatch.setenv("DERENDER_LOG_LEVEL", "INFO")
+    monkeypatch.setenv("DERENDER_LOG_FORMAT", "text")
+    export_log_settings("WARNING", "json")
+    setup_logging_from_env()
+    root = logging.getLogger()
+    assert root.level == logging.WARNING and isinstance(root.handlers[0].formatter, JsonFormatter)
+    monkeypatch.setenv("DERENDER_LOG_FORMAT", "yaml")
+    monkeypatch.setenv("DERENDER_LOG_LEVEL", "loud")
+    setup_logging_from_env()
+    assert root.level == logging.INFO and isinstance(root.handlers[0].formatter, TextFormatter)

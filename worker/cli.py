@@ -22,7 +22,7 @@ from worker.flags import (
     log_settings,
     noop_note,
 )
-from worker.logs import setup_logging
+from worker.logs import export_log_settings, setup_logging
 
 
 def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args, p = parse_args(argv)
     level, fmt = log_settings(p, args)
     setup_logging(level, fmt)
+    export_log_settings(level, fmt)  # pool processes log in the same format
     note = noop_note(args)
     if note:
         logging.getLogger("worker.cli").info("%s", note)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -92,6 +93,22 @@ class TextFormatter(logging.Formatter):
             head, sep, tail = s.partition("\n")
             s = head + " " + " ".join(f"{k}={_jsonable(v)}" for k, v in fields.items()) + sep + tail
         return redact(s)
+
+
+def setup_logging_from_env() -> None:
+    """``setup_logging`` with ``DERENDER_LOG_LEVEL``/``DERENDER_LOG_FORMAT`` (default INFO/text;
+    unknown values fall back to the defaults): for pool processes, which inherit the environment
+    the CLI exported (``export_log_settings``), so their lines match the parent's format."""
+    level = os.environ.get("DERENDER_LOG_LEVEL", "INFO").strip().upper()
+    fmt = os.environ.get("DERENDER_LOG_FORMAT", "text").strip().lower()
+    known = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+    setup_logging(level if level in known else "INFO", "json" if fmt == "json" else "text")
+
+
+def export_log_settings(level: str, fmt: str) -> None:
+    """Put the resolved log level/format into this process' environment for its pool processes."""
+    os.environ["DERENDER_LOG_LEVEL"] = level
+    os.environ["DERENDER_LOG_FORMAT"] = fmt
 
 
 def setup_logging(level: str = "INFO", fmt: str = "text", stream=None) -> None:

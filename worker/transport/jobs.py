@@ -100,6 +100,8 @@ def proc_init(models: list[ServedModelConfig]) -> None:
     """Pool-process initializer: build this process' ``DerenderService`` once."""
     global _PROC_SERVICE
     from worker.core.service import DerenderService
+    from worker.logs import setup_logging_from_env
+    setup_logging_from_env()  # the CLI's --log-level/--log-format, exported to the environment
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and drains
     _PROC_SERVICE = DerenderService(models)
     preload = getattr(_PROC_SERVICE, "preload", None)
