@@ -141,13 +141,13 @@ def _h(rec) -> dict[str, bytes]:
 
 # ---------------------------------------------------------------------- broker-free unit tests ---
 class _Svc:
-    def derender(self, body, kind=None):
+    def derender(self, body, kind=None, created=None):
         from worker.core.service import DerenderResult
         return DerenderResult(b'{"ok":true}', 200, "rid-1")
 
 
 class _Boom:
-    def derender(self, body, kind=None):
+    def derender(self, body, kind=None, created=None):
         raise RuntimeError("kaboom")
 
 
@@ -227,6 +227,8 @@ def test_run_args_read_env(monkeypatch):
     monkeypatch.setenv("DERENDER_MAX_IN_FLIGHT", "7")
     ap = argparse.ArgumentParser()
     add_run_args(ap)
+    from worker.flags import apply_env
+    apply_env(ap)  # the CLI does this for every subcommand (tests/test_cli.py)
     a = ap.parse_args([])
     assert (a.input_topic, a.bootstrap_servers, a.max_in_flight) == ("from-env", "k:1", 7)
     s = WorkerSettings.from_args(ap.parse_args(["--input-topic", "flag"]))

@@ -19,6 +19,8 @@ format of the parity suite's ``to_requests.py --stream``): its output line is th
 every OpenAI chunk derendered for it, in order (an error object in the array where a chunk was
 refused; ``stream_state`` in the bodies is ignored: the state is kept here).
 A blank line gets an error object, so output line N always answers input line N.
+``created`` in the output is the body's engine value, else 0 (never the clock: the same log
+always gives the same output bytes).
 Work is spread over processes (``--workers``, default: all cores); the served models are loaded
 once in the parent and shared with the forked workers. A progress bar shows on a terminal;
 a summary goes to standard error at the end.

@@ -15,8 +15,9 @@ import statistics
 import time
 from pathlib import Path
 
-from worker.config import load_config_file
+from worker.config import ServedModelConfig, load_config_file, models_from_args
 from worker.core.service import DerenderService
+from worker.flags import startup_error
 
 DEMO = Path(__file__).resolve().parent / "demo_data"
 
@@ -59,28 +60,30 @@ def build_bodies(service: DerenderService, model: str, n_tokens: int, count: int
 
 
 def add_bench_args(ap: argparse.ArgumentParser) -> None:
-    """Flags of ``bench``."""
-    ap.add_argument("--config", default=str(DEMO / "models.json"), help="served models (default: demo Qwen3)")
-    ap.add_argument("--model", default="qwen3", help="served model name to benchmark")
+    """Flags of ``bench`` (the model flags, as in ``run``/``batch``, are added by
+    ``worker.config.add_model_args``; without ``--model``/``--tokenizer``/``--config`` the demo's
+    Qwen3 model is benchmarked)."""
     ap.add_argument("--tokens", type=int, default=256, help="output tokens per response")
     ap.add_argument("--distinct", type=int, default=64, help="distinct bodies cycled through")
     ap.add_argument("--seconds", type=float, default=5.0, help="time per repeat")
     ap.add_argument("--repeats", type=int, default=3)
+    from worker.bench_kafka import add_kafka_bench_args
+    add_kafka_bench_args(ap)
 
 
 def run_bench(service: DerenderService, model: str, tokens: int, distinct: int, seconds: float,
               repeats: int) -> dict:
-    """Time derenders; returns ``{"responses_per_s": median, "tokens_per_s": median, "runs": [...]}``.
+    """Time derenders; returns ``{"responses_per_s": median, "tokens_per_s": median, "runs": [...],
+    "parsed": bool}`` (``parsed``: the bodies came out as reasoning + a tool call, i.e. the model
+    has Qwen3/Hermes-style parsers; other models derender the same ids as plain text).
     Raises ``RuntimeError`` if a body does not derender (the benchmark would be meaningless)."""
     bodies = build_bodies(service, model, tokens, distinct)
     for b in bodies[:2]:
         res = service.derender(b)
         if res.is_error:
             raise RuntimeError(f"benchmark body rejected: {res.body[:300]!r}")
-        resp = json.loads(res.body)
-        msg = resp["choices"][0]["message"]
-        if not (msg.get("reasoning") and msg.get("tool_calls")):
-            raise RuntimeError(f"benchmark body was not parsed into reasoning + tool call: {msg}")
+    msg = json.loads(service.derender(bodies[0]).body)["choices"][0]["message"]
+    parsed = bool(msg.get("reasoning") and msg.get("tool_calls"))
     runs = []
     for _ in range(repeats):
         n = 0
@@ -93,15 +96,44 @@ def run_bench(service: DerenderService, model: str, tokens: int, distinct: int, 
         dt = time.perf_counter() - t0
         runs.append(n / dt)
     med = statistics.median(runs)
-    return {"responses_per_s": med, "tokens_per_s": med * tokens, "runs": runs}
+    return {"responses_per_s": med, "tokens_per_s": med * tokens, "runs": runs, "parsed": parsed}
+
+
+def bench_models(args: argparse.Namespace) -> tuple[list[ServedModelConfig], str]:
+    """``(served models, served name to benchmark)`` from the model flags: ``--config`` /
+    ``--model`` / ``--tokenizer`` as in ``run``, else the demo's Qwen3 config; the name is the
+    first ``--served-model-name``, else the first model's. Raises ``ValueError``."""
+    if not (args.config or args.tokenizer or args.model):
+        models = load_config_file(DEMO / "models.json")
+    else:
+        models = models_from_args(args)
+    name = args.served_model_name[0] if args.served_model_name else models[0].name
+    return models, name
 
 
 def main_bench(args: argparse.Namespace) -> int:
-    """Print single-core throughput figures; returns 0."""
-    service = DerenderService(load_config_file(args.config))
-    r = run_bench(service, args.model, args.tokens, args.distinct, args.seconds, args.repeats)
-    print(f"derender bench: model={args.model} output_tokens={args.tokens} (reasoning + content + tool call), "
+    """Print single-core throughput figures; returns 0, or 2 (one line) on a configuration error."""
+    if getattr(args, "kafka", False):
+        from worker.bench_kafka import print_kafka_bench, run_kafka_bench
+        try:
+            models, name = bench_models(args)
+            r = run_kafka_bench(models, name, args)
+        except (ValueError, OSError, RuntimeError, TimeoutError) as e:
+            return startup_error("derender-worker bench", str(e))
+        print_kafka_bench(name, args.tokens, r)
+        return 0
+    try:
+        models, name = bench_models(args)
+        service = DerenderService(models)
+        service.preload()
+        r = run_bench(service, name, args.tokens, args.distinct, args.seconds, args.repeats)
+    except (ValueError, OSError, RuntimeError) as e:
+        return startup_error("derender-worker bench", str(e))
+    print(f"derender bench: model={name} output_tokens={args.tokens} (reasoning + content + tool call), "
           f"1 process")
     print(f"  responses/s: {r['responses_per_s']:.0f}  (runs: {', '.join(f'{x:.0f}' for x in r['runs'])})")
     print(f"  output tokens/s: {r['tokens_per_s']:.0f}")
+    if not r["parsed"]:
+        print("  note: the bodies (Qwen3 <think> + Hermes <tool_call> markup) were not parsed into reasoning + "
+              "a tool call with this model's parsers")
     return 0

@@ -13,37 +13,70 @@ import logging
 import sys
 
 from worker.config import add_model_args
+from worker.flags import (
+    OneLineParser,
+    add_log_args,
+    add_vllm_noop_args,
+    apply_env,
+    check_env,
+    log_settings,
+    noop_note,
+)
+from worker.logs import export_log_settings, setup_logging
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="derender-worker", description=__doc__.splitlines()[0])
-    ap.add_argument("--log-level", default="INFO")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each subcommand's parser (by name)."""
+    ap = OneLineParser(prog="derender-worker", description=__doc__.splitlines()[0],
+                       epilog="Every flag FOO-BAR of every subcommand also reads DERENDER_FOO_BAR; a flag wins.")
+    add_log_args(ap, top=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
+    subs: dict[str, argparse.ArgumentParser] = {}
 
     from worker.transport import settings as transport_settings
-    p = sub.add_parser("run", help="consume engine outputs from Kafka, publish OpenAI responses")
-    add_model_args(p)
+    p = subs["run"] = sub.add_parser("run", help="consume engine outputs from Kafka, publish OpenAI responses")
+    add_model_args(p, positional_model=True)
     transport_settings.add_run_args(p)
+    add_vllm_noop_args(p)
 
     from worker import batch
-    p = sub.add_parser("batch", help="derender a generation log (JSONL, .gz ok) into a JSONL file")
+    p = subs["batch"] = sub.add_parser("batch", help="derender a generation log (JSONL, .gz ok) into a JSONL file")
     add_model_args(p)
     batch.add_batch_args(p)
+    add_vllm_noop_args(p)
 
     from worker import demo
-    p = sub.add_parser("demo", help="embedded broker + worker on shipped Qwen3 examples")
+    p = subs["demo"] = sub.add_parser("demo", help="embedded broker + worker on shipped Qwen3 examples")
     demo.add_demo_args(p)
 
     from worker import bench
-    p = sub.add_parser("bench", help="single-core derender throughput on parsed chat outputs")
+    p = subs["bench"] = sub.add_parser("bench", help="single-core derender throughput on parsed chat outputs")
+    add_model_args(p)
     bench.add_bench_args(p)
+    add_vllm_noop_args(p)
 
-    p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu, in memory) for local use")
+    p = subs["broker"] = sub.add_parser(
+        "broker", help="run the embedded Kafka-protocol broker (Tansu, in memory) for local use")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9092)
 
-    sub.add_parser("schemas", help="regenerate schemas/*.schema.json from the msgspec Structs")
-    return ap
+    subs["schemas"] = sub.add_parser("schemas", help="regenerate schemas/*.schema.json from the msgspec Structs")
+    for p in subs.values():
+        add_log_args(p)
+        apply_env(p)
+    return ap, subs
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
+    """Parse a command line into ``(args, subcommand parser)``; exits 2 with one line naming the
+    subcommand's usage on an unknown flag, a bad value or a malformed ``DERENDER_*`` variable."""
+    ap, subs = _build_parser()
+    args, extra = ap.parse_known_args(argv)
+    p = subs[args.cmd]
+    if extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    check_env(p, args)
+    return args, p
 
 
 def main_broker(args: argparse.Namespace) -> int:
@@ -73,11 +106,18 @@ def main_broker(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``derender-worker`` console script; returns the exit status."""
-    ap = _build_parser()
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    """Entry point of the ``derender-worker`` console script; returns the exit status (2 with
+    one error line for every startup mistake)."""
+    args, p = parse_args(argv)
+    level, fmt = log_settings(p, args)
+    setup_logging(level, fmt)
+    export_log_settings(level, fmt)  # pool processes log in the same format
+    note = noop_note(args)
+    if note:
+        logging.getLogger("worker.cli").info("%s", note)
+    if getattr(args, "tokenizer_mode", None) == "custom":
+        logging.getLogger("worker.cli").info(
+            "--tokenizer-mode custom: no tokenizer plugin registry here; the --tokenizer files load as in auto mode")
     if args.cmd == "run":
         from worker.transport.run import main_run
         return main_run(args)
@@ -95,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "schemas":
         from schemas.__main__ import main as schemas_main
         return schemas_main(["--verbose"])
-    ap.error(f"unknown command {args.cmd}")
+    p.error(f"unknown command {args.cmd}")
     return 2
 
 

@@ -2,18 +2,21 @@
 
 Two ways to configure, mirroring ``vllm serve`` flags:
 
-* one model from flags (``--tokenizer DIR --served-model-name NAME --reasoning-parser qwen3
-  --tool-parser hermes --enable-auto-tool-choice --max-model-len 4096 --max-logprobs 20``);
+* one model from flags (``--model DIR`` or ``--tokenizer DIR``, ``--served-model-name NAME
+  [ALIAS ...] --reasoning-parser qwen3 --tool-call-parser hermes --enable-auto-tool-choice
+  --max-model-len 4096 --max-logprobs 20``);
 * several models from ``--config FILE`` (JSON): ``{"<served name>": {"tokenizer": DIR,
   "tokenizer_mode": "auto", "reasoning_parser": null, "tool_parser": null,
-  "enable_auto_tool_choice": false, "max_model_len": 4096, "max_logprobs": 20}, ...}``; keys
+  "enable_auto_tool_choice": false, "max_model_len": 4096, "max_logprobs": 20,
+  "aliases": []}, ...}``; keys
   starting with ``_`` are ignored and relative tokenizer paths are resolved against
   ``--tokenizer-root`` when given, else the file's directory, else the current directory (the
   format of the parity corpus' ``models.json``, whose paths are relative to its parent folder:
   ``--tokenizer-root`` = that parent folder).
 
 Every flag also reads an environment variable ``DERENDER_<FLAG>`` (``DERENDER_TOKENIZER``,
-``DERENDER_CONFIG``, ...), flags winning.
+``DERENDER_CONFIG``, ...), flags winning: ``worker.flags.apply_env`` does it for every
+subcommand.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ import os
 from pathlib import Path
 
 import msgspec
+
+from worker.core.tokenizer import TOKENIZER_MODES
 
 DEFAULT_MAX_N = 16384
 DEFAULT_MAX_LOGPROBS = 20
@@ -34,12 +39,16 @@ class ServedModelConfig(msgspec.Struct, kw_only=True):
     ``tokenizer``: local directory (``tokenizer.json``/``tokenizer_config.json``, a SentencePiece
     model, or mistral-common files) or a hub id where a hub is reachable. ``tokenizer_mode``:
     vLLM's names, ``auto``/``hf``, ``mistral`` (mistral-common), ``deepseek_v4``.
+    ``custom`` (vLLM's pre-registered tokenizer) loads the directory as ``auto``.
     ``max_model_len``: longest accepted ``token_ids`` (None = tokenizer's model max, else
-    unlimited). ``max_logprobs``: most ``top_logprobs`` entries per token. ``max_n``: most
-    choices per request (responses x choices for completions)."""
+    unlimited). ``max_logprobs``: most ``top_logprobs`` entries per token (-1 = no limit, as
+    vLLM's ``--max-logprobs -1``). ``max_n``: most choices per request (responses x choices for
+    completions). ``aliases``: further names served by the same model (vLLM's
+    ``--served-model-name A B``); a reply's ``model`` is the name its request used."""
 
     name: str
     tokenizer: str
+    aliases: list[str] = []
     tokenizer_mode: str = "auto"
     reasoning_parser: str | None = None
     tool_parser: str | None = None
@@ -47,34 +56,93 @@ class ServedModelConfig(msgspec.Struct, kw_only=True):
     max_model_len: int | None = None
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     max_n: int = DEFAULT_MAX_N
+    #: logprob token strings as ``token_id:<id>`` (vLLM's ``--return-tokens-as-token-ids``)
+    return_tokens_as_token_ids: bool = False
 
 
-def _env(name: str, default=None):
-    return os.environ.get("DERENDER_" + name.upper().replace("-", "_"), default)
+#: ``--tokenizer-mode`` values: the modes ``load_tokenizer`` knows plus vLLM's ``custom`` (vLLM: a
+#: tokenizer pre-registered under the ``--tokenizer`` name; there is no plugin registry here, so
+#: ``custom`` loads the ``--tokenizer`` directory as ``auto`` does and says so in the log)
+TOKENIZER_MODE_CHOICES = (*TOKENIZER_MODES, "custom")
 
 
-def _env_bool(name: str) -> bool:
-    return str(_env(name, "")).lower() in ("1", "true", "yes", "on")
+def tokenizer_mode(mode: str | None) -> str:
+    """The mode ``load_tokenizer`` gets for a configured ``tokenizer_mode`` (``custom`` -> ``auto``)."""
+    mode = (mode or "auto").lower()
+    return "auto" if mode == "custom" else mode
 
 
-def add_model_args(ap: argparse.ArgumentParser) -> None:
-    """Add the model/parser flags shared by ``run``, ``batch`` and ``bench`` (vLLM's names)."""
+_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_int(text: str) -> int:
+    """An integer flag value with vLLM's human-readable suffixes: ``1k`` = 1,000, ``1K`` = 1,024
+    (``m/M``, ``g/G``, ``t/T`` likewise; decimal suffixes take fractions: ``25.6k`` = 25,600).
+    Raises ``ValueError``."""
+    s = str(text).strip()
+    if s and s[-1] in _SUFFIXES:
+        mult = _SUFFIXES[s[-1]]
+        num = s[:-1]
+        if s[-1].islower():
+            return int(float(num) * mult)
+        return int(num) * mult
+    return int(s)
+
+
+human_int.__name__ = "int"
+
+
+def _max_logprobs(text: str) -> int:
+    v = int(text)
+    if v < -1:
+        raise ValueError("must be >= -1 (-1 = no limit)")
+    return v
+
+
+_max_logprobs.__name__ = "int"
+
+
+def _positive(text: str) -> int:
+    v = human_int(text)
+    if v < 1:
+        raise ValueError("must be >= 1")
+    return v
+
+
+_positive.__name__ = "int"
+
+
+def add_model_args(ap: argparse.ArgumentParser, positional_model: bool = False) -> None:
+    """Add the model/parser flags shared by ``run``, ``batch`` and ``bench`` (vLLM's names; every
+    flag also reads ``DERENDER_<FLAG>``, see ``worker.flags``). ``positional_model``: also take
+    vLLM's optional positional model tag (``vllm serve MODEL``)."""
     g = ap.add_argument_group("served model (vLLM flag names; or --config for several models)")
-    g.add_argument("--config", default=_env("config"), help="JSON file: served name -> model settings")
-    g.add_argument("--tokenizer-root", default=_env("tokenizer_root"),
+    if positional_model:
+        g.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                       help="model directory or hub id, as vllm serve MODEL (= --model)")
+    g.add_argument("--config", default=None,
+                   help="JSON file: served name -> model settings (several models; not vLLM's YAML flag file)")
+    g.add_argument("--tokenizer-root", default=None,
                    help="base directory of relative tokenizer paths in --config (default: the file's directory)")
-    g.add_argument("--tokenizer", "--model", dest="tokenizer", default=_env("tokenizer"),
-                   help="tokenizer directory or hub id")
-    g.add_argument("--tokenizer-mode", default=_env("tokenizer_mode", "auto"),
-                   choices=["auto", "hf", "slow", "mistral", "deepseek_v4"])
-    g.add_argument("--served-model-name", default=_env("served_model_name"),
-                   help="model name clients send (default: the tokenizer path)")
-    g.add_argument("--reasoning-parser", default=_env("reasoning_parser"))
-    g.add_argument("--tool-parser", "--tool-call-parser", dest="tool_parser", default=_env("tool_parser"))
-    g.add_argument("--enable-auto-tool-choice", action="store_true", default=_env_bool("enable_auto_tool_choice"))
-    g.add_argument("--max-model-len", type=int, default=_env("max_model_len"))
-    g.add_argument("--max-logprobs", type=int, default=int(_env("max_logprobs", DEFAULT_MAX_LOGPROBS)))
-    g.add_argument("--max-n", type=int, default=int(_env("max_n", DEFAULT_MAX_N)))
+    g.add_argument("--model", default=None,
+                   help="model directory or hub id; its tokenizer files are used unless --tokenizer is given")
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory or hub id (default: --model)")
+    g.add_argument("--tokenizer-mode", default="auto", choices=TOKENIZER_MODE_CHOICES,
+                   help="vLLM's modes; custom = load the --tokenizer directory as auto does (no plugin registry)")
+    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="names clients send in 'model' (several = aliases; the reply carries the name used; "
+                        "default: --model, else --tokenizer)")
+    g.add_argument("--reasoning-parser", default=None)
+    g.add_argument("--tool-call-parser", "--tool-parser", dest="tool_parser", default=None)
+    g.add_argument("--enable-auto-tool-choice", action="store_true", default=False)
+    g.add_argument("--max-model-len", type=human_int, default=None,
+                   help="longest accepted output in tokens (1k = 1000, 1K = 1024; default: the tokenizer's)")
+    g.add_argument("--max-logprobs", type=_max_logprobs, default=DEFAULT_MAX_LOGPROBS,
+                   help="most top_logprobs per token (-1 = no limit, as in vLLM)")
+    g.add_argument("--max-n", type=_positive, default=DEFAULT_MAX_N, help="most choices per request")
+    g.add_argument("--return-tokens-as-token-ids", action=argparse.BooleanOptionalAction, default=False,
+                   help="logprob token strings as 'token_id:<id>' (vLLM's flag)")
 
 
 def load_config_file(path: str | os.PathLike, tokenizer_root: str | os.PathLike | None = None
@@ -85,6 +153,9 @@ def load_config_file(path: str | os.PathLike, tokenizer_root: str | os.PathLike 
     tokenizer, ``worker.core.tiktoken_vocab``) stays a name unless such a folder exists there.
     Raises ``ValueError`` on a bad file."""
     p = Path(path)
+    if p.suffix.lower() in (".yaml", ".yml"):
+        raise ValueError(f"--config {path}: expected a JSON models file (served name -> settings); "
+                         "vLLM's YAML flag files are not read, give their flags on the command line")
     try:
         raw = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -121,15 +192,28 @@ def load_config_file(path: str | os.PathLike, tokenizer_root: str | os.PathLike 
 
 
 def models_from_args(args: argparse.Namespace) -> list[ServedModelConfig]:
-    """Served models from parsed flags: ``--config`` or the single-model flags.
-    Raises ``ValueError`` when neither names a tokenizer."""
+    """Served models from parsed flags: ``--config`` or the single-model flags (vLLM's rules:
+    the tokenizer is ``--tokenizer``, else ``--model`` / the positional model tag; the served
+    names are ``--served-model-name`` (first = main, others = aliases), else the model path).
+    Raises ``ValueError`` when neither names a tokenizer, or on a bad config file."""
+    model = getattr(args, "model_tag", None) or getattr(args, "model", None)
     if args.config:
-        return load_config_file(args.config, getattr(args, "tokenizer_root", None))
-    if not args.tokenizer:
-        raise ValueError("give --tokenizer DIR (and parser flags) or --config FILE")
+        models = load_config_file(args.config, getattr(args, "tokenizer_root", None))
+        if args.served_model_name:  # pick the served models to use (bench), by any of their names
+            want = set(args.served_model_name)
+            models = [m for m in models if want & {m.name, *m.aliases}]
+            if not models:
+                raise ValueError(f"--served-model-name {' '.join(args.served_model_name)}: no such model in "
+                                 f"{args.config}")
+        return models
+    tokenizer = args.tokenizer or model
+    if not tokenizer:
+        raise ValueError("give --model DIR or --tokenizer DIR (and parser flags), or --config FILE")
+    names = list(dict.fromkeys(args.served_model_name or [model or tokenizer]))
     return [ServedModelConfig(
-        name=args.served_model_name or args.tokenizer,
-        tokenizer=args.tokenizer,
+        name=names[0],
+        aliases=names[1:],
+        tokenizer=tokenizer,
         tokenizer_mode=args.tokenizer_mode,
         reasoning_parser=args.reasoning_parser,
         tool_parser=args.tool_parser,
@@ -137,4 +221,5 @@ def models_from_args(args: argparse.Namespace) -> list[ServedModelConfig]:
         max_model_len=int(args.max_model_len) if args.max_model_len else None,
         max_logprobs=args.max_logprobs,
         max_n=args.max_n,
+        return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
     )]

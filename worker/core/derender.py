@@ -5,7 +5,9 @@ model's runtime (tokenizer + parser stack) -> OpenAI ``ChatCompletionResponse`` 
 What each response field comes from (coupled ``vllm serve`` semantics, vLLM 0.32):
 
 * ``id``: ``generate_response.request_id`` (completions: the first response's); ``model``: the
-  served name in the body; ``created``: the engine response's ``created`` or 0 (deterministic);
+  served name in the body; ``created``: the engine response's ``created`` when it has one, else
+  the caller's ``created`` (the Kafka worker passes the input record's timestamp in seconds, so
+  a redelivered record gets a byte-identical reply; batch passes nothing: 0, deterministic);
 * text: the choice's token ids minus the final stop token (EOS or the int ``stop_reason``) unless
   ``include_stop_str_in_output``, detokenized incrementally, seeded from the prompt tail; the
   request's ``stop`` strings are applied here, as vLLM's detokenizer applies them (cut at the
@@ -41,7 +43,7 @@ from schemas import (
     ToolCall,
     UsageInfo,
 )
-from worker.config import ServedModelConfig
+from worker.config import ServedModelConfig, tokenizer_mode
 from worker.core.detokenize import detokenize_with_stop, stop_strings, stop_token_trimmed
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, completion_logprobs
@@ -61,7 +63,7 @@ class ModelRuntime:
 
     def __init__(self, config: ServedModelConfig, tokenizer: Tokenizer | None = None):
         self.config = config
-        self.tokenizer = tokenizer or load_tokenizer(config.tokenizer, config.tokenizer_mode)
+        self.tokenizer = tokenizer or load_tokenizer(config.tokenizer, tokenizer_mode(config.tokenizer_mode))
         self.stack = ParserStack(
             make_reasoning_parser(config.reasoning_parser, self.tokenizer),
             make_tool_parser(config.tool_parser, self.tokenizer),
@@ -89,7 +91,7 @@ def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str, allow_e
 def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: str) -> None:
     """Checks shared by the non-streaming and streaming paths, for one choice's (or chunk's)
     ``ids`` and engine ``logprobs``: every id inside the vocabulary; logprobs, when given, one
-    entry per id, at most ``max_logprobs`` candidates each, every candidate id in the vocabulary.
+    entry per id, at most ``max_logprobs`` candidates each (-1: no limit), every candidate id in the vocabulary.
     Raises ``BadRequest`` naming ``where``."""
     cfg = rt.config
     vocab = rt.tokenizer.vocab_size
@@ -104,7 +106,7 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
         raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
                          f"length ({len(ids)})", param=f"{where}.logprobs")
     for e in lp:
-        if len(e.top_logprobs) > cfg.max_logprobs:
+        if 0 <= cfg.max_logprobs < len(e.top_logprobs):
             raise BadRequest(f"top_logprobs count ({len(e.top_logprobs)}) in {where} exceeds max_logprobs "
                              f"({cfg.max_logprobs}).", param=f"{where}.logprobs")
         for cand in (e, *e.top_logprobs):
@@ -288,8 +290,16 @@ def final_finish_reason(finish_reason: str | None, has_calls: bool, tool_mode: s
     return finish_reason
 
 
-def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletionResponse:
-    """Derender a validated chat body (call ``validate_chat`` first). Returns the response."""
+def _created(engine: int | None, fallback: int | None) -> int:
+    """Response ``created``: the engine's value when the body has one, else ``fallback``, else 0."""
+    if engine is not None:
+        return engine
+    return fallback or 0
+
+
+def derender_chat(rt: ModelRuntime, body: DerenderChatRequest, created: int | None = None) -> ChatCompletionResponse:
+    """Derender a validated chat body (call ``validate_chat`` first). ``created``: Unix seconds
+    used when the engine response has no ``created`` (None = 0). Returns the response."""
     gr = body.generate_response
     req = body.chat_request or _DEFAULT_CHAT_REQUEST
     prompt_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
@@ -316,7 +326,8 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletion
         msg = ChatMessage(content=content, reasoning=d.reasoning or None, tool_calls=calls or None)
         logprobs = None
         if want_lp and c.logprobs is not None and c.logprobs.content is not None:
-            logprobs = ChatLogprobs(content=chat_logprobs(rt.tokenizer, out.logprob_entries(c), top_k))
+            logprobs = ChatLogprobs(content=chat_logprobs(rt.tokenizer, out.logprob_entries(c), top_k,
+                                                          as_token_ids=rt.config.return_tokens_as_token_ids))
         choices.append(ChatCompletionChoice(
             index=c.index, message=msg, logprobs=logprobs,
             finish_reason=final_finish_reason(finish_reason, bool(calls), mode),
@@ -333,15 +344,17 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest) -> ChatCompletion
                                    if stack.reasoning is not None else None),
     )
     return ChatCompletionResponse(
-        id=request_id, created=gr.created or 0, model=body.model, choices=choices, usage=usage,
+        id=request_id, created=_created(gr.created, created), model=body.model, choices=choices, usage=usage,
         prompt_token_ids=prompt_ids if req.return_token_ids else None,
         kv_transfer_params=gr.kv_transfer_params,
     )
 
 
-def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> CompletionResponse:
+def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest,
+                        created: int | None = None) -> CompletionResponse:
     """Derender a validated completion body: one choice per engine choice, flat ``index``
-    across prompts (prompt p's choices follow those of prompts < p)."""
+    across prompts (prompt p's choices follow those of prompts < p). ``created``: as in
+    ``derender_chat`` (the first engine response's value wins)."""
     req = body.completion_request or _DEFAULT_COMPLETION_REQUEST
     want_lp = req.logprobs is not None
     choices = []
@@ -361,7 +374,8 @@ def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> Co
             logprobs = None
             if want_lp and c.logprobs is not None and c.logprobs.content is not None:
                 logprobs = completion_logprobs(tok, out.logprob_entries(c), req.logprobs or 0,
-                                               text_offset_start=len(prefix))
+                                               text_offset_start=len(prefix),
+                                               as_token_ids=rt.config.return_tokens_as_token_ids)
             choices.append(CompletionChoice(
                 index=offset + c.index, text=prefix + text, logprobs=logprobs,
                 finish_reason=finish_reason, stop_reason=stop_reason,
@@ -373,7 +387,7 @@ def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> Co
     prompt_tokens = sum(body.prompt_tokens or [])
     first = body.generate_responses[0]
     return CompletionResponse(
-        id=first.request_id or "", created=first.created or 0, model=body.model, choices=choices,
+        id=first.request_id or "", created=_created(first.created, created), model=body.model, choices=choices,
         usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                         total_tokens=prompt_tokens + completion_tokens),
         kv_transfer_params=first.kv_transfer_params,

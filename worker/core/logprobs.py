@@ -24,7 +24,7 @@ from schemas import ChatLogprobToken, ChatLogprobTop, CompletionLogprobs, TokenL
 
 from .tokenizer import Tokenizer
 
-__all__ = ["chat_logprobs", "completion_logprobs", "decode_logprob_token", "next_context",
+__all__ = ["chat_logprobs", "completion_logprobs", "decode_logprob_token", "next_context", "token_id_string",
            "MAX_CONTEXT", "MIN_LOGPROB"]
 
 MAX_CONTEXT = 4
@@ -98,10 +98,17 @@ def _utf8(s: str) -> list[int]:
     return list(s.encode("utf-8", errors="replace"))
 
 
+def token_id_string(token_id: int | None) -> str:
+    """vLLM's ``--return-tokens-as-token-ids`` token string: ``token_id:<id>``."""
+    return f"token_id:{token_id}"
+
+
 def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
-                  context_token_ids: list[int] | None = None) -> list[ChatLogprobToken]:
+                  context_token_ids: list[int] | None = None, as_token_ids: bool = False) -> list[ChatLogprobToken]:
     """Chat ``logprobs.content`` for ``entries`` (one per output token). ``context_token_ids``:
-    the sampled output ids before ``entries[0]`` (last 4 are used; ``[]`` at the start)."""
+    the sampled output ids before ``entries[0]`` (last 4 are used; ``[]`` at the start).
+    ``as_token_ids``: token strings are ``token_id:<id>`` (vLLM's ``--return-tokens-as-token-ids``;
+    ``bytes`` are then that string's bytes, as vLLM gives)."""
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     out: list[ChatLogprobToken] = []
@@ -111,7 +118,7 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
         def text_of(tid, _ctx=ctx, _texts=texts):
             s = _texts.get(tid)
             if s is None:
-                s = decode_logprob_token(tok, tid, _ctx)
+                s = token_id_string(tid) if as_token_ids else decode_logprob_token(tok, tid, _ctx)
                 _texts[tid] = s
             return s
 
@@ -127,11 +134,16 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
 
 
 def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
-                        text_offset_start: int = 0, context_token_ids: list[int] | None = None
-                        ) -> CompletionLogprobs:
+                        text_offset_start: int = 0, context_token_ids: list[int] | None = None,
+                        as_token_ids: bool = False) -> CompletionLogprobs:
     """Completion ``logprobs`` for ``entries``; ``top_logprobs`` is the request's int ``logprobs``
     (k: each dict holds up to k+1 entries). ``text_offset_start``: chars of completion text
-    before ``entries[0]`` (0 for a whole non-stream choice; the streamed text length so far)."""
+    before ``entries[0]`` (0 for a whole non-stream choice; the streamed text length so far).
+    ``as_token_ids``: token strings (and dict keys) are ``token_id:<id>`` and ``text_offset``
+    advances by their length, as vLLM's ``--return-tokens-as-token-ids`` does."""
+    def text(tid, ctx):
+        return token_id_string(tid) if as_token_ids else decode_logprob_token(tok, tid, ctx)
+
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     res = CompletionLogprobs()
@@ -139,11 +151,11 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
     last_len = 0
     first = True
     for e in entries:
-        tok_str = decode_logprob_token(tok, e.token_id, ctx)
+        tok_str = text(e.token_id, ctx)
         cands = _ordered_candidates(e)
         d: dict[str, float] = {}
         for tid, lp in cands[:k + 1]:
-            s = tok_str if tid == e.token_id else decode_logprob_token(tok, tid, ctx)
+            s = tok_str if tid == e.token_id else text(tid, ctx)
             d[s] = _clamp(lp)
         res.tokens.append(tok_str)
         res.token_logprobs.append(_clamp(e.logprob))

@@ -138,18 +138,25 @@ _stream_probe_decoder = msgspec.json.Decoder(_StreamProbe)
 class DerenderService:
     """Derenders request bodies for a set of served models, routing by the body's ``model``.
 
-    ``models``: served-model configs; runtimes (tokenizer + parsers) are built on first use
-    (``preload()`` builds them all up front). Thread-safe."""
+    ``models``: served-model configs; each is served under its ``name`` and its ``aliases`` (one
+    runtime shared by all its names; a response's ``model`` is the name the request used, as in
+    vLLM). Runtimes (tokenizer + parsers) are built on first use (``preload()`` builds them all up
+    front). Raises ``ValueError`` when two models claim the same name. Thread-safe."""
 
     def __init__(self, models: list[ServedModelConfig]):
-        self.models = {m.name: m for m in models}
+        self.models: dict[str, ServedModelConfig] = {}
+        for m in models:
+            for name in (m.name, *m.aliases):
+                if name in self.models and self.models[name] is not m:
+                    raise ValueError(f"served model name {name!r} is given to two models")
+                self.models[name] = m
         self._runtimes: dict[str, ModelRuntime] = {}
         self._lock = threading.Lock()
 
     def preload(self) -> None:
         """Load every model's tokenizer and parsers now. Raises ``ValueError`` on a bad config."""
-        for name in self.models:
-            self.runtime(name)
+        for cfg in {id(m): m for m in self.models.values()}.values():
+            self.runtime(cfg.name)
 
     def runtime(self, name: str) -> ModelRuntime:
         """The runtime of served model ``name``. Raises ``ModelNotFound`` for an unknown name."""
@@ -162,15 +169,18 @@ class DerenderService:
             raise ModelNotFound(f"The model `{shown}` does not exist. Served models: {', '.join(self.models)}",
                                 param="model", status=404)
         with self._lock:
-            rt = self._runtimes.get(name)
+            rt = self._runtimes.get(cfg.name)
             if rt is None:
                 rt = ModelRuntime(cfg)
-                self._runtimes[name] = rt
+                self._runtimes[cfg.name] = rt
+            self._runtimes[name] = rt
         return rt
 
-    def derender(self, body: bytes, kind: str | None = None) -> DerenderResult:
+    def derender(self, body: bytes, kind: str | None = None, created: int | None = None) -> DerenderResult:
         """Derender one non-streaming body. ``kind``: ``chat``/``completion`` (e.g. from the
-        message's ``derender-kind`` header) or None to tell by the body's shape.
+        message's ``derender-kind`` header) or None to tell by the body's shape. ``created``:
+        the response's ``created`` (Unix seconds) when the engine response has none; the Kafka
+        worker passes the input record's timestamp, batch passes None (= 0).
 
         Returns a ``DerenderResult``; never raises for bad input (400/404 error objects)."""
         request_id = None
@@ -187,11 +197,11 @@ class DerenderService:
             if kind == "chat":
                 req = _decode_or_400(_chat_decoder, body)
                 validate_chat(rt, req)
-                resp = derender_chat(rt, req)
+                resp = derender_chat(rt, req, created)
             else:
                 req = _decode_or_400(_completion_decoder, body)
                 validate_completion(rt, req)
-                resp = derender_completion(rt, req)
+                resp = derender_completion(rt, req, created)
             return DerenderResult(_encoder.encode(resp), 200, request_id, kind)
         except DerenderError as e:
             return DerenderResult(_encoder.encode(e.to_response(request_id)), e.status, request_id, kind)
@@ -205,7 +215,7 @@ class DerenderService:
     force_include_usage: bool = True
 
     def derender_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None = None,
-                        kind: str | None = None) -> tuple[StreamResult, bytes | None]:
+                        kind: str | None = None, created: int | None = None) -> tuple[StreamResult, bytes | None]:
         """Derender one streaming chunk body (``generate_chunk``) against the request's stored state.
 
         ``state_bytes``: what the previous call returned for this request id (None/empty for the
@@ -214,6 +224,8 @@ class DerenderService:
         a chunk whose ``seq`` is below the state's ``next_seq`` is stale (409, state unchanged).
         ``kind``: ``chat``/``completion`` (or ``chat-stream``/``completion-stream``) or None to tell
         by the body (``completion_request`` -> completion, else chat; a stored state's kind wins).
+        ``created``: Unix seconds for every chunk of the request, taken on its first chunk (the
+        state keeps it; the Kafka worker passes the first chunk record's timestamp; None = 0).
 
         Returns ``(result, new_state_bytes)``: ``result.body`` is the JSON list of OpenAI chunks to
         publish (or an error object, status 400/404/409/500); ``new_state_bytes`` is the state to store
@@ -251,7 +263,7 @@ class DerenderService:
                                     param="seq", status=409)
             req = _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
             fn = core_stream.derender_chat_chunk if kind == "chat" else core_stream.derender_completion_chunk
-            chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage)
+            chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage, created=created)
             if seq is not None:
                 state.next_seq = seq + 1
             done = state.done

@@ -167,6 +167,7 @@ class StreamState(msgspec.Struct, kw_only=True, array_like=True):
     choices: dict[int, ChoiceState] = msgspec.field(default_factory=dict)
     next_seq: int = 0
     usage_sent: bool = False
+    created: int = 0  # every chunk's ``created``: fixed by the request's first chunk
 
     @property
     def done(self) -> bool:
@@ -453,13 +454,17 @@ def _want_usage(st: StreamState, force: bool, any_finished: bool) -> bool:
 
 
 def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state: StreamState | None,
-                        force_include_usage: bool = True) -> tuple[list[ChatCompletionStreamResponse], StreamState]:
+                        force_include_usage: bool = True, created: int | None = None
+                        ) -> tuple[list[ChatCompletionStreamResponse], StreamState]:
     """Derender one chat stream chunk (see module docstring). ``state``: None on the request's
-    first chunk. Returns the OpenAI chunks to send (possibly none) and the advanced state.
+    first chunk. ``created``: Unix seconds for every chunk of the request, read on its first chunk
+    only (the state keeps it, as OpenAI streams repeat the first chunk's value; None = 0).
+    Returns the OpenAI chunks to send (possibly none) and the advanced state.
     Raises ``BadRequest`` before touching ``state``."""
     _validate_common(rt, body, state, "chat")
     if state is None:
         state = _new_chat_state(rt, body)
+        state.created = created or 0
     elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
         _reseed(rt, state, body)
     st = state
@@ -475,7 +480,7 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
             continue
         if not cs.role_sent:
             cs.role_sent = True
-            out.append(ChatCompletionStreamResponse(id=rid, model=st.model, choices=[ChatCompletionStreamChoice(
+            out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
                 index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
         ids = _step_ids(rt, st, c)
         text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
@@ -509,7 +514,8 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
         lp = None
         entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
         if st.opts.logprobs and entries:
-            lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx))
+            lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx,
+                                                    as_token_ids=rt.config.return_tokens_as_token_ids))
         if c.token_ids:
             cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
         finish = stop_reason = None
@@ -522,14 +528,14 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
         # with return_token_ids a chunk is sent for every chunk of ids, text or not (vLLM: the
         # ids must all reach the client, e.g. while text is held back)
         if content or reasoning or tcs or lp is not None or final or kept:
-            out.append(ChatCompletionStreamResponse(id=rid, model=st.model, choices=[ChatCompletionStreamChoice(
+            out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
                 index=c.index,
                 delta=DeltaMessage(content=content or None, reasoning=reasoning or None, tool_calls=tcs),
                 logprobs=lp, finish_reason=finish, stop_reason=stop_reason, token_ids=kept)]))
     st.next_seq += 1
     if _want_usage(st, force_include_usage, any_finished):
         st.usage_sent = st.done
-        out.append(ChatCompletionStreamResponse(id=rid, model=st.model, choices=[],
+        out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[],
                                                 usage=_usage(rt, st, rt.stack.reasoning is not None)))
     return out, st
 
@@ -556,13 +562,14 @@ def _new_completion_state(rt: ModelRuntime, body: DerenderCompletionStreamReques
 
 
 def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRequest, state: StreamState | None,
-                              force_include_usage: bool = True
+                              force_include_usage: bool = True, created: int | None = None
                               ) -> tuple[list[CompletionStreamResponse], StreamState]:
-    """Derender one completion stream chunk (see ``derender_chat_chunk``)."""
+    """Derender one completion stream chunk (see ``derender_chat_chunk``, ``created`` included)."""
     _validate_common(rt, body, state, "completion")
     new = state is None
     if new:
         state = _new_completion_state(rt, body)
+        state.created = created or 0
     elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
         _reseed(rt, state, body)
     st = state
@@ -588,7 +595,8 @@ def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRe
         entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
         if st.opts.logprobs and entries:
             lp = completion_logprobs(tok, entries, st.opts.top_logprobs,
-                                     text_offset_start=cs.text_offset + len(prefix), context_token_ids=cs.lp_ctx)
+                                     text_offset_start=cs.text_offset + len(prefix), context_token_ids=cs.lp_ctx,
+                                     as_token_ids=rt.config.return_tokens_as_token_ids)
         cs.text_offset += len(text)
         if c.token_ids:
             cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
@@ -599,11 +607,11 @@ def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRe
             any_finished |= _end_choice(cs, c)
         kept = _kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None
         if text or lp is not None or final or kept:
-            out.append(CompletionStreamResponse(id=rid, model=st.model, choices=[CompletionStreamChoice(
+            out.append(CompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[CompletionStreamChoice(
                 index=c.index, text=text, logprobs=lp, finish_reason=finish, stop_reason=stop_reason,
                 token_ids=kept)]))
     st.next_seq += 1
     if _want_usage(st, force_include_usage, any_finished):
         st.usage_sent = st.done
-        out.append(CompletionStreamResponse(id=rid, model=st.model, choices=[], usage=_usage(rt, st, False)))
+        out.append(CompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[], usage=_usage(rt, st, False)))
     return out, st

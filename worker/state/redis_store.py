@@ -42,7 +42,6 @@ Configuration (``add_redis_args``; each flag also reads ``DERENDER_<FLAG>``): ``
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -169,26 +168,21 @@ class RedisSettings:
         return aioredis.Redis.from_url(self.url, **kw)
 
 
-def _env(name: str, default=None):
-    return os.environ.get("DERENDER_" + name.upper().replace("-", "_"), default)
-
-
 def add_redis_args(ap: argparse.ArgumentParser) -> None:
-    """Add the ``--redis-*`` flags (env ``DERENDER_REDIS_*``)."""
+    """Add the ``--redis-*`` flags (env ``DERENDER_REDIS_*`` through ``worker.flags.apply_env``)."""
     g = ap.add_argument_group("stream state store (Redis)")
-    g.add_argument("--redis-url", default=_env("redis_url", DEFAULT_URL),
+    g.add_argument("--redis-url", default=DEFAULT_URL,
                    help="redis:// or rediss:// (TLS) URL, db in the path")
-    g.add_argument("--redis-password", default=_env("redis_password"))
-    g.add_argument("--redis-username", default=_env("redis_username"))
-    g.add_argument("--redis-tls-ca", default=_env("redis_tls_ca"), help="CA bundle for rediss://")
-    g.add_argument("--redis-tls-cert", default=_env("redis_tls_cert"), help="client certificate")
-    g.add_argument("--redis-tls-key", default=_env("redis_tls_key"), help="client key")
-    g.add_argument("--redis-tls-insecure", action="store_true",
-                   default=str(_env("redis_tls_insecure", "")).lower() in ("1", "true", "yes", "on"))
-    g.add_argument("--redis-state-ttl", type=float, default=float(_env("redis_state_ttl", DEFAULT_TTL_S)),
+    g.add_argument("--redis-password", default=None)
+    g.add_argument("--redis-username", default=None)
+    g.add_argument("--redis-tls-ca", default=None, help="CA bundle for rediss://")
+    g.add_argument("--redis-tls-cert", default=None, help="client certificate")
+    g.add_argument("--redis-tls-key", default=None, help="client key")
+    g.add_argument("--redis-tls-insecure", action="store_true", default=False)
+    g.add_argument("--redis-state-ttl", type=float, default=DEFAULT_TTL_S,
                    help="seconds a stream state survives without use")
-    g.add_argument("--redis-key-prefix", default=_env("redis_key_prefix", DEFAULT_PREFIX))
-    g.add_argument("--redis-timeout", type=float, default=float(_env("redis_timeout", 5.0)))
+    g.add_argument("--redis-key-prefix", default=DEFAULT_PREFIX)
+    g.add_argument("--redis-timeout", type=float, default=5.0)
 
 
 def settings_from_args(args: argparse.Namespace) -> RedisSettings:

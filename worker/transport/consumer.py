@@ -29,7 +29,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 
 from worker.config import ServedModelConfig
+from worker.logs import record_fields
 from worker.state.memory_store import MemoryStateStore
+from worker.tracing import TRACEPARENT, TRACESTATE, Tracer, trace_headers
 from worker.transport.deadletter import DeadLetterError, dead_letter
 from worker.transport.health import HealthState
 from worker.transport.jobs import JobOutcome
@@ -45,6 +47,7 @@ from worker.transport.records import (
     JSON_CT,
     header,
     kind_header,
+    record_created,
     reply_topic_problem,
 )
 from worker.transport.settings import WorkerSettings, redact_url
@@ -133,11 +136,12 @@ class KafkaDerenderWorker:
         self._unknown_topics: dict[str, float] = {}  # reply topic -> monotonic time until it counts as unknown
         self._stop_requested = False
         self._hurry: asyncio.Event | None = None  # a second stop(): give up the drain
+        self._tracer = Tracer()  # OpenTelemetry spans when the [otel] extra is installed, else no-ops
 
     # -- executor ------------------------------------------------------------------------------
-    async def _stream_submit(self, value, state, seq, kind):
+    async def _stream_submit(self, value, state, seq, kind, created: int | None = None):
         """Derender one stream chunk in the pool -> ``StreamOutcome`` (see ``DerenderPool.stream``)."""
-        return await self.pool.stream(value, state, seq, kind)
+        return await self.pool.stream(value, state, seq, kind, created)
 
     def _stream_done(self, st: _Partition, offset: int) -> None:
         """A stream record is finished (reply acked, checkpoint written): committable."""
@@ -208,7 +212,8 @@ class KafkaDerenderWorker:
         self._consumer = AIOKafkaConsumer(
             **self._client_kwargs(), group_id=s.group_id, enable_auto_commit=False,
             auto_offset_reset=s.auto_offset_reset, session_timeout_ms=s.session_timeout_ms,
-            heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=s.max_in_flight)
+            heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=s.max_in_flight,
+            fetch_max_wait_ms=s.fetch_max_wait_ms)
         self._consumer.subscribe([s.input_topic], listener=_Rebalance(self))
         await self._consumer.start()
         self.health.mark_started()
@@ -378,7 +383,7 @@ class KafkaDerenderWorker:
     def _flush(self, chunk: list[tuple[Any, asyncio.Future]]) -> None:
         """Submit ``chunk`` (message, placeholder future) as one executor call; resolve each
         placeholder with its ``JobOutcome`` (or the call's exception) when it returns."""
-        items = [(msg.value, self._kind_header(msg)) for msg, _ in chunk]
+        items = [(msg.value, self._kind_header(msg), record_created(msg)) for msg, _ in chunk]
         futs = [f for _, f in chunk]
         call = self.pool.submit_batch(items)
 
@@ -446,8 +451,9 @@ class KafkaDerenderWorker:
     async def _outcome(self, job: _Job) -> JobOutcome:
         """Await a job's derender (see ``DerenderPool.outcome``: pool crashes, quarantine)."""
         msg = job.msg
-        return await self.pool.outcome(job.future, msg.value, self._kind_header(msg),
-                                       f"{msg.topic}[{msg.partition}]@{msg.offset}")
+        with self._tracer.span("derender.derender", trace_headers(msg.headers), **_span_attrs(msg)):
+            return await self.pool.outcome(job.future, msg.value, self._kind_header(msg),
+                                           f"{msg.topic}[{msg.partition}]@{msg.offset}", record_created(msg))
 
     def _plan(self, msg, out: JobOutcome) -> tuple[str, bytes | None, bytes | None, list, str | None]:
         """Decide where a finished message goes: ``(topic, key, value, headers, dlq_reason)``;
@@ -476,6 +482,7 @@ class KafkaDerenderWorker:
                    (HDR_STATUS, str(out.status).encode())]
         if out.kind:
             headers.append((HDR_KIND, out.kind.encode()))
+        headers.extend(trace_headers(msg.headers))  # W3C trace context: the reply continues the trace
         return reply_topic, key, out.body, headers, None
 
     def _dlq(self, msg, reason: str) -> tuple[str, bytes | None, bytes | None, list, str]:
@@ -593,13 +600,14 @@ class KafkaDerenderWorker:
                 if out.crash and out.crash != "derender-crashed":
                     self.stats.crashes += 1
                     log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
-                              msg.key, out.crash)
+                              msg.key, out.crash, extra=_fields(msg, out.request_id))
                 if self._prom is not None:
                     self._prom.latency.observe(out.seconds)
                 plan, delivery = await self._publish(st, msg, self._safe_plan(msg, out))
                 st.acks.put_nowait((job, plan, out, delivery))
             except Exception as e:
-                log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset)
+                log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset,
+                              extra=_fields(job.msg))
                 fut = asyncio.get_running_loop().create_future()
                 fut.set_exception(e)
                 st.acks.put_nowait((job, None, None, fut))
@@ -607,8 +615,20 @@ class KafkaDerenderWorker:
                 st.jobs.task_done()
 
     async def _send(self, plan) -> asyncio.Future:
-        topic, key, value, headers, _ = plan
-        return await self._producer.send(topic, value=value, key=key, headers=headers)
+        """Produce a reply/dead-letter ``plan`` (in a ``derender.publish`` span child of the
+        record's trace context; with a recording span the record's ``traceparent`` becomes the
+        span's). Returns the delivery future."""
+        topic, key, value, headers, reason = plan
+        carrier = [(k, v) for k, v in headers if k in (TRACEPARENT, TRACESTATE)]
+        if not self._tracer.enabled:
+            return await self._producer.send(topic, value=value, key=key, headers=headers)
+        with self._tracer.span("derender.publish", carrier, kind="producer",
+                               **{"messaging.system": "kafka", "messaging.destination.name": topic,
+                                  "derender.dead_letter_reason": reason}) as sp:
+            if carrier and sp is not None:
+                headers = [h for h in headers if h[0] not in (TRACEPARENT, TRACESTATE)]
+                headers += self._tracer.reply_headers(carrier, sp)
+            return await self._producer.send(topic, value=value, key=key, headers=headers)
 
     async def _acker(self, st: _Partition) -> None:
         """Await deliveries in offset order; advance the partition's committable offset."""
@@ -625,7 +645,8 @@ class KafkaDerenderWorker:
                         refused = plan[0]
                         plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
                         log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                    msg.offset, plan[4], refused)
+                                    msg.offset, plan[4], refused,
+                                    extra=_fields(msg, out.request_id if out else None))
                     await self._dead_letter_until_acked(st, msg, plan)  # retried until acked
                 self._count(plan, out)
                 if not st.failed:
@@ -636,7 +657,7 @@ class KafkaDerenderWorker:
             except Exception as e:
                 st.failed = True  # never commit past an undelivered message
                 log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
-                              msg.partition, msg.offset)
+                              msg.partition, msg.offset, extra=_fields(msg))
                 self._fatal = self._fatal or e
                 if self._stopping is not None:
                     self._stopping.set()
@@ -687,3 +708,13 @@ class KafkaDerenderWorker:
                 if self._router is not None:
                     self._router.on_committed(self._parts[tp], off)
 
+
+def _fields(msg, request_id: str | None = None) -> dict[str, Any]:
+    """Log ``extra`` naming record ``msg`` (``worker.logs``: JSON fields topic/partition/offset/request_id)."""
+    return record_fields(msg.topic, msg.partition, msg.offset, request_id)
+
+
+def _span_attrs(msg) -> dict[str, Any]:
+    """OpenTelemetry messaging attributes of record ``msg``."""
+    return {"messaging.system": "kafka", "messaging.source.name": msg.topic,
+            "messaging.kafka.partition": msg.partition, "messaging.kafka.offset": msg.offset}

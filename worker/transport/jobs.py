@@ -66,23 +66,26 @@ def _crash_outcome(e: BaseException, kind: str | None, is_object: bool, t0: floa
                       is_object, crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
 
 
-def derender_job(service: Any, value: bytes | None, kind: str | None) -> JobOutcome:
+def derender_job(service: Any, value: bytes | None, kind: str | None, created: int | None = None) -> JobOutcome:
     """Derender one message value with ``service`` (a ``DerenderService``); never raises.
 
     ``kind``: the ``derender-kind`` header (``chat``/``completion``/None; anything else yields a
-    400 error without calling the core). Any exception (from the core or while probing the value:
-    ``RecursionError``, ``MemoryError``, ``OverflowError``, ...) becomes a 500 error reply for this
-    value only, its traceback returned in ``crash`` for the caller to log with message context."""
+    400 error without calling the core). ``created``: the record's timestamp in seconds, the
+    response's ``created`` when the engine's body has none. Any exception (from the core or while
+    probing the value: ``RecursionError``, ``MemoryError``, ``OverflowError``, ...) becomes a 500
+    error reply for this value only, its traceback returned in ``crash`` for the caller to log with
+    message context."""
     t0 = time.perf_counter()
     body = value or b""
     is_object, detected = is_object_value(body), None
     try:
-        return _derender_job(service, body, kind, t0)
+        return _derender_job(service, body, kind, t0, created)
     except Exception as e:
         return _crash_outcome(e, kind or detected, is_object, t0)
 
 
-def _derender_job(service: Any, body: bytes, kind: str | None, t0: float) -> JobOutcome:
+def _derender_job(service: Any, body: bytes, kind: str | None, t0: float,
+                  created: int | None) -> JobOutcome:
     try:
         shape = _shape_decoder.decode(body)
         is_object = True
@@ -96,7 +99,7 @@ def _derender_job(service: Any, body: bytes, kind: str | None, t0: float) -> Job
         return JobOutcome(error_body(bad_kind_message(kind), 400, None), 400, None, None, is_object,
                           seconds=time.perf_counter() - t0)
     try:
-        res = service.derender(body, kind)
+        res = service.derender(body, kind, created=created)
         kind_used = getattr(res, "kind", None) or kind or detected
         return JobOutcome(res.body, int(res.status), res.request_id, kind_used, is_object,
                           seconds=time.perf_counter() - t0)
@@ -112,8 +115,10 @@ def proc_init(models: list[ServedModelConfig]) -> None:
     then build this process' ``DerenderService`` once."""
     global _PROC_SERVICE
     from worker.core.service import DerenderService
+    from worker.logs import setup_logging_from_env
     from worker.transport.lifetime import guard_pool_process
     guard_pool_process()
+    setup_logging_from_env()  # the CLI's --log-level/--log-format, exported to the environment
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and drains
     _PROC_SERVICE = DerenderService(models)
     preload = getattr(_PROC_SERVICE, "preload", None)
@@ -121,20 +126,21 @@ def proc_init(models: list[ServedModelConfig]) -> None:
         preload()  # load tokenizers/parsers now, not on the first message
 
 
-def proc_job(value: bytes | None, kind: str | None) -> JobOutcome:
-    return derender_job(_PROC_SERVICE, value, kind)
+def proc_job(value: bytes | None, kind: str | None, created: int | None = None) -> JobOutcome:
+    return derender_job(_PROC_SERVICE, value, kind, created)
 
 
-def proc_stream_job(value: bytes | None, state: bytes | None, seq: int, kind: str | None):
-    """One stream chunk in a pool process: ``(value, state, seq, kind) -> StreamOutcome``."""
-    return derender_stream_job(_PROC_SERVICE, value, state, seq, kind)
+def proc_stream_job(value: bytes | None, state: bytes | None, seq: int, kind: str | None,
+                    created: int | None = None):
+    """One stream chunk in a pool process: ``(value, state, seq, kind, created) -> StreamOutcome``."""
+    return derender_stream_job(_PROC_SERVICE, value, state, seq, kind, created)
 
 
-def proc_jobs(items: list[tuple[bytes | None, str | None]]) -> list[JobOutcome]:
-    """Several ``(value, kind)`` jobs in one pool call (one pickling round trip). Each job's
-    outcome is its own: ``derender_job`` never raises, so one value's failure (of any type) is a
-    500 for that value and never fails its neighbours in the call."""
-    return [derender_job(_PROC_SERVICE, v, k) for v, k in items]
+def proc_jobs(items: list[tuple[bytes | None, str | None, int | None]]) -> list[JobOutcome]:
+    """Several ``(value, kind, created)`` jobs in one pool call (one pickling round trip). Each
+    job's outcome is its own: ``derender_job`` never raises, so one value's failure (of any type)
+    is a 500 for that value and never fails its neighbours in the call."""
+    return [derender_job(_PROC_SERVICE, v, k, c) for v, k, c in items]
 
 
 def proc_ping(delay: float = 0.0) -> int:
@@ -195,15 +201,16 @@ def _conflict_type(body: bytes) -> bytes:
 
 
 def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, seq: int,
-                        kind: str | None) -> StreamOutcome:
+                        kind: str | None, created: int | None = None) -> StreamOutcome:
     """Derender one chunk with ``service.derender_stream``; never raises (a core exception
     becomes a 500 reply with its traceback in ``crash``). ``kind``: the ``derender-kind`` header
     (``chat``, ``completion``, ``chat-stream``, ``completion-stream`` or None; anything else is
-    answered with a 400 error without calling the core)."""
+    answered with a 400 error without calling the core). ``created``: the chunk record's
+    timestamp in seconds (used by the core on the stream's first chunk only)."""
     t0 = time.perf_counter()
     body = value or b""
     try:
-        return _derender_stream_job(service, body, state, seq, kind, t0)
+        return _derender_stream_job(service, body, state, seq, kind, t0, created)
     except Exception as e:
         return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, False, None,
                              None, is_object_value(body), crash=traceback.format_exc(),
@@ -211,12 +218,12 @@ def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, 
 
 
 def _derender_stream_job(service: Any, body: bytes, state: bytes | None, seq: int, kind: str | None,
-                         t0: float) -> StreamOutcome:
+                         t0: float, created: int | None) -> StreamOutcome:
     if kind is not None and kind not in KINDS and kind not in STREAM_KINDS:
         return StreamOutcome(error_body(bad_kind_message(kind), 400, body_request_id(body)), 400, False, None, None,
                              is_object_value(body), seconds=time.perf_counter() - t0)
     try:
-        res, new_state = service.derender_stream(body, state, seq=seq, kind=kind)
+        res, new_state = service.derender_stream(body, state, seq=seq, kind=kind, created=created)
         rbody = _conflict_type(res.body) if int(res.status) == 409 else res.body
         return StreamOutcome(rbody, int(res.status), bool(getattr(res, "done", False)),
                              getattr(res, "kind", None), new_state if res.status == 200 else None,

@@ -80,13 +80,13 @@ class DerenderPool:
             self._jobs_fn = proc_jobs
         else:
             svc = self.service
-            self._stream_fn = lambda v, s, q, k: derender_stream_job(svc, v, s, q, k)
+            self._stream_fn = lambda v, s, q, k, c=None: derender_stream_job(svc, v, s, q, k, c)
             fn = self._job_fn
-            self._jobs_fn = lambda items: [fn(v, k) for v, k in items]
+            self._jobs_fn = lambda items: [fn(v, k, c) for v, k, c in items]
 
     def _make_inner(self) -> None:
         if self.executor is not None:
-            self._job_fn = (lambda v, k: derender_job(self.service, v, k)) if self.service else proc_job
+            self._job_fn = (lambda v, k, c=None: derender_job(self.service, v, k, c)) if self.service else proc_job
             return
         if self.service is not None or self.executor_kind == "thread":
             if self.service is None:
@@ -94,7 +94,7 @@ class DerenderPool:
                 self.service = DerenderService(self.models)
             self.executor = cf.ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="derender")
             svc = self.service
-            self._job_fn = lambda v, k: derender_job(svc, v, k)
+            self._job_fn = lambda v, k, c=None: derender_job(svc, v, k, c)
             return
         self.executor = cf.ProcessPoolExecutor(max_workers=self.num_workers, mp_context=_mp_context(),
                                                initializer=proc_init, initargs=(self.models,))
@@ -151,16 +151,16 @@ class DerenderPool:
             return 1
         return max(1, min(16, -(-total // self.num_workers)))
 
-    def submit_batch(self, items: list[tuple[bytes | None, str | None]]) -> asyncio.Future:
-        """Run ``[(value, kind), ...]`` as one executor call -> future of ``list[JobOutcome]``."""
+    def submit_batch(self, items: list[tuple[bytes | None, str | None, int | None]]) -> asyncio.Future:
+        """Run ``[(value, kind, created), ...]`` as one executor call -> future of ``list[JobOutcome]``."""
         return asyncio.get_running_loop().run_in_executor(self.executor, self._jobs_fn, items)
 
-    async def stream(self, value, state, seq, kind) -> StreamOutcome:
+    async def stream(self, value, state, seq, kind, created: int | None = None) -> StreamOutcome:
         """Derender one stream chunk in the pool (state travels both ways) -> ``StreamOutcome``;
         a dead pool process or a failed call becomes a 500 outcome."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self.executor, self._stream_fn, value, state,
-                                                                    seq, kind)
+                                                                    seq, kind, created)
         except BrokenProcessPool:
             log.error("derender process died on a stream chunk (seq %s); ending that stream with a 500", seq)
             self._restart_if_broken()
@@ -170,7 +170,8 @@ class DerenderPool:
             return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, False,
                                  None, None, crash=repr(e))
 
-    async def outcome(self, future: asyncio.Future, value: bytes | None, kind: str | None, where: str) -> JobOutcome:
+    async def outcome(self, future: asyncio.Future, value: bytes | None, kind: str | None, where: str,
+                      created: int | None = None) -> JobOutcome:
         """Await a job's derender ``future``. When a pool process died (``BrokenProcessPool``:
         segfault, OOM kill...), restart the pool and rerun this message alone in a one-process
         quarantine pool, one message at a time, so only the message that kills it again is
@@ -183,7 +184,7 @@ class DerenderPool:
         except BrokenProcessPool:
             log.error("derender process died while %s was in the pool; retrying it in quarantine", where)
             self._restart_if_broken()
-            return await self.quarantine(value, kind, where)
+            return await self.quarantine(value, kind, where, created)
         except Exception as e:
             log.error("derender call with %s failed (%s: %s); rerunning that record alone", where,
                       type(e).__name__, e)
@@ -197,7 +198,8 @@ class DerenderPool:
             return JobOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500,
                               None, None, False, crash=repr(e))
 
-    async def quarantine(self, value: bytes | None, kind: str | None, where: str) -> JobOutcome:
+    async def quarantine(self, value: bytes | None, kind: str | None, where: str,
+                         created: int | None = None) -> JobOutcome:
         """Derender one record alone in a dedicated one-process pool (serialized by a lock). A
         crash there convicts it: returns an outcome with ``crash="derender-crashed"``."""
         if self.models is None:  # no models to build a quarantine service from
@@ -209,7 +211,7 @@ class DerenderPool:
                 self._qpool = cf.ProcessPoolExecutor(max_workers=1, mp_context=_mp_context(),
                                                      initializer=proc_init, initargs=(self.models,))
             try:
-                return await asyncio.get_running_loop().run_in_executor(self._qpool, proc_job, value, kind)
+                return await asyncio.get_running_loop().run_in_executor(self._qpool, proc_job, value, kind, created)
             except BrokenProcessPool:
                 log.error("derender process died again on %s: poison message", where)
                 self._qpool.shutdown(wait=False, cancel_futures=True)

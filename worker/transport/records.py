@@ -37,7 +37,11 @@ Reply (``reply-topic`` header, else ``--reply-topic``)
   error object ``{"error": {"message", "type", "param", "code"}, "request_id"}``.
 * **headers**: ``correlation-id`` (as above), ``content-type: application/json``,
   ``derender-status`` (``200``, ``400``, ``404`` or ``500``, HTTP-like, as ASCII digits),
-  ``derender-kind`` (``chat``/``completion``; omitted when the body's kind cannot be told).
+  ``derender-kind`` (``chat``/``completion``; omitted when the body's kind cannot be told),
+  ``traceparent``/``tracestate`` (W3C Trace Context, copied from the input when valid; see
+  ``worker.tracing``).
+* ``created`` in the value: the engine's when the body has one, else the input record's Kafka
+  timestamp in seconds (``record_created``), so a redelivered record gets a byte-identical reply.
 
 Dead letters (``--dead-letter-topic``, default ``derender-dlq``)
 ----------------------------------------------------------------
@@ -82,7 +86,7 @@ import re
 __all__ = ["HDR_REPLY_TOPIC", "HDR_CORRELATION_ID", "HDR_KIND", "HDR_STATUS", "HDR_CONTENT_TYPE",
            "HDR_DLQ_REASON", "HDR_SEQ", "HDR_STREAM_END", "JSON_CT", "KINDS", "STREAM_KINDS", "TOPIC_RE",
            "header", "kind_header", "reply_topic_problem", "INTERNAL_TOPIC_PREFIX", "parse_seq", "bad_kind_message", "SEQ_MAX",
-           "KIND_MAX_BYTES", "STREAM_KEY_MAX_BYTES"]
+           "KIND_MAX_BYTES", "STREAM_KEY_MAX_BYTES", "record_created"]
 
 HDR_REPLY_TOPIC = "reply-topic"
 HDR_CORRELATION_ID = "correlation-id"
@@ -171,3 +175,12 @@ def bad_kind_message(kind: str) -> str:
     """Error message of an unknown ``derender-kind`` header value (lists every accepted value)."""
     return (f"unknown {HDR_KIND} header {kind!r}; expected 'chat' or 'completion' (stream chunk records, "
             f"which carry a {HDR_SEQ} header, also accept 'chat-stream' or 'completion-stream')")
+
+
+def record_created(msg) -> int | None:
+    """``created`` for the reply of record ``msg``: its Kafka timestamp (CreateTime or
+    LogAppendTime, milliseconds) in whole seconds; None when the record has none (<= 0)."""
+    ts = getattr(msg, "timestamp", None)
+    if not isinstance(ts, int) or ts <= 0:
+        return None
+    return ts // 1000

@@ -12,7 +12,7 @@ from typing import Any
 
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_SEQ
-from worker.transport.settings import WorkerSettings, add_run_args, env_default, redact_url
+from worker.transport.settings import WorkerSettings, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ async def _run_until_signal(worker: KafkaDerenderWorker) -> None:
 
 def main_run(args: argparse.Namespace) -> int:
     """``derender-worker run``: build the models from the flags, run the worker until
-    SIGTERM/SIGINT. Returns 0 after a clean drain, 2 on bad configuration, 1 on a fatal error."""
+    SIGTERM/SIGINT. Returns 0 after a clean drain, 2 (one log line) on bad configuration (flags,
+    model files or parser names, unreachable state store), 1 on a fatal error."""
     from worker.config import models_from_args
     try:
         models = models_from_args(args)
@@ -77,7 +78,28 @@ def main_run(args: argparse.Namespace) -> int:
                       "receives stream chunks (records with a %s header)", redact_url(settings.redis.url), e,
                       HDR_SEQ)
             return 2
-    worker = KafkaDerenderWorker(settings, models)
+    # load every tokenizer and parser here, before any pool process exists: a bad path or parser
+    # name is one error line and exit 2, not a pool initializer traceback + BrokenProcessPool
+    from worker.core.service import DerenderService
+    try:
+        service = DerenderService(models)
+        service.preload()
+    except (ValueError, OSError) as e:
+        log.error("bad model configuration: %s", e)
+        return 2
+    from worker.tracing import setup_tracing
+    try:
+        exporter = setup_tracing()
+    except ValueError as e:
+        log.error("bad tracing configuration: %s", e)
+        return 2
+    if exporter:
+        log.info("OpenTelemetry spans exported with OTEL_TRACES_EXPORTER=%s", exporter)
+    if settings.executor == "thread":  # the thread pool shares this service: no second load
+        worker = KafkaDerenderWorker(settings, models, service=service)
+    else:
+        del service  # each pool process builds its own
+        worker = KafkaDerenderWorker(settings, models)
     try:
         asyncio.run(_run_until_signal(worker))
     except Exception:
@@ -87,17 +109,10 @@ def main_run(args: argparse.Namespace) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """``python -m worker.transport.run`` = ``derender-worker run`` without the other
-    subcommands (no imports beyond the core)."""
-    from worker.config import add_model_args
-    ap = argparse.ArgumentParser(prog="python -m worker.transport.run", description="derender Kafka worker")
-    ap.add_argument("--log-level", default=env_default("log_level", "INFO"))
-    add_model_args(ap)
-    add_run_args(ap)
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    return main_run(args)
+    """``python -m worker.transport.run`` = ``derender-worker run`` (same flags, environment and
+    one-line errors)."""
+    from worker.cli import main
+    return main(["run", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

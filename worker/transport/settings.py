@@ -1,5 +1,5 @@
-"""Settings and CLI flags of ``derender-worker run`` (``WorkerSettings``, ``add_run_args``), the
-``DERENDER_<FLAG>`` environment defaults and the aiokafka security kwargs."""
+"""Settings and CLI flags of ``derender-worker run`` (``WorkerSettings``, ``add_run_args``) and the
+aiokafka security kwargs (``DERENDER_<FLAG>`` environment defaults: ``worker.flags.apply_env``)."""
 from __future__ import annotations
 
 import argparse
@@ -15,8 +15,32 @@ __all__ = ["WorkerSettings", "add_run_args", "security_kwargs", "env_default", "
 
 
 def env_default(flag: str, default: Any = None) -> Any:
-    """``DERENDER_<FLAG>`` (upper case, ``-`` -> ``_``) from the environment, else ``default``."""
+    """``DERENDER_<FLAG>`` (upper case, ``-`` -> ``_``) from the environment, else ``default``.
+    Kept for callers that still read it; new flags take a plain default instead, since
+    ``worker.flags.apply_env`` reads ``DERENDER_<FLAG>`` for every flag and reports a malformed
+    value in one line (a conversion here, e.g. ``int(env_default(...))``, fails while the parser
+    is built, before ``--help``)."""
     return os.environ.get("DERENDER_" + flag.upper().replace("-", "_"), default)
+
+
+def _positive_int(text: str) -> int:
+    """A flag value that must be an integer >= 1. Raises ``ValueError``."""
+    v = int(text)
+    if v < 1:
+        raise ValueError("must be >= 1")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    """A flag value that must be a number > 0. Raises ``ValueError``."""
+    v = float(text)
+    if not v > 0:
+        raise ValueError("must be > 0")
+    return v
+
+
+_positive_int.__name__ = "int"
+_positive_float.__name__ = "float"
 
 
 def _default_workers() -> int:
@@ -52,6 +76,9 @@ class WorkerSettings:
     auto_offset_reset: str = "earliest"
     session_timeout_ms: int = 10000
     heartbeat_interval_ms: int = 3000
+    #: longest a fetch waits at the broker for new records (Kafka ``fetch.max.wait.ms``): the
+    #: added latency of a record arriving on an idle partition, on brokers that hold fetches
+    fetch_max_wait_ms: int = 500
     metrics_port: int | None = None
     security: dict[str, Any] = field(default_factory=dict)
     #: streaming (records with a ``derender-seq`` header, see ``worker.transport.streams``):
@@ -99,6 +126,7 @@ class WorkerSettings:
             request_timeout_ms=args.request_timeout_ms, max_request_size=args.max_request_size,
             auto_offset_reset=args.auto_offset_reset, metrics_port=args.metrics_port,
             session_timeout_ms=args.session_timeout_ms, heartbeat_interval_ms=args.heartbeat_interval_ms,
+            fetch_max_wait_ms=args.fetch_max_wait_ms,
             security=security_kwargs(args),
             redis=_redis_settings(args), stream_gap_timeout_s=args.stream_gap_timeout,
             stream_replay_window=args.stream_replay_window,
@@ -133,71 +161,75 @@ def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_run_args(ap: argparse.ArgumentParser) -> None:
     """Add the Kafka flags of ``derender-worker run``. Every flag also reads ``DERENDER_<FLAG>``
-    from the environment (``--bootstrap-servers`` also ``KAFKA_BOOTSTRAP_SERVERS``), flags winning."""
+    from the environment through ``worker.flags.apply_env`` (``--bootstrap-servers`` also
+    ``KAFKA_BOOTSTRAP_SERVERS``), flags winning; defaults here are plain values, so a malformed
+    variable is reported in one line instead of failing while the parser is built."""
     g = ap.add_argument_group("kafka")
     g.add_argument("--bootstrap-servers",
-                   default=env_default("bootstrap_servers", os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")),
+                   default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or "localhost:9092",
                    help="comma-separated host:port list (env KAFKA_BOOTSTRAP_SERVERS)")
-    g.add_argument("--input-topic", default=env_default("input_topic", "engine-outputs"))
-    g.add_argument("--reply-topic", default=env_default("reply_topic", "derender-replies"),
+    g.add_argument("--input-topic", default="engine-outputs")
+    g.add_argument("--reply-topic", default="derender-replies",
                    help="where replies go when a message has no reply-topic header")
-    g.add_argument("--dead-letter-topic", default=env_default("dead_letter_topic", "derender-dlq"))
-    g.add_argument("--dead-letter-max-bytes", type=int,
-                   default=int(env_default("dead_letter_max_bytes", DEFAULT_MAX_BYTES)),
+    g.add_argument("--dead-letter-topic", default="derender-dlq")
+    g.add_argument("--dead-letter-max-bytes", type=_positive_int, default=DEFAULT_MAX_BYTES,
                    help="largest dead-letter record in bytes (key + value + headers; default 512 KiB): keep it below "
                         "the dead-letter topic's max.message.bytes (Kafka default 1 MiB); larger originals are "
                         "truncated, marked x-dlq-truncated and identified by x-original-value-sha256")
-    g.add_argument("--allowed-reply-topics", default=env_default("allowed_reply_topics"), metavar="REGEX",
+    g.add_argument("--allowed-reply-topics", default=None, metavar="REGEX",
                    help="reply-topic headers must match this regular expression in full (default: any legal "
                         "topic name not starting with '__'); others are dead-lettered (reply-topic-not-allowed)")
-    g.add_argument("--reply-topic-wait-ms", type=int, default=int(env_default("reply_topic_wait_ms", 2000)),
+    g.add_argument("--reply-topic-wait-ms", type=_positive_int, default=2000,
                    help="how long a reply waits for an unknown reply topic to appear before it is dead-lettered "
                         "(reply-publish-failed); the answer is remembered for a while, so a missing topic "
                         "never blocks a partition for long")
-    g.add_argument("--group-id", default=env_default("group_id", "derender-workers"))
-    g.add_argument("--client-id", default=env_default("client_id", "derender-worker"))
-    g.add_argument("--max-in-flight", type=int, default=int(env_default("max_in_flight", 64)),
+    g.add_argument("--group-id", default="derender-workers")
+    g.add_argument("--client-id", default="derender-worker")
+    g.add_argument("--max-in-flight", type=_positive_int, default=64,
                    help="most unacknowledged messages at once (backpressure)")
-    g.add_argument("--num-threads", "--num-workers", dest="num_threads", type=int,
-                   default=int(env_default("num_threads", _default_workers())),
+    g.add_argument("--num-threads", "--num-workers", dest="num_threads",
+                   type=_positive_int, default=_default_workers(),
                    help="derender pool size (default: usable CPU cores)")
-    g.add_argument("--executor", choices=["process", "thread"], default=env_default("executor", "process"),
+    g.add_argument("--executor", choices=["process", "thread"], default="process",
                    help="process pool (parallel, default) or thread pool (GIL-bound, cheap start)")
-    g.add_argument("--commit-interval-ms", type=int, default=int(env_default("commit_interval_ms", 200)))
-    g.add_argument("--drain-timeout", type=float, default=float(env_default("drain_timeout", 30.0)),
+    g.add_argument("--commit-interval-ms", type=_positive_int, default=200)
+    g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to finish in-flight work on SIGTERM")
-    g.add_argument("--request-timeout-ms", type=int, default=int(env_default("request_timeout_ms", 30000)))
-    g.add_argument("--max-request-size", type=int, default=int(env_default("max_request_size", 8 * 1024 * 1024)),
+    g.add_argument("--request-timeout-ms", type=_positive_int, default=30000)
+    g.add_argument("--max-request-size", type=_positive_int, default=8 * 1024 * 1024,
                    help="largest reply record in bytes (the topic's max.message.bytes must allow it)")
     g.add_argument("--auto-offset-reset", choices=["earliest", "latest"],
-                   default=env_default("auto_offset_reset", "earliest"),
+                   default="earliest",
                    help="where a group without a committed offset starts: earliest (default) = the beginning "
                         "of the topic, so a new --group-id replays every record still on it; latest = only "
                         "records produced after it joined")
-    g.add_argument("--session-timeout-ms", type=int, default=int(env_default("session_timeout_ms", 10000)),
+    g.add_argument("--session-timeout-ms", type=_positive_int, default=10000,
                    help="consumer-group session timeout (Kafka brokers require >= 6000 by default)")
-    g.add_argument("--heartbeat-interval-ms", type=int, default=int(env_default("heartbeat_interval_ms", 3000)))
-    g.add_argument("--metrics-port", type=int, default=env_default("metrics_port"),
+    g.add_argument("--heartbeat-interval-ms", type=_positive_int, default=3000)
+    g.add_argument("--fetch-max-wait-ms", type=_positive_int, default=500,
+                   help="longest a fetch waits at the broker for new records (Kafka fetch.max.wait.ms): "
+                        "lower = less latency at low load, more fetch requests")
+    g.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port")
     s = ap.add_argument_group("kafka security (aiokafka)")
     s.add_argument("--security-protocol", choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
-                   default=env_default("security_protocol", "PLAINTEXT"))
+                   default="PLAINTEXT")
     s.add_argument("--sasl-mechanism", choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
-                   default=env_default("sasl_mechanism", "PLAIN"))
-    s.add_argument("--sasl-username", default=env_default("sasl_username"))
-    s.add_argument("--sasl-password", default=env_default("sasl_password"),
+                   default="PLAIN")
+    s.add_argument("--sasl-username", default=None)
+    s.add_argument("--sasl-password", default=None,
                    help="prefer the env DERENDER_SASL_PASSWORD over the flag")
-    s.add_argument("--ssl-cafile", default=env_default("ssl_cafile"))
-    s.add_argument("--ssl-certfile", default=env_default("ssl_certfile"))
-    s.add_argument("--ssl-keyfile", default=env_default("ssl_keyfile"))
-    s.add_argument("--ssl-password", default=env_default("ssl_password"))
+    s.add_argument("--ssl-cafile", default=None)
+    s.add_argument("--ssl-certfile", default=None)
+    s.add_argument("--ssl-keyfile", default=None)
+    s.add_argument("--ssl-password", default=None)
     st = ap.add_argument_group("streaming (records with a derender-seq header)")
-    st.add_argument("--stream-state", choices=["redis", "memory"], default=env_default("stream_state", "redis"),
+    st.add_argument("--stream-state", choices=["redis", "memory"], default="redis",
                     help="where stream state lives between chunks: Redis (shared by the group, default) or "
                          "this process only (single worker, lost on restart)")
-    st.add_argument("--stream-gap-timeout", type=float, default=float(env_default("stream_gap_timeout", 10.0)),
+    st.add_argument("--stream-gap-timeout", type=_positive_float, default=10.0,
                     help="seconds a chunk beyond a missing one is held before the stream ends with an error")
-    st.add_argument("--stream-replay-window", type=int, default=int(env_default("stream_replay_window", 32)),
+    st.add_argument("--stream-replay-window", type=_positive_int, default=32,
                     help="replies per stream kept (memory and store) to answer redelivered chunks identically")
     from worker.state.redis_store import add_redis_args
     add_redis_args(ap)

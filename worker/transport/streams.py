@@ -60,9 +60,17 @@ from typing import Any
 
 import msgspec
 
+from worker.logs import record_fields
 from worker.transport.deadletter import DeadLetterError
 from worker.transport.jobs import JobOutcome, body_request_id, error_body, is_object_value
-from worker.transport.records import HDR_SEQ, HDR_STREAM_END, SEQ_MAX, STREAM_KEY_MAX_BYTES, parse_seq
+from worker.transport.records import (
+    HDR_SEQ,
+    HDR_STREAM_END,
+    SEQ_MAX,
+    STREAM_KEY_MAX_BYTES,
+    parse_seq,
+    record_created,
+)
 
 log = logging.getLogger(__name__)
 
@@ -472,11 +480,11 @@ class StreamRouter:
 
     async def _derender_publish_one(self, st, s: _Stream, msg, seq: int) -> None:
         kind = self.w._kind_header(msg)
-        out = await self.w._stream_submit(msg.value, s.state, seq, kind)
+        out = await self.w._stream_submit(msg.value, s.state, seq, kind, record_created(msg))
         if out.crash:
             self.w.stats.crashes += 1
             log.error("stream derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
-                      msg.key, out.crash)
+                      msg.key, out.crash, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
         if seq == 0 or out.status == 200:
             s.known = True
         s.next_seq = seq + 1
@@ -533,7 +541,8 @@ class StreamRouter:
                         refused = plan[0]
                         plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
                         log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                    msg.offset, plan[4], refused)
+                                    msg.offset, plan[4], refused,
+                                    extra=record_fields(msg.topic, msg.partition, msg.offset))
                     await self.w._dead_letter_until_acked(st, msg, plan)  # retried until acked
                 self.w._count(plan, _Counted(entry.status))
                 if wr is None:

@@ -1,0 +1,275 @@
+"""Command-line plumbing shared by every subcommand: environment defaults, one-line errors,
+log flags and the vLLM flags this worker accepts without effect.
+
+* **Environment.** Every flag ``--some-flag`` of every subcommand also reads
+  ``DERENDER_SOME_FLAG`` (the flag's ``dest`` upper-cased), a flag on the command line winning.
+  The value is converted and checked like the flag's own (type, choices; booleans take
+  ``1/true/yes/on`` or ``0/false/no/off``; list flags split on commas or spaces). A value that
+  does not convert is reported only when the flag is not given and the command actually runs
+  (``--help`` always works), as one line naming the variable, exit status 2.
+* **Errors.** ``OneLineParser.error`` prints one line, ``<prog>: error: <what> (usage: <prog>
+  [options]; <prog> --help lists them)``, exit status 2: the subcommand's usage, never the
+  top-level one, and no multi-line usage block in a log pipeline.
+* **vLLM flags.** ``vllm serve`` / ``vllm launch render`` flags that configure the GPU engine,
+  the HTTP server or prompt rendering mean nothing to a derender worker; ``add_vllm_noop_args``
+  accepts them (with their value when they take one) so a command line written for vLLM starts,
+  and ``noop_note`` names the ones given in one log line. Any other unknown flag is an error.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+ENV_PREFIX = "DERENDER_"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+log = logging.getLogger("worker.cli")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line naming the (sub)command's usage,
+    exit status 2 (subparsers inherit the class)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        """Print ``<prog>: error: <message> (usage ...)`` on stderr and exit 2."""
+        message = " ".join(str(message).split())
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} [options]; "
+                     f"{self.prog} --help lists them)\n")
+
+
+class BadEnv:
+    """Default standing for an environment value that did not convert (reported after parsing,
+    only when the flag was not given on the command line)."""
+
+    def __init__(self, var: str, raw: str, reason: str):
+        self.var, self.raw, self.reason = var, raw, reason
+
+    def __str__(self) -> str:  # shown by --help as the default
+        return f"{self.raw} (invalid {self.var})"
+
+    def message(self) -> str:
+        """One line: the variable, its value and why it is refused."""
+        return f"environment variable {self.var}={self.raw!r}: {self.reason}"
+
+
+def env_var(action: argparse.Action) -> str:
+    """Environment variable read by a flag: ``DERENDER_`` + its ``dest`` upper-cased."""
+    return ENV_PREFIX + action.dest.upper()
+
+
+def _convert_one(action: argparse.Action, raw: str):
+    value = raw
+    if action.type is not None:
+        try:
+            value = action.type(raw)  # type: ignore[misc]
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
+            name = getattr(action.type, "__name__", "value")
+            why = str(e)
+            if not why or why.startswith(("invalid literal", "could not convert")):
+                raise ValueError(f"not a valid {name}") from None
+            raise ValueError(f"not a valid {name} ({why})") from None
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"invalid choice (choose from {', '.join(map(str, action.choices))})")
+    return value
+
+
+def env_value(action: argparse.Action, raw: str):
+    """Convert environment text ``raw`` as the flag ``action`` would convert its argument.
+    Raises ``ValueError`` with the reason."""
+    if action.nargs == 0:  # store_true / store_false / BooleanOptionalAction
+        low = raw.strip().lower()
+        if low not in _TRUE + _FALSE:
+            raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE[:-1])}")
+        on = low in _TRUE
+        if isinstance(action, argparse._StoreFalseAction):
+            return not on
+        if isinstance(action, argparse._StoreConstAction):
+            return action.const if on else action.default
+        return on
+    if action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction):
+        parts = [p for p in raw.replace(",", " ").split() if p]
+        if action.nargs == "+" and not parts:
+            raise ValueError("expected at least one value")
+        return [_convert_one(action, p) for p in parts]
+    return _convert_one(action, raw)
+
+
+def apply_env(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
+    """Make each flag of ``parser`` default to its ``DERENDER_<DEST>`` variable when set (a value
+    that does not convert becomes a ``BadEnv`` default, reported by ``check_env``). Flags whose
+    action has ``env = False`` are skipped."""
+    environ = os.environ if environ is None else environ
+    for a in parser._actions:
+        if not a.option_strings or a.dest in (argparse.SUPPRESS, "help") or getattr(a, "env", True) is False:
+            continue
+        if isinstance(a, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
+            continue
+        var = env_var(a)
+        raw = environ.get(var)
+        if raw is None:
+            continue
+        try:
+            a.default = env_value(a, raw)
+        except ValueError as e:
+            a.default = BadEnv(var, raw, str(e))
+        if a.help and a.help is not argparse.SUPPRESS and var not in a.help:
+            a.help = f"{a.help} [env {var}]"
+
+
+def check_env(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """After parsing: exit 2 with one line (``parser.error``) when a flag not given on the command
+    line took a malformed environment value."""
+    for value in vars(args).values():
+        if isinstance(value, BadEnv):
+            parser.error(value.message())
+
+
+# ------------------------------------------------------------------------------ log flags ----
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+LOG_FORMATS = ("text", "json")
+
+
+def _level(s: str) -> str:
+    s = str(s).strip().upper()
+    if s == "WARN":
+        s = "WARNING"
+    if s not in LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+    return s
+
+
+_level.__name__ = "log level"
+
+
+def add_log_args(ap: argparse.ArgumentParser, top: bool = False) -> None:
+    """``--log-level`` and ``--log-format`` (env ``DERENDER_LOG_LEVEL``/``DERENDER_LOG_FORMAT``).
+    ``top``: the copy before the subcommand (kept for old command lines; a flag after the
+    subcommand wins). Resolved by ``log_settings``."""
+    g = ap.add_argument_group("logging")
+    prefix = "top_" if top else ""
+    a = g.add_argument("--log-level", dest=prefix + "log_level", type=_level, default=None, metavar="LEVEL",
+                       help=f"{', '.join(LOG_LEVELS)} (case-insensitive; default INFO; env DERENDER_LOG_LEVEL)")
+    a.env = False  # type: ignore[attr-defined]  # resolved in log_settings (flag > top flag > env)
+    a = g.add_argument("--log-format", dest=prefix + "log_format", choices=LOG_FORMATS, default=None,
+                       help="text (default) or json: one JSON object per line (env DERENDER_LOG_FORMAT)")
+    a.env = False  # type: ignore[attr-defined]
+
+
+def log_settings(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                 environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """``(level, format)`` from the flag after the subcommand, else the one before it, else the
+    environment, else ``INFO``/``text``. A malformed environment value exits 2 (one line)."""
+    environ = os.environ if environ is None else environ
+    level = getattr(args, "log_level", None) or getattr(args, "top_log_level", None)
+    if level is None:
+        raw = environ.get(ENV_PREFIX + "LOG_LEVEL")
+        try:
+            level = _level(raw) if raw is not None else "INFO"
+        except ValueError as e:
+            parser.error(BadEnv(ENV_PREFIX + "LOG_LEVEL", raw or "", str(e)).message())
+    fmt = getattr(args, "log_format", None) or getattr(args, "top_log_format", None)
+    if fmt is None:
+        raw = environ.get(ENV_PREFIX + "LOG_FORMAT")
+        fmt = (raw or "text").strip().lower()
+        if fmt not in LOG_FORMATS:
+            parser.error(BadEnv(ENV_PREFIX + "LOG_FORMAT", raw or "",
+                                f"expected one of {', '.join(LOG_FORMATS)}").message())
+    return level, fmt
+
+
+# --------------------------------------------------------------------- vLLM flags, no effect ----
+#: ``vllm serve`` / ``vllm launch render`` flags that take a value and mean nothing here
+#: (GPU engine, HTTP server, prompt rendering, weights). Source: vLLM's ``FrontendArgs``,
+#: ``ModelConfig``/``EngineArgs`` flag names (vllm/entrypoints/openai/cli_args.py,
+#: vllm/engine/arg_utils.py).
+NOOP_VALUE_FLAGS = (
+    "--revision", "--tokenizer-revision", "--code-revision", "--dtype", "--seed", "--hf-token",
+    "--hf-config-path", "--hf-overrides", "--download-dir", "--load-format", "--config-format",
+    "--chat-template", "--chat-template-content-format", "--default-chat-template-kwargs",
+    "--response-role", "--tool-parser-plugin", "--reasoning-parser-plugin", "--tool-server",
+    "--generation-config", "--override-generation-config", "--logprobs-mode", "--max-log-len",
+    "--lora-modules", "--host", "--port", "--uds", "--api-key", "--root-path", "--middleware",
+    "--uvicorn-log-level", "--allowed-origins", "--allowed-methods", "--allowed-headers",
+    "--ssl-ca-certs", "--ssl-cert-reqs", "--ssl-ciphers", "--log-config-file",
+    "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
+    "--api-server-count", "--gpu-memory-utilization", "--kv-cache-dtype", "--quantization",
+    "--max-num-seqs", "--max-num-batched-tokens", "--block-size", "--swap-space",
+    "--cpu-offload-gb", "--limit-mm-per-prompt", "--allowed-local-media-path",
+    "--structured-outputs-config", "--compilation-config", "--otlp-traces-endpoint",
+    "--collect-detailed-traces", "--fingerprint-mode", "--fingerprint-value",
+    "--disable-access-log-for-endpoints", "--distributed-executor-backend", "--max-lora-rank",
+    "--max-loras", "--model-impl", "--runner", "--convert", "--task", "--speculative-config",
+    "--kv-transfer-config", "--max-seq-len-to-capture", "--rope-scaling", "--rope-theta",
+)
+#: boolean ``vllm serve`` flags (vLLM also takes ``--no-<flag>``) that mean nothing here
+NOOP_BOOL_FLAGS = (
+    "--trust-remote-code", "--enable-reasoning", "--enforce-eager", "--skip-tokenizer-init",
+    "--disable-log-stats", "--enable-log-requests", "--disable-log-requests", "--enable-log-outputs",
+    "--disable-uvicorn-access-log", "--enable-prompt-tokens-details", "--enable-force-include-usage",
+    "--enable-server-load-tracking", "--enable-tokenizer-info-endpoint", "--enable-prompt-embeds",
+    "--exclude-tools-when-tool-choice-none",
+    "--trust-request-chat-template", "--enable-request-id-headers", "--disable-fastapi-docs",
+    "--enable-prefix-caching", "--enable-chunked-prefill", "--enable-lora", "--headless",
+    "--allow-credentials", "--enable-ssl-refresh", "--log-error-stack", "--enable-log-deltas",
+    "--enable-per-request-metrics", "--tokens-only", "--grpc", "--enable-expert-parallel",
+)
+_NOOP_LIST_FLAGS = ("--lora-modules", "--api-key", "--middleware")  # several values in vLLM
+_NOOP_DEST = "noop_vllm_flags"
+
+
+class _NoopAction(argparse.Action):
+    """Record that a no-effect vLLM flag was given (its value is dropped)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = list(getattr(namespace, _NOOP_DEST, None) or [])
+        if option_string not in given:
+            given.append(option_string)
+        setattr(namespace, _NOOP_DEST, given)
+
+
+def add_vllm_noop_args(ap: argparse.ArgumentParser) -> None:
+    """Accept the vLLM flags of ``NOOP_VALUE_FLAGS``/``NOOP_BOOL_FLAGS`` (and ``--no-`` forms of
+    the boolean ones) without effect; ``noop_note`` names those given. Call it after the
+    subcommand's own flags: a flag the subcommand already defines (it then means something) is
+    skipped."""
+    taken = set(ap._option_string_actions)
+    g = ap.add_argument_group(
+        "vLLM flags accepted without effect",
+        "vllm serve / vllm launch render flags for the GPU engine, HTTP server and prompt rendering: "
+        "accepted so a vLLM command line starts, noted once in the log, otherwise ignored. "
+        "--enable-force-include-usage is always on here; reasoning is on with --reasoning-parser.")
+    value_flags = [f for f in NOOP_VALUE_FLAGS if f not in taken]
+    bool_flags = [f for f in NOOP_BOOL_FLAGS if f not in taken and "--no-" + f[2:] not in taken]
+    for flag in value_flags:
+        a = g.add_argument(flag, dest=_NOOP_DEST, action=_NoopAction, metavar="X",
+                           nargs="*" if flag in _NOOP_LIST_FLAGS else "?",
+                           help=argparse.SUPPRESS, default=None)
+        a.env = False  # type: ignore[attr-defined]
+    for flag in bool_flags:
+        a = g.add_argument(flag, "--no-" + flag[2:], dest=_NOOP_DEST, action=_NoopAction, nargs=0,
+                           help=argparse.SUPPRESS, default=None)
+        a.env = False  # type: ignore[attr-defined]
+    g.description = (g.description or "") + " Flags: " + ", ".join(value_flags + bool_flags) + "."
+
+
+def noop_note(args: argparse.Namespace) -> str | None:
+    """The one log line naming the no-effect vLLM flags given, or None."""
+    given = getattr(args, _NOOP_DEST, None)
+    if not given:
+        return None
+    return f"vLLM flags accepted without effect in a derender worker: {', '.join(given)}"
+
+
+def startup_error(prog: str, message: str) -> int:
+    """Report a startup error as one line (through logging when it is configured, else stderr)
+    and return exit status 2."""
+    message = " ".join(str(message).split())
+    if logging.getLogger().handlers:
+        log.error("%s: %s", prog, message)
+    else:
+        print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
