@@ -101,7 +101,9 @@ async def test_out_of_range_numbers_and_deep_nesting_stay_with_their_record(kafk
     for key, body in valid.items():
         rec = replies[key]
         assert _h(rec)[HDR_STATUS] == b"200", (key, rec.value[:300])
-        assert rec.value == svc.derender(body).body, key
+        created = json.loads(rec.value)["created"]  # the input record's timestamp (s)
+        assert created > 1_600_000_000, key
+        assert rec.value == svc.derender(body, created=created).body, key
     for key in hostile:
         rec = replies[key]
         assert _h(rec)[HDR_STATUS] == b"400", (key[:40], rec.value[:300])
@@ -136,7 +138,7 @@ def test_derender_job_keeps_any_exception_with_its_value():
     from worker.transport.jobs import derender_job
 
     class Svc:
-        def derender(self, body, kind=None):
+        def derender(self, body, kind=None, created=None):
             from worker.core.service import DerenderResult
             if body.startswith(b'{"boom"'):
                 raise {b'{"boom":1}': RecursionError, b'{"boom":2}': MemoryError}.get(body, OverflowError)("x")

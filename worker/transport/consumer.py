@@ -494,7 +494,8 @@ class KafkaDerenderWorker:
         try:
             return self._plan(msg, out)
         except Exception as e:
-            log.exception("planning the reply of %s[%d]@%d failed", msg.topic, msg.partition, msg.offset)
+            log.exception("planning the reply of %s[%d]@%d failed", msg.topic, msg.partition, msg.offset,
+                          extra=_fields(msg))
             return self._dlq(msg, f"internal-error: {type(e).__name__}: {e}")
 
     async def _reply_topic_known(self, topic: str) -> bool:
@@ -539,9 +540,10 @@ class KafkaDerenderWorker:
                 refused = plan[0]
                 plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
                 log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                            msg.offset, plan[4], refused)
+                            msg.offset, plan[4], refused, extra=_fields(msg))
         else:
-            log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4])
+            log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4],
+                        extra=_fields(msg))
         try:
             return plan, await self._send(plan)
         except KafkaError:
@@ -653,7 +655,8 @@ class KafkaDerenderWorker:
                     st.inflight.discard(msg.offset)
             except DeadLetterError as e:  # revoked / drain given up while retrying: redelivered later
                 st.failed = True  # never commit past an undelivered message
-                log.warning("%s; %s[%d]@%d left uncommitted", e, msg.topic, msg.partition, msg.offset)
+                log.warning("%s; %s[%d]@%d left uncommitted", e, msg.topic, msg.partition, msg.offset,
+                            extra=_fields(msg))
             except Exception as e:
                 st.failed = True  # never commit past an undelivered message
                 log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
