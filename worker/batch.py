@@ -1,221 +1,144 @@
-"""Batch mode: ``derender-worker batch LOG.jsonl[.gz] -o OUT.jsonl`` derenders a generation log
-offline through the same core as the Kafka worker.
+"""Batch mode: ``derender-worker batch LOG -o OUT`` derenders a generation log offline through the
+same core as the Kafka worker. This module holds the command line; the engine lives in
+``worker.offline`` (formats, output commit, stream lines, local runner, Ray Data).
 
-Input: one derender body per line (``DerenderChatRequest`` or ``DerenderCompletionRequest``
-JSON, told apart by shape: ``generate_response`` vs ``generate_responses``); gzip input is
-recognised by its ``.gz`` suffix; ``-`` reads standard input.
-Output: one line per input line, in input order: the OpenAI response, or an OpenAI error object
-(``{"error": {...}}``) for a bad line. A bad line never stops the file.
-Streamed logs: a line that is a streaming chunk body (``generate_chunk``: a
-``DerenderChatStreamRequest`` / ``DerenderCompletionStreamRequest``) is derendered in input order
-in the parent process, with the stream state kept in memory per request id
-(``DerenderService.derender_stream``; the state is dropped when every choice of the request has
-finished); its output line is a JSON list of the OpenAI stream chunks it produced (possibly
-``[]``; the last chunk of a request carries ``usage``), or an error object. Chunks of one request
-must appear in order; requests may interleave; chat vs completion is told by
-``completion_request`` on the request's first chunk (chat otherwise).
-A line holding a JSON *array* of streaming chunk bodies is one whole streamed request (the
-format of the parity suite's ``to_requests.py --stream``): its output line is the JSON array of
-every OpenAI chunk derendered for it, in order (an error object in the array where a chunk was
-refused; ``stream_state`` in the bodies is ignored: the state is kept here).
-A blank line gets an error object, so output line N always answers input line N.
-``created`` in the output is the body's engine value, else 0 (never the clock: the same log
-always gives the same output bytes).
-Work is spread over processes (``--workers``, default: all cores); the served models are loaded
-once in the parent and shared with the forked workers. A progress bar shows on a terminal;
-a summary goes to standard error at the end.
+Input: plain JSONL (one derender body per line: ``DerenderChatRequest`` /
+``DerenderCompletionRequest``, told apart by shape; streaming chunk bodies; or a JSON array of
+one request's chunk bodies, see ``worker.offline.streams``), OpenAI Batch JSONL (``custom_id`` +
+``body``), or Parquet (one row per request, columns named as the body's fields); gzip JSONL by
+a ``.gz`` suffix; ``-`` reads standard input. Formats: ``worker.offline.formats``.
+Output: one result per input record, in input order: the OpenAI response, or an OpenAI error
+object for a bad record (a bad record never stops the file); ``created`` in the output is the
+body's engine value, else 0 (never the clock: the same log always gives the same output bytes); JSONL (gzip when the name ends in
+``.gz``), OpenAI Batch output lines, or Parquet. The output file is committed atomically (or in
+numbered part files with ``--part-size``/``--resume``): a failed or interrupted run never leaves
+a half-written output and never destroys an earlier one (``worker.offline.commit``).
+
+Exit status: 0 when the input was processed and at least one record succeeded (or the input was
+empty); 1 when no record succeeded, or any failed with ``--fail-on-error`` (the output is
+written either way: failed records hold their error objects); 2 on a configuration or I/O error
+(no output written). A summary goes to standard error: counts, the distinct failures with their
+first record, and how to list the failed records.
 """
 from __future__ import annotations
 
 import argparse
-import collections
-import gzip
-import io
-import multiprocessing as mp
-import os
+import shlex
 import sys
-import time
-from collections.abc import Iterator
-
-import msgspec
 
 from worker.config import models_from_args
 from worker.core.service import DerenderService, error_body
-
-_service: DerenderService | None = None
+from worker.offline import formats
+from worker.offline.runner import DEFAULT_PART_SIZE, run_batch
 
 
 def add_batch_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``batch`` (the model flags are added by ``worker.config.add_model_args``)."""
-    ap.add_argument("input", help="JSONL log of derender bodies (.gz ok; - for stdin)")
-    ap.add_argument("-o", "--output", required=True, help="output JSONL (- for stdout)")
-    ap.add_argument("--workers", type=int, default=0, help="processes (default: all cores; 1 = in-process)")
-    ap.add_argument("--chunksize", type=int, default=16, help="lines handed to a worker at a time")
-    ap.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    ap.add_argument("input", help="generation log: JSONL (.gz ok; - for stdin), OpenAI Batch JSONL, or Parquet")
+    ap.add_argument("-o", "--output", required=True,
+                    help="output: JSONL (.gz -> gzip), OpenAI Batch JSONL, or .parquet (- for stdout)")
+    ap.add_argument("--input-format", choices=("auto",) + formats.INPUT_FORMATS, default="auto",
+                    help="default: parquet by name (.parquet/.pq), else openai-batch when the first line has "
+                         "custom_id and body, else jsonl")
+    ap.add_argument("--output-format", choices=("auto",) + formats.OUTPUT_FORMATS, default="auto",
+                    help="default: parquet by name, else openai-batch after OpenAI Batch input, else jsonl")
+    ap.add_argument("--engine", choices=("local", "ray"), default="local",
+                    help="local: processes on this machine; ray: Ray Data actors (pip install 'derender-worker[ray]')")
+    ap.add_argument("--ray-address", default=None,
+                    help="Ray cluster address for --engine ray (default: RAY_ADDRESS, else a local Ray)")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="processes (local) or actors (ray); default: all cores; 1 = in-process")
+    ap.add_argument("--chunksize", type=int, default=16, help="records handed to a worker at a time")
+    ap.add_argument("--max-in-flight", type=int, default=0,
+                    help="records read ahead of the output at most (default: workers*chunksize*4, >= 64)")
+    ap.add_argument("--row-group-size", type=int, default=4096, help="Parquet output rows per row group")
+    ap.add_argument("--part-size", type=int, default=0,
+                    help="write numbered part files of N records (OUT.parts/), each renamed when complete, "
+                         "assembled into OUT at the end")
+    ap.add_argument("--resume", action="store_true",
+                    help=f"part-file output (--part-size, default {DEFAULT_PART_SIZE}); reuse the parts an "
+                         "earlier run with the same input and settings completed")
+    ap.add_argument("--keep-parts", action="store_true", help="keep OUT.parts/ after assembling OUT")
+    ap.add_argument("--fail-on-error", action="store_true", help="exit 1 when any record failed")
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bar with total and ETA on standard error (default: on a terminal)")
 
 
-def _open_input(path: str) -> io.BufferedReader:
-    if path == "-":
-        return sys.stdin.buffer
-    if path.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
+def failed_records_hint(output: str, output_format: str) -> str:
+    """A shell command listing the failed records of an output file."""
+    q = shlex.quote(output)
+    if output_format == "parquet":
+        code = ('import sys,pyarrow.parquet as pq,pyarrow.compute as pc; t=pq.read_table(sys.argv[1]); '
+                '[print(r) for r in t.filter(pc.not_equal(t["status_code"],200))'
+                '.select(["index","status_code","error"]).to_pylist()]')
+        return f"python3 -c {shlex.quote(code)} {q}"
+    grep = "zgrep" if output.endswith(".gz") else "grep"
+    if output_format == "openai-batch":
+        return f"{grep} -n -v '\"error\":null}}$' {q}"
+    return f"{grep} -n '^{{\"error\"' {q}"
 
 
-def _lines(path: str) -> Iterator[bytes]:
-    with _open_input(path) as f:
-        for raw in f:
-            yield raw.strip()
+def summary_lines(summary: dict, output: str) -> list[str]:
+    """The summary printed to standard error: counts, then (when records failed) the distinct
+    failures with their first record and a command listing every failed one."""
+    errs = sum(summary["errors"].values())
+    by = ", ".join(f"{k}: {v}" for k, v in summary["errors"].items())
+    head = (f"batch: {summary['lines']} records, {summary['ok']} ok, {errs} failed" + (f" ({by})" if by else "")
+            + (f", {summary['skipped']} from completed parts" if summary.get("skipped") else "")
+            + f"; {summary['seconds']} s ({summary['lines_per_s']} records/s)")
+    out = [head]
+    if errs:
+        where = "index" if summary["output_format"] == "parquet" else "line"
+        for f in summary["failures"]:
+            first = f["first_index"] + (0 if where == "index" else 1)
+            out.append(f"batch:   {f['count']} x {f['status']} {f['message']!r} (first at {where} {first})")
+        shown = sum(f["count"] for f in summary["failures"])
+        if shown < errs:
+            out.append(f"batch:   {errs - shown} more failures of other kinds")
+        if output != "-":
+            out.append(f"batch: failed records hold an OpenAI error object in {output}; list them: "
+                       + failed_records_hint(output, summary["output_format"]))
+    return out
 
 
-def _work(line: bytes | tuple[bytes, int]) -> tuple[bytes, int]:
-    if isinstance(line, tuple):  # a stream line, already derendered in the parent
-        return line
-    assert _service is not None
-    res = _service.derender(line)
-    return res.body, res.status
-
-
-class _ChunkProbe(msgspec.Struct):
-    generate_chunk: msgspec.Raw = msgspec.Raw()
-    request_id: str | None = None
-
-
-class _ChunkRid(msgspec.Struct):
-    request_id: str | None = None
-
-
-_chunk_probe = msgspec.json.Decoder(_ChunkProbe)
-_chunk_rid = msgspec.json.Decoder(_ChunkRid)
-
-
-def _stream_request_id(line: bytes) -> str | None:
-    """The request id of a streaming chunk line, "" when it has none, None for other lines."""
-    if b'"generate_chunk"' not in line:
-        return None
-    try:
-        p = _chunk_probe.decode(line)
-        raw = bytes(p.generate_chunk)
-        if not raw or raw == b"null":
-            return None
-        return _chunk_rid.decode(raw).request_id or ""
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-def _with_streams(service: DerenderService, lines: Iterator[bytes]) -> Iterator[bytes | tuple[bytes, int]]:
-    """Pass non-stream lines through; derender stream chunk lines here, in input order, with
-    the per-request state in memory (see module docstring)."""
-    states: dict[str, bytes] = {}
-    for line in lines:
-        if not line:
-            yield error_body("empty input line", 400), 400
-            continue
-        if line[:1] == b"[":
-            yield _stream_list(service, line)
-            continue
-        rid = _stream_request_id(line)
-        if rid is None:
-            yield line
-            continue
-        res, new_state = service.derender_stream(line, states.get(rid))
-        if new_state is not None:
-            if res.done:
-                states.pop(rid, None)
-            else:
-                states[rid] = new_state
-        yield res.body, res.status
-
-
-_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
-
-
-def _stream_list(service: DerenderService, line: bytes) -> tuple[bytes, int]:
-    """A JSON array of one request's chunk bodies -> (JSON array of all its OpenAI chunks, status:
-    200, or the first error's status)."""
-    try:
-        bodies = _raw_list.decode(line)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        return error_body(f"invalid stream list line: {e}", 400), 400
-    parts: list[bytes] = []
-    state: bytes | None = None
-    status = 200
-    for raw in bodies:
-        res, new_state = service.derender_stream(bytes(raw), state)
-        if res.is_error:
-            status = status if status != 200 else res.status
-            parts.append(res.body)
-        else:
-            body = bytes(res.body).strip()
-            if body != b"[]":
-                parts.append(body[1:-1])
-        if new_state is not None:
-            state = new_state
-    return b"[" + b",".join(parts) + b"]", status
-
-
-def run_batch(service: DerenderService, input_path: str, output_path: str, workers: int = 0,
-              chunksize: int = 16, progress: bool | None = None) -> dict:
-    """Derender every line of ``input_path`` into ``output_path`` (same order).
-
-    Returns a summary dict: ``lines``, ``ok``, ``errors`` (count by status), ``seconds``,
-    ``lines_per_s``. Raises ``OSError`` when the input cannot be opened or the output written."""
-    global _service
-    _service = service
-    service.preload()
-    workers = workers or (os.cpu_count() or 1)
-    if progress is None:
-        progress = sys.stderr.isatty()
-    statuses: collections.Counter[int] = collections.Counter()
-    t0 = time.perf_counter()
-    out = sys.stdout.buffer if output_path == "-" else open(output_path, "wb")
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(unit="line", file=sys.stderr)
-    try:
-        if workers == 1:
-            results: Iterator[tuple[bytes, int]] = map(_work, _with_streams(service, _lines(input_path)))
-            pool = None
-        else:
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            pool = mp.get_context("fork").Pool(workers)
-            results = pool.imap(_work, _with_streams(service, _lines(input_path)), chunksize=chunksize)
-        for body, status in results:
-            out.write(body)
-            out.write(b"\n")
-            statuses[status] += 1
-            if bar is not None:
-                bar.update(1)
-        if pool is not None:
-            pool.close()
-            pool.join()
-    finally:
-        if bar is not None:
-            bar.close()
-        if out is not sys.stdout.buffer:
-            out.close()
-    dt = time.perf_counter() - t0
-    n = sum(statuses.values())
-    return {"lines": n, "ok": statuses.get(200, 0),
-            "errors": {str(k): v for k, v in sorted(statuses.items()) if k != 200},
-            "seconds": round(dt, 3), "lines_per_s": round(n / dt, 1) if dt > 0 else None}
-
-
-def main_batch(args: argparse.Namespace) -> int:
-    """``derender-worker batch``: returns 0 when the file was processed (bad lines included),
-    2 on a configuration or I/O error."""
-    try:
-        service = DerenderService(models_from_args(args))
-        summary = run_batch(service, args.input, args.output, args.workers, args.chunksize,
-                            progress=False if args.no_progress else None)
-    except (ValueError, OSError) as e:
-        print(f"derender-worker batch: {e}", file=sys.stderr)
-        return 2
-    errs = ", ".join(f"{k}: {v}" for k, v in summary["errors"].items()) or "none"
-    print(f"batch: {summary['lines']} lines, {summary['ok']} ok, errors {errs}; "
-          f"{summary['seconds']} s ({summary['lines_per_s']} lines/s)", file=sys.stderr)
+def exit_status(summary: dict, fail_on_error: bool) -> int:
+    """0, or 1 when no record succeeded in a non-empty input or (``fail_on_error``) any failed."""
+    if summary["lines"] and not summary["ok"]:
+        return 1
+    if fail_on_error and summary["lines"] != summary["ok"]:
+        return 1
     return 0
 
 
-__all__ = ["run_batch", "main_batch", "add_batch_args", "error_body"]
+def main_batch(args: argparse.Namespace) -> int:
+    """``derender-worker batch``: see the module docstring for the exit status."""
+    try:
+        service = DerenderService(models_from_args(args))
+        kw = dict(input_format=None if args.input_format == "auto" else args.input_format,
+                  output_format=None if args.output_format == "auto" else args.output_format,
+                  row_group_rows=args.row_group_size)
+        if args.engine == "ray":
+            if args.resume or args.part_size:
+                raise ValueError("--resume/--part-size work with --engine local only")
+            from worker.offline.ray_engine import run_ray
+            summary = run_ray(service, args.input, args.output, workers=args.workers,
+                              batch_size=args.chunksize * 16, address=args.ray_address,
+                              progress=args.progress, models_args=args, **kw)
+        else:
+            summary = run_batch(service, args.input, args.output, args.workers, args.chunksize,
+                                progress=args.progress, part_size=args.part_size or None, resume=args.resume,
+                                max_in_flight=args.max_in_flight or None, keep_parts=args.keep_parts, **kw)
+    except (ValueError, OSError, RuntimeError, ImportError) as e:
+        print(f"derender-worker batch: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("derender-worker batch: interrupted; no output written"
+              + (" (completed parts kept: rerun with --resume)" if args.resume or args.part_size else ""),
+              file=sys.stderr)
+        return 130
+    for line in summary_lines(summary, args.output):
+        print(line, file=sys.stderr)
+    return exit_status(summary, args.fail_on_error)
+
+
+__all__ = ["run_batch", "main_batch", "add_batch_args", "error_body", "summary_lines", "exit_status"]

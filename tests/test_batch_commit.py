@@ -1,0 +1,195 @@
+"""Batch mode that never loses output: atomic commit (also under SIGKILL), gzip output, exit
+status when records fail, progress with total/ETA forced on/off, the failure summary, and
+``--resume`` of a killed part-file run giving the same output as an uninterrupted run."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tqdm import tqdm
+
+from tests.parity import corpus, missing_parser, nonstream_cases
+from tests.parity_tools import to_requests
+from worker.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parent.parent
+QWEN3 = str(ROOT / "tests" / "data" / "models.json")  # qwen3 + qwen3-noparser: quick to load
+
+
+def qwen3_bodies() -> list[dict]:
+    """Non-streaming bodies of the parity cases served by ``qwen3`` (ok and refused ones)."""
+    return [to_requests.nonstream_body(c) for c in nonstream_cases()
+            if c["model"] == "qwen3" and not missing_parser(c)]
+
+
+def write_jsonl(path: Path, bodies: list) -> Path:
+    path.write_text("".join(json.dumps(b) + "\n" for b in bodies))
+    return path
+
+
+def run_cli(*args: str) -> int:
+    return cli_main(["batch", *args, "--config", QWEN3])
+
+
+def test_missing_input_keeps_existing_output(tmp_path, capsys):
+    out = tmp_path / "existing.jsonl"
+    out.write_text("earlier output\n")
+    assert run_cli(str(tmp_path / "missing.jsonl"), "-o", str(out), "--workers", "1") == 2
+    assert out.read_text() == "earlier output\n"
+    assert os.listdir(tmp_path) == ["existing.jsonl"]  # no temporary file left
+    assert "No such file" in capsys.readouterr().err
+
+
+def test_gzip_output_when_name_ends_in_gz(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies())
+    assert run_cli(str(src), "-o", str(tmp_path / "out.jsonl"), "--workers", "1") == 0
+    assert run_cli(str(src), "-o", str(tmp_path / "out.jsonl.gz"), "--workers", "2") == 0
+    raw = (tmp_path / "out.jsonl.gz").read_bytes()
+    assert raw[:2] == b"\x1f\x8b"
+    assert gzip.decompress(raw) == (tmp_path / "out.jsonl").read_bytes()
+
+
+def test_exit_status_and_summary_when_records_fail(tmp_path, capsys):
+    bodies = qwen3_bodies()[:6]
+    bad = write_jsonl(tmp_path / "bad.jsonl", [dict(b, model="forgotten") for b in bodies])
+    out = tmp_path / "out.jsonl"
+    assert run_cli(str(bad), "-o", str(out), "--workers", "1") == 1  # nothing succeeded
+    err = capsys.readouterr().err
+    assert "6 records, 0 ok, 6 failed (404: 6)" in err
+    assert "6 x 404 'The model `forgotten` does not exist." in err and "(first at line 1)" in err
+    assert f"grep -n '^{{\"error\"' {out}" in err
+    # the hint lists exactly the failed lines
+    listed = subprocess.run(["grep", "-n", '^{"error"', str(out)], capture_output=True, text=True).stdout
+    assert len(listed.splitlines()) == 6
+
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", bodies[:3] + [dict(bodies[0], model="forgotten")])
+    assert run_cli(str(mixed), "-o", str(out), "--workers", "1") == 0
+    err = capsys.readouterr().err
+    assert "4 records, 3 ok, 1 failed (404: 1)" in err and "(first at line 4)" in err
+    assert run_cli(str(mixed), "-o", str(out), "--workers", "1", "--fail-on-error") == 1
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert run_cli(str(empty), "-o", str(out), "--workers", "1") == 0
+    assert out.read_text() == ""
+
+
+def test_progress_shows_total_and_eta_when_forced(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies())
+    size = src.stat().st_size
+    assert run_cli(str(src), "-o", str(tmp_path / "o.jsonl"), "--workers", "1", "--progress") == 0
+    err = capsys.readouterr().err  # stderr is not a terminal here: shown because forced
+    assert "100%" in err and "/" + tqdm.format_sizeof(size, divisor=1024) in err  # a total, in bytes of the input
+    assert re.search(r"\[\d\d:\d\d<\d\d:\d\d", err)  # elapsed<remaining (ETA)
+    assert run_cli(str(src), "-o", str(tmp_path / "o.jsonl"), "--workers", "1", "--no-progress") == 0
+    err = capsys.readouterr().err
+    assert "%|" not in err and "batch:" in err
+
+
+def _spawn(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", *args, "--config", QWEN3,
+                             "--no-progress"], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def _wait_for(pred, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    t0 = time.monotonic()
+    while not pred():
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before the kill point: {proc.stderr.read().decode()[-2000:]}")
+        if time.monotonic() - t0 > timeout:
+            proc.kill()
+            raise AssertionError("kill point not reached")
+        time.sleep(0.02)
+
+
+def test_sigkilled_run_leaves_earlier_output_whole(tmp_path):
+    """A run killed while writing never leaves a half-written file at the output path."""
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies() * 60)
+    out = tmp_path / "out.jsonl"
+    out.write_text("earlier output\n")
+    proc = _spawn([str(src), "-o", str(out), "--workers", "1"], tmp_path)
+
+    def writing() -> bool:
+        return any(p.name.startswith(".out.jsonl.") and p.stat().st_size > 0 for p in tmp_path.iterdir())
+    _wait_for(writing, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert out.read_text() == "earlier output\n"
+
+
+def _streamed_log() -> list[dict]:
+    """Stream chunk bodies of several requests interleaved with non-streaming bodies (so requests
+    span part boundaries), repeated to make a run of a few seconds."""
+    cases = [c for c in corpus() if c["model"] == "qwen3" and (c.get("expected") or {}).get("stream") is not None
+             and (c.get("expected_vllm") or {}).get("inputs", {}).get("choices") and not missing_parser(c)][:10]
+    rng = random.Random(11)
+    plain = qwen3_bodies()
+    lines: list[dict] = []
+    for rep in range(6):
+        queues = []
+        for c in cases:
+            bodies = to_requests.stream_bodies(c)
+            for b in bodies:
+                b["generate_chunk"]["request_id"] = f"{b['generate_chunk'].get('request_id')}-{rep}"
+            queues.append(bodies)
+        while any(queues):
+            q = rng.choice([q for q in queues if q])
+            lines.append(q.pop(0))
+            if rng.random() < 0.5:
+                lines.append(plain[rng.randrange(len(plain))])
+    return lines
+
+
+def test_killed_run_resumes_to_the_uninterrupted_output(tmp_path):
+    log = _streamed_log()
+    src = write_jsonl(tmp_path / "in.jsonl", log)
+    ref = tmp_path / "ref.jsonl"
+    assert run_cli(str(src), "-o", str(ref), "--workers", "2", "--no-progress") == 0
+
+    out = tmp_path / "out.jsonl.gz"
+    parts = tmp_path / "out.jsonl.gz.parts"
+    args = [str(src), "-o", str(out), "--workers", "2", "--resume", "--part-size", "97"]
+    proc = _spawn(args, tmp_path)
+    _wait_for(lambda: parts.is_dir() and len(list(parts.glob("part-*.jsonl.gz"))) >= 2, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()
+    done_before = sorted(p.name for p in parts.glob("part-*.jsonl.gz"))
+    n_parts = -(-len(log) // 97)
+    assert 2 <= len(done_before) < n_parts, "the kill came too late to test a resume"
+
+    rerun = _spawn(args, tmp_path)
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err.decode()[-2000:]
+    assert f"{len(done_before) * 97} from completed parts" in err.decode()
+    assert gzip.decompress(out.read_bytes()) == ref.read_bytes()
+    assert not parts.exists()
+
+
+def test_resume_refuses_parts_of_another_input(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies()[:10])
+    out = tmp_path / "out.jsonl"
+    assert run_cli(str(src), "-o", str(out), "--workers", "1", "--part-size", "4", "--keep-parts") == 0
+    write_jsonl(src, qwen3_bodies()[:12])
+    assert run_cli(str(src), "-o", str(out), "--workers", "1", "--part-size", "4", "--resume") == 2
+    assert "cannot resume" in capsys.readouterr().err
+    assert len(out.read_text().splitlines()) == 10  # the earlier output is untouched
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_part_files_assemble_to_the_single_file_output(tmp_path, workers):
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies())
+    assert run_cli(str(src), "-o", str(tmp_path / "a.jsonl"), "--workers", str(workers)) == 0
+    assert run_cli(str(src), "-o", str(tmp_path / "b.jsonl"), "--workers", str(workers), "--part-size", "7") == 0
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["a.jsonl", "b.jsonl", "in.jsonl"]

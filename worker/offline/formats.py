@@ -1,0 +1,410 @@
+"""Input and output formats of batch mode: plain derender JSONL, OpenAI Batch JSONL, Parquet.
+
+Readers yield ``(item, custom_id)`` per input record, in input order. ``item`` is the record's
+derender body as JSON bytes (or a JSON array of one request's stream-chunk bodies), or, for a
+record that cannot become a body (e.g. an OpenAI Batch line without ``body``), an already-made
+result ``(error_body, status)``. ``custom_id`` is the OpenAI Batch ``custom_id`` (None elsewhere).
+
+Writers take one ``(body, status, custom_id)`` result per record, in input order, and write it
+to a binary file object handed to them (the commit layer, ``worker.offline.commit``, decides
+where that is and renames it into place).
+
+Formats (names accepted by ``--input-format`` / ``--output-format``):
+
+- ``jsonl``: one derender body per line in, one OpenAI response or error object per line out.
+- ``openai-batch``: the OpenAI Batch API file format. Input line: ``{"custom_id": ..., "method":
+  "POST", "url": ..., "body": <derender body>}``; output line (OpenAI's ``BatchRequestOutput``):
+  ``{"id": "batch_req_<line index>", "custom_id": ..., "response": {"status_code": ...,
+  "request_id": <response id>, "body": <response or error object>}, "error": null | {"code":
+  ..., "message": ...}}``. As in OpenAI's error file, a refused request keeps its HTTP status
+  and error body under ``response`` and repeats the error's code and message in ``error``.
+- ``parquet``: one row per request. Input columns are the derender body's fields under vLLM's
+  names (``model``, ``generate_response``, ``prompt_tokens``, ``prompt_token_ids``,
+  ``chat_request``; ``generate_responses``, ``completion_request`` for completions;
+  ``generate_chunk`` for a stream chunk); an object field may be a struct column or a JSON
+  string column. Null struct members are treated as absent (Parquet cannot tell the two apart;
+  keep a field as a JSON string column to send an explicit null). Output columns: see
+  ``PARQUET_OUTPUT_SCHEMA``.
+
+Format detection (``detect_input_format``/``output_format_for``): ``.parquet``/``.pq`` names are
+Parquet; other input is OpenAI Batch when its first non-blank line is a JSON object with
+``custom_id`` and ``body``, plain JSONL otherwise; other output is JSONL, or OpenAI Batch when the
+input was.
+"""
+from __future__ import annotations
+
+import gzip
+import sys
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+import msgspec
+
+from worker.core.service import error_body
+
+INPUT_FORMATS = ("jsonl", "openai-batch", "parquet")
+OUTPUT_FORMATS = ("jsonl", "openai-batch", "parquet")
+
+#: derender body fields that hold JSON objects (a Parquet string column of them is parsed)
+OBJECT_FIELDS = ("generate_response", "generate_responses", "chat_request", "completion_request",
+                 "generate_chunk", "stream_state")
+
+#: bytes of the input inspected to tell OpenAI Batch from plain JSONL
+SNIFF_BYTES = 1 << 20
+
+def is_parquet_name(path: str) -> bool:
+    """True for ``*.parquet`` / ``*.pq`` names (any case)."""
+    return path.lower().endswith((".parquet", ".pq"))
+
+
+def open_input(path: str) -> tuple[IO[bytes], IO[bytes] | None]:
+    """(reader, raw file) of a JSONL input: gzip-decoded when the name ends in ``.gz``; ``-`` is
+    standard input. ``raw`` is the underlying file (its ``tell()`` gives the compressed bytes read,
+    for progress), None for standard input. Raises ``OSError`` when the file cannot be opened."""
+    if path == "-":
+        return sys.stdin.buffer, None
+    raw = open(path, "rb")
+    if path.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw  # type: ignore[return-value]
+    return raw, raw
+
+
+class _BatchProbe(msgspec.Struct):
+    custom_id: Any = msgspec.UNSET
+    body: msgspec.Raw = msgspec.Raw()
+
+
+_batch_probe = msgspec.json.Decoder(_BatchProbe)
+
+
+def looks_like_openai_batch(line: bytes) -> bool:
+    """True when a JSONL line is an OpenAI Batch input line (an object with ``custom_id`` and
+    ``body``)."""
+    if not line.lstrip().startswith(b"{") or b'"custom_id"' not in line:
+        return False
+    try:
+        p = _batch_probe.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return p.custom_id is not msgspec.UNSET and len(p.body) > 0
+
+
+def detect_input_format(path: str) -> str:
+    """``parquet`` by name, else ``openai-batch`` or ``jsonl`` by the first non-blank line (read
+    from the file, gzip-decoded as needed; standard input is ``jsonl``: it cannot be re-read)."""
+    if is_parquet_name(path):
+        return "parquet"
+    if path == "-":
+        return "jsonl"
+    f, _raw = open_input(path)
+    with f:
+        seen = 0
+        for line in f:
+            seen += len(line)
+            if line.strip():
+                return "openai-batch" if looks_like_openai_batch(line) else "jsonl"
+            if seen > SNIFF_BYTES:
+                break
+    return "jsonl"
+
+
+def output_format_for(path: str, input_format: str) -> str:
+    """``parquet`` for Parquet names; otherwise ``openai-batch`` after OpenAI Batch input, else
+    ``jsonl``."""
+    if is_parquet_name(path):
+        return "parquet"
+    return "openai-batch" if input_format == "openai-batch" else "jsonl"
+
+
+# ---------------------------------------------------------------------------- readers
+
+def read_jsonl(f: IO[bytes]) -> Iterator[tuple[bytes, None]]:
+    """Plain JSONL: each line (stripped) is a body; a blank line becomes an empty body (answered
+    by an error object downstream, so output line N answers input line N)."""
+    for raw in f:
+        yield raw.strip(), None
+
+
+class _BatchLine(msgspec.Struct):
+    custom_id: str | None = None
+    body: msgspec.Raw = msgspec.Raw()
+
+
+_batch_line = msgspec.json.Decoder(_BatchLine)
+
+
+def read_openai_batch(f: IO[bytes]) -> Iterator[tuple[bytes | tuple[bytes, int], str | None]]:
+    """OpenAI Batch input: ``body`` of each line is the derender body, ``custom_id`` is carried
+    to the output; ``method``/``url`` are not checked (chat vs completion is told by the body's
+    shape). A line that is not such an object gets a 400 error result."""
+    for raw in f:
+        line = raw.strip()
+        if not line:
+            yield (error_body("empty input line", 400), 400), None
+            continue
+        try:
+            rec = _batch_line.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            yield (error_body(f"invalid OpenAI Batch line: {e}", 400), 400), None
+            continue
+        body = bytes(rec.body)
+        if not body or body == b"null":
+            yield (error_body("OpenAI Batch line has no body", 400), 400), rec.custom_id
+            continue
+        yield body, rec.custom_id
+
+
+def _drop_nulls(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _drop_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_drop_nulls(x) for x in v]
+    return v
+
+
+_json_any = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+def _row_body(row: dict[str, Any]) -> bytes:
+    body: dict[str, Any] = {}
+    for k, v in row.items():
+        if v is None:
+            continue
+        if k in OBJECT_FIELDS and isinstance(v, (str, bytes)):
+            v = _json_any.decode(v)
+        elif isinstance(v, (dict, list)):
+            v = _drop_nulls(v)
+        body[k] = v
+    return _encoder.encode(body)
+
+
+def parquet_num_rows(path: str) -> int:
+    """Rows of a Parquet file, from its footer (no data read)."""
+    import pyarrow.parquet as pq
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def read_parquet(path: str, batch_rows: int = 1024, on_batch: Callable[[int], None] | None = None,
+                 ) -> Iterator[tuple[bytes | tuple[bytes, int], str | None]]:
+    """Parquet input, one row per request, read ``batch_rows`` rows at a time (memory bounded by
+    one batch plus one row group's decompressed pages). A ``custom_id`` column is carried to the
+    output and not sent; a row whose JSON string column does not parse gets a 400 error result.
+    ``on_batch(rows)`` is called after each batch (progress). Raises ``OSError``/
+    ``pyarrow.ArrowInvalid`` when the file is not readable Parquet."""
+    import pyarrow.parquet as pq
+    pf = pq.ParquetFile(path)
+    for batch in pf.iter_batches(batch_size=batch_rows):
+        for row in batch.to_pylist():
+            cid = row.pop("custom_id", None)
+            row.pop("index", None)
+            try:
+                yield _row_body(row), (None if cid is None else str(cid))
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                yield (error_body(f"invalid JSON in a Parquet column: {e}", 400), 400), cid
+        if on_batch is not None:
+            on_batch(batch.num_rows)
+
+
+# ---------------------------------------------------------------------------- writers
+
+class JsonlWriter:
+    """Plain JSONL out: the result body, one per line (gzip when ``gz``)."""
+
+    def __init__(self, f: IO[bytes], gz: bool = False):
+        self._gz = gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) if gz else None
+        self._f: IO[bytes] = self._gz if self._gz is not None else f  # type: ignore[assignment]
+
+    def write(self, index: int, body: bytes, status: int, custom_id: str | None) -> None:
+        """Write one record's result (``index``: 0-based input record number)."""
+        self._f.write(body)
+        self._f.write(b"\n")
+
+    def close(self) -> None:
+        """Flush (and end the gzip member); the file object itself is closed by its owner."""
+        if self._gz is not None:
+            self._gz.close()
+
+
+class _Err(msgspec.Struct):
+    message: str = ""
+    type: str | None = None
+    code: int | str | None = None
+
+
+class _ErrBody(msgspec.Struct):
+    error: _Err | None = None
+
+
+class _RespId(msgspec.Struct):
+    id: str | None = None
+
+
+_err_body = msgspec.json.Decoder(_ErrBody)
+_resp_id = msgspec.json.Decoder(_RespId)
+
+
+def error_message(body: bytes) -> str:
+    """The ``error.message`` of an OpenAI error object ("" when the body is not one)."""
+    try:
+        e = _err_body.decode(body).error
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""
+    return e.message if e is not None else ""
+
+
+class OpenAIBatchWriter(JsonlWriter):
+    """OpenAI Batch output lines (``BatchRequestOutput``; see the module docstring)."""
+
+    def write(self, index: int, body: bytes, status: int, custom_id: str | None) -> None:
+        rid = None
+        err = None
+        if body[:1] == b"{":
+            try:
+                rid = _resp_id.decode(body).id
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                rid = None
+        if status != 200:
+            try:
+                e = _err_body.decode(body).error
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                e = None
+            err = {"code": str(e.type or e.code or status) if e else str(status),
+                   "message": e.message if e else "request failed"}
+        head = _encoder.encode({"id": f"batch_req_{index}", "custom_id": custom_id})
+        resp = _encoder.encode({"status_code": status, "request_id": rid})
+        line = (head[:-1] + b',"response":' + resp[:-1] + b',"body":' + body + b'},"error":'
+                + _encoder.encode(err) + b"}\n")
+        self._f.write(line)
+
+
+#: columns of Parquet output (choice-0 fields flattened; ``response`` is the whole JSON answer)
+PARQUET_OUTPUT_COLUMNS = (
+    ("index", "int64", "0-based input row/line number"),
+    ("custom_id", "string", "the input's custom_id (null when it had none)"),
+    ("status_code", "int32", "200, or the error's HTTP status"),
+    ("response", "string", "the OpenAI response JSON (a JSON list of chunks for a stream line), or the error object"),
+    ("error", "string", "error.message when status_code != 200"),
+    ("num_choices", "int32", "len(choices)"),
+    ("content", "string", "choice 0: message.content (chat) / text (completion)"),
+    ("reasoning", "string", "choice 0: message.reasoning"),
+    ("tool_calls", "string", "choice 0: message.tool_calls as JSON"),
+    ("finish_reason", "string", "choice 0: finish_reason"),
+    ("prompt_tokens", "int64", "usage.prompt_tokens"),
+    ("completion_tokens", "int64", "usage.completion_tokens"),
+    ("total_tokens", "int64", "usage.total_tokens"),
+)
+
+
+def parquet_output_schema():
+    """The ``pyarrow.Schema`` of Parquet output (``PARQUET_OUTPUT_COLUMNS``)."""
+    import pyarrow as pa
+    return pa.schema([(name, getattr(pa, typ)()) for name, typ, _ in PARQUET_OUTPUT_COLUMNS])
+
+
+class _Msg(msgspec.Struct):
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: msgspec.Raw | None = None
+
+
+class _Choice(msgspec.Struct):
+    message: _Msg | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class _Resp(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+
+
+_resp = msgspec.json.Decoder(_Resp)
+
+
+def flat_row(index: int, body: bytes, status: int, custom_id: str | None) -> dict[str, Any]:
+    """One Parquet output row (``PARQUET_OUTPUT_COLUMNS``) of a result. The flattened columns
+    are filled from a response object; for an error or a stream line's chunk list they are null."""
+    row: dict[str, Any] = {"index": index, "custom_id": custom_id, "status_code": status,
+                           "response": body.decode("utf-8", "replace"), "error": None, "num_choices": None,
+                           "content": None, "reasoning": None, "tool_calls": None, "finish_reason": None,
+                           "prompt_tokens": None, "completion_tokens": None, "total_tokens": None}
+    if status != 200:
+        row["error"] = error_message(body) or None
+        return row
+    if body[:1] != b"{":
+        return row
+    try:
+        r = _resp.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return row
+    choices = r.choices or []
+    row["num_choices"] = len(choices)
+    if choices:
+        c = choices[0]
+        if c.message is not None:
+            row["content"] = c.message.content
+            row["reasoning"] = c.message.reasoning
+            tc = c.message.tool_calls
+            if tc is not None and bytes(tc) != b"null":
+                row["tool_calls"] = bytes(tc).decode()
+        else:
+            row["content"] = c.text
+        row["finish_reason"] = c.finish_reason
+    if r.usage is not None:
+        row["prompt_tokens"] = r.usage.prompt_tokens
+        row["completion_tokens"] = r.usage.completion_tokens
+        row["total_tokens"] = r.usage.total_tokens
+    return row
+
+
+class ParquetWriter:
+    """Parquet output written ``row_group_rows`` rows per row group (memory: one row group of
+    responses). Columns: ``PARQUET_OUTPUT_COLUMNS``; zstd-compressed."""
+
+    def __init__(self, f: IO[bytes], row_group_rows: int = 4096):
+        import pyarrow.parquet as pq
+        self._schema = parquet_output_schema()
+        self._w = pq.ParquetWriter(f, self._schema, compression="zstd")
+        self._rows: list[dict[str, Any]] = []
+        self._n = max(1, row_group_rows)
+
+    def write(self, index: int, body: bytes, status: int, custom_id: str | None) -> None:
+        """Buffer one result; a full row group is written out."""
+        self._rows.append(flat_row(index, body, status, custom_id))
+        if len(self._rows) >= self._n:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+        if self._rows:
+            self._w.write_table(pa.Table.from_pylist(self._rows, schema=self._schema))
+            self._rows = []
+
+    def close(self) -> None:
+        """Write the last row group and the footer."""
+        self._flush()
+        self._w.close()
+
+
+def make_writer(fmt: str, f: IO[bytes], gz: bool = False, row_group_rows: int = 4096):
+    """The writer of an output format (``OUTPUT_FORMATS``) over the binary file ``f``."""
+    if fmt == "parquet":
+        return ParquetWriter(f, row_group_rows)
+    if fmt == "openai-batch":
+        return OpenAIBatchWriter(f, gz)
+    if fmt == "jsonl":
+        return JsonlWriter(f, gz)
+    raise ValueError(f"unknown output format {fmt!r} (one of {', '.join(OUTPUT_FORMATS)})")
+
+
+__all__ = ["INPUT_FORMATS", "OUTPUT_FORMATS", "detect_input_format", "output_format_for", "open_input",
+           "read_jsonl", "read_openai_batch", "read_parquet", "parquet_num_rows", "make_writer",
+           "JsonlWriter", "OpenAIBatchWriter", "ParquetWriter", "flat_row", "error_message",
+           "parquet_output_schema", "PARQUET_OUTPUT_COLUMNS"]
