@@ -305,7 +305,7 @@ def parquet_output_schema():
 class _Msg(msgspec.Struct):
     content: str | None = None
     reasoning: str | None = None
-    tool_calls: msgspec.Raw | None = None
+    tool_calls: msgspec.Raw = msgspec.Raw()
 
 
 class _Choice(msgspec.Struct):
@@ -352,7 +352,7 @@ def flat_row(index: int, body: bytes, status: int, custom_id: str | None) -> dic
             row["content"] = c.message.content
             row["reasoning"] = c.message.reasoning
             tc = c.message.tool_calls
-            if tc is not None and bytes(tc) != b"null":
+            if len(tc) and bytes(tc) != b"null":
                 row["tool_calls"] = bytes(tc).decode()
         else:
             row["content"] = c.text
