@@ -123,7 +123,7 @@ def main_batch(args: argparse.Namespace) -> int:
             from worker.offline.ray_engine import run_ray
             summary = run_ray(service, args.input, args.output, workers=args.workers,
                               batch_size=args.chunksize * 16, address=args.ray_address,
-                              progress=args.progress, models_args=args, **kw)
+                              progress=args.progress, **kw)
         else:
             summary = run_batch(service, args.input, args.output, args.workers, args.chunksize,
                                 progress=args.progress, part_size=args.part_size or None, resume=args.resume,

@@ -195,15 +195,22 @@ def read_parquet(path: str, batch_rows: int = 1024, on_batch: Callable[[int], No
     import pyarrow.parquet as pq
     pf = pq.ParquetFile(path)
     for batch in pf.iter_batches(batch_size=batch_rows):
-        for row in batch.to_pylist():
-            cid = row.pop("custom_id", None)
-            row.pop("index", None)
-            try:
-                yield _row_body(row), (None if cid is None else str(cid))
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                yield (error_body(f"invalid JSON in a Parquet column: {e}", 400), 400), cid
+        yield from parquet_rows(batch.to_pylist())
         if on_batch is not None:
             on_batch(batch.num_rows)
+
+
+def parquet_rows(rows: list[dict[str, Any]]) -> Iterator[tuple[bytes | tuple[bytes, int], str | None]]:
+    """Rows of field columns (``read_parquet``'s layout) -> ``(body, custom_id)`` items; the
+    ``custom_id`` and ``index`` columns are not sent."""
+    for row in rows:
+        cid = row.pop("custom_id", None)
+        cid = None if cid is None else str(cid)
+        row.pop("index", None)
+        try:
+            yield _row_body(row), cid
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            yield (error_body(f"invalid JSON in a Parquet column: {e}", 400), 400), cid
 
 
 # ---------------------------------------------------------------------------- writers
@@ -405,6 +412,6 @@ def make_writer(fmt: str, f: IO[bytes], gz: bool = False, row_group_rows: int = 
 
 
 __all__ = ["INPUT_FORMATS", "OUTPUT_FORMATS", "detect_input_format", "output_format_for", "open_input",
-           "read_jsonl", "read_openai_batch", "read_parquet", "parquet_num_rows", "make_writer",
+           "read_jsonl", "read_openai_batch", "read_parquet", "parquet_rows", "parquet_num_rows", "make_writer",
            "JsonlWriter", "OpenAIBatchWriter", "ParquetWriter", "flat_row", "error_message",
            "parquet_output_schema", "PARQUET_OUTPUT_COLUMNS"]

@@ -65,6 +65,15 @@ class Tally:
             elif len(self.failures) < MAX_FAILURE_KINDS:
                 self.failures[(st, msg)] = [n, first]
 
+    def summary(self, seconds: float, done_here: int, skipped: int, in_fmt: str, out_fmt: str) -> dict[str, Any]:
+        """The run summary (see ``run_batch``); ``done_here``: records derendered by this run."""
+        return {"lines": sum(self.statuses.values()), "ok": self.statuses.get(200, 0), "skipped": skipped,
+                "errors": {str(k): v for k, v in sorted(self.statuses.items()) if k != 200},
+                "failures": [{"status": st, "message": msg, "count": n, "first_index": first}
+                             for (st, msg), (n, first) in sorted(self.failures.items(), key=lambda x: x[1][1])],
+                "seconds": round(seconds, 3), "lines_per_s": round(done_here / seconds, 1) if seconds > 0 else None,
+                "input_format": in_fmt, "output_format": out_fmt}
+
     def as_stats(self) -> dict[str, Any]:
         return {"lines": sum(self.statuses.values()), "statuses": {str(k): v for k, v in self.statuses.items()},
                 "failures": [[st, msg, n, first] for (st, msg), (n, first) in self.failures.items()]}
@@ -255,10 +264,4 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
         raise
     finally:
         prog.close()
-    dt = time.perf_counter() - t0
-    return {"lines": sum(tally.statuses.values()), "ok": tally.statuses.get(200, 0), "skipped": skipped,
-            "errors": {str(k): v for k, v in sorted(tally.statuses.items()) if k != 200},
-            "failures": [{"status": st, "message": msg, "count": n, "first_index": first}
-                         for (st, msg), (n, first) in sorted(tally.failures.items(), key=lambda x: x[1][1])],
-            "seconds": round(dt, 3), "lines_per_s": round(done_here / dt, 1) if dt > 0 else None,
-            "input_format": in_fmt, "output_format": out_fmt}
+    return tally.summary(time.perf_counter() - t0, done_here, skipped, in_fmt, out_fmt)

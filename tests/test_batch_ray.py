@@ -1,0 +1,91 @@
+"""The derender as a Ray Data transform, on a local Ray with this machine's 2 CPUs: the CLI engine
+(``batch --engine ray``) gives the same output as the local engine, in input order, over 2
+actors; whole-request stream lines work and single stream-chunk records are refused clearly;
+``Derender`` used directly from Python on ``ray.data.read_parquet``."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.parity import corpus, missing_parser, nonstream_cases
+from tests.parity_tools import to_requests
+from tests.test_batch_commit import QWEN3
+from tests.test_batch_formats import table_json_columns
+from worker.config import load_config_file
+from worker.core.service import DerenderService
+from worker.offline.runner import run_batch
+
+ray = pytest.importorskip("ray", reason="the [ray] extra is part of [test]; install derender-worker[test]")
+
+from worker.offline.ray_engine import STREAM_CHUNK_REFUSED, Derender, run_ray  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def qwen3_service():
+    return DerenderService(load_config_file(QWEN3))
+
+
+def _lines() -> list:
+    """qwen3 non-streaming bodies (ok and refused), whole-request stream lines, a blank line."""
+    bodies = [to_requests.nonstream_body(c) for c in nonstream_cases()
+              if c["model"] == "qwen3" and not missing_parser(c)]
+    streams = [to_requests.stream_bodies(c) for c in corpus() if c["model"] == "qwen3"
+               and (c.get("expected") or {}).get("stream") is not None
+               and (c.get("expected_vllm") or {}).get("inputs", {}).get("choices") and not missing_parser(c)][:8]
+    lines: list = list(bodies)
+    for i, s in enumerate(streams):
+        lines.insert(7 * i + 3, s)
+    lines.insert(20, "")
+    return lines
+
+
+def test_cli_ray_engine_equals_local_engine(tmp_path, local_ray, qwen3_service):
+    """Same bytes as the local engine, except that a single stream-chunk record is refused with a
+    clear reason (its neighbours unharmed)."""
+    lines = _lines()
+    chunk = to_requests.stream_bodies(next(c for c in corpus() if c["model"] == "qwen3"
+                                           and (c.get("expected") or {}).get("stream") is not None))[0]
+    lines.insert(30, chunk)
+    src = tmp_path / "in.jsonl.gz"
+    src.write_bytes(gzip.compress("".join((json.dumps(x) if x != "" else "") + "\n" for x in lines).encode()))
+    ref = tmp_path / "ref.jsonl"
+    run_batch(qwen3_service, str(src), str(ref), workers=1, progress=False)
+    out = tmp_path / "ray.jsonl"
+    summary = run_ray(qwen3_service, str(src), str(out), workers=2, actor_cpus=0.5, batch_size=16, progress=False)
+    assert summary["actors"] == 2 and summary["lines"] == len(lines)
+    got, want = out.read_text().splitlines(), ref.read_text().splitlines()
+    assert len(got) == len(want) == len(lines)
+    assert json.loads(got[30])["error"]["message"] == STREAM_CHUNK_REFUSED
+    assert got[:30] + got[31:] == want[:30] + want[31:]
+
+
+def test_derender_class_on_ray_data_parquet(tmp_path, local_ray, qwen3_service):
+    bodies = [x for x in _lines() if isinstance(x, dict) and "generate_response" in x]
+    table = table_json_columns(bodies)
+    table = table.append_column("index", pa.array(range(len(bodies)), pa.int64()))
+    src = tmp_path / "in.parquet"
+    pq.write_table(table, src, row_group_size=10)
+    ref = tmp_path / "ref.parquet"
+    run_batch(qwen3_service, str(src), str(ref), workers=1, progress=False)
+
+    ds = ray.data.read_parquet(str(src)).map_batches(
+        Derender, fn_constructor_kwargs={"config": QWEN3}, batch_size=8, batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=2), num_cpus=0.5)
+    rows = sorted(ds.take_all(), key=lambda r: r["index"])  # order restored by the carried index
+    want = pq.read_table(ref).to_pylist()
+    assert [r["index"] for r in rows] == list(range(len(bodies)))
+    assert [json.loads(r["response"]) for r in rows] == [json.loads(r["response"]) for r in want]
+    assert [r["content"] for r in rows] == [r["content"] for r in want]
