@@ -128,7 +128,7 @@ def main_batch(args: argparse.Namespace) -> int:
             summary = run_batch(service, args.input, args.output, args.workers, args.chunksize,
                                 progress=args.progress, part_size=args.part_size or None, resume=args.resume,
                                 max_in_flight=args.max_in_flight or None, keep_parts=args.keep_parts, **kw)
-    except (ValueError, OSError, RuntimeError, ImportError) as e:
+    except (ValueError, OSError, EOFError, RuntimeError, ImportError) as e:
         print(f"derender-worker batch: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -127,7 +127,9 @@ def run_ray(service: DerenderService, input_path: str, output_path: str, *, work
     Ray Data's read tasks); ``actor_cpus``: CPUs each actor reserves. ``address``: a Ray cluster
     (default ``RAY_ADDRESS``, else a local Ray started here with one logical CPU more than the
     actors use, stopped at the end). An already initialised Ray (``ray.init`` in the caller) is
-    used as it is. Returns the same summary as ``runner.run_batch``. Raises
+    used as it is. Returns the same summary as ``runner.run_batch`` (``lines_per_s`` counted
+    from the first batch back, i.e. without the actors' start-up) plus ``engine``, ``actors`` and
+    ``startup_s`` (seconds until the first batch came back). Raises
     ``ImportError`` without Ray, ``ValueError``/``OSError`` for bad input or settings."""
     try:
         import ray
@@ -188,10 +190,14 @@ def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_siz
         bar = tqdm(total=total, unit="row", file=sys.stderr, dynamic_ncols=True)
     tally = Tally()
     t0 = time.perf_counter()
+    t_first: float | None = None  # first batch back: the actors are up
+    n_first = 0
     n = 0
     try:
         writer = sink.open_part(0)
         for batch in out.iter_batches(batch_size=None, batch_format="pyarrow"):
+            if t_first is None:
+                t_first, n_first = time.perf_counter(), batch.num_rows
             cid = batch.column("custom_id").to_pylist()
             st = batch.column("status_code").to_pylist()
             resp = batch.column("response").to_pylist()
@@ -209,7 +215,11 @@ def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_siz
     finally:
         if bar is not None:
             bar.close()
-    return dict(tally.summary(time.perf_counter() - t0, n, 0, in_fmt, out_fmt), engine="ray", actors=workers)
+    t_end = time.perf_counter()
+    summary = tally.summary(t_end - t0, n, 0, in_fmt, out_fmt)
+    if t_first is not None and t_end > t_first and n > n_first:  # steady state, without actor start-up
+        summary["lines_per_s"] = round((n - n_first) / (t_end - t_first), 1)
+    return dict(summary, engine="ray", actors=workers, startup_s=round((t_first or t_end) - t0, 3))
 
 
 __all__ = ["Derender", "run_ray", "STREAM_CHUNK_REFUSED"]

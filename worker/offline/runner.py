@@ -186,7 +186,7 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
         raise FileNotFoundError(f"input {input_path!r} not found")
     service.preload()
     workers = workers or (os.cpu_count() or 1)
-    max_in_flight = max_in_flight or max(64, workers * chunksize * 4)
+    max_in_flight = max(max_in_flight or max(64, workers * chunksize * 4), 2 * chunksize)
     if progress is None:
         progress = sys.stderr.isatty()
     sink = make_sink(output_path, out_fmt, part_size=part_size, resume=resume, input_path=input_path,
