@@ -193,3 +193,13 @@ def test_part_files_assemble_to_the_single_file_output(tmp_path, workers):
     assert run_cli(str(src), "-o", str(tmp_path / "b.jsonl"), "--workers", str(workers), "--part-size", "7") == 0
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["a.jsonl", "b.jsonl", "in.jsonl"]
+
+
+def test_part_files_never_clear_a_foreign_folder(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies()[:3])
+    foreign = tmp_path / "out.jsonl.parts"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert run_cli(str(src), "-o", str(tmp_path / "out.jsonl"), "--workers", "1", "--part-size", "2") == 2
+    assert "not a parts folder" in capsys.readouterr().err
+    assert (foreign / "notes.txt").read_text() == "mine" and not (tmp_path / "out.jsonl").exists()

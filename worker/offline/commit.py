@@ -180,7 +180,10 @@ class PartSink(SingleFileSink):
                                  f"({', '.join(diff)} differ); remove it or run without --resume")
             self._load_done()
         else:
-            if os.path.isdir(self.dir):
+            if os.path.exists(self.dir):
+                if not os.path.isfile(manifest):
+                    raise ValueError(f"{self.dir} exists and is not a parts folder of this tool (no "
+                                     "manifest.json): not touching it")
                 shutil.rmtree(self.dir)
             os.makedirs(self.dir)
             with atomic_file(manifest) as fh:

@@ -6,7 +6,8 @@ From Python, on any Ray cluster (tokenizer paths must exist on every node, or be
     from worker.offline.ray_engine import Derender
     ds = ray.data.read_parquet("s3://bucket/rollouts/")          # columns = derender body fields
     out = ds.map_batches(Derender, fn_constructor_kwargs={"config": "models.json"},
-                         batch_size=256, batch_format="pyarrow", concurrency=8)
+                         batch_size=256, batch_format="pyarrow",
+                         compute=ray.data.ActorPoolStrategy(size=8))
     out.write_parquet("s3://bucket/derendered/")
 
 ``Derender`` builds one ``DerenderService`` per actor (tokenizers loaded once) and maps a batch
@@ -127,9 +128,9 @@ def run_ray(service: DerenderService, input_path: str, output_path: str, *, work
     Ray Data's read tasks); ``actor_cpus``: CPUs each actor reserves. ``address``: a Ray cluster
     (default ``RAY_ADDRESS``, else a local Ray started here with one logical CPU more than the
     actors use, stopped at the end). An already initialised Ray (``ray.init`` in the caller) is
-    used as it is. Returns the same summary as ``runner.run_batch`` (``lines_per_s`` counted
-    from the first batch back, i.e. without the actors' start-up) plus ``engine``, ``actors`` and
-    ``startup_s`` (seconds until the first batch came back). Raises
+    used as it is. Returns the same summary as ``runner.run_batch`` (``seconds`` include the
+    actors' start-up: loading the tokenizers) plus ``engine``, ``actors`` and ``startup_s``
+    (seconds until the first batch came back). Raises
     ``ImportError`` without Ray, ``ValueError``/``OSError`` for bad input or settings."""
     try:
         import ray
@@ -191,13 +192,12 @@ def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_siz
     tally = Tally()
     t0 = time.perf_counter()
     t_first: float | None = None  # first batch back: the actors are up
-    n_first = 0
     n = 0
     try:
         writer = sink.open_part(0)
         for batch in out.iter_batches(batch_size=None, batch_format="pyarrow"):
             if t_first is None:
-                t_first, n_first = time.perf_counter(), batch.num_rows
+                t_first = time.perf_counter()
             cid = batch.column("custom_id").to_pylist()
             st = batch.column("status_code").to_pylist()
             resp = batch.column("response").to_pylist()
@@ -217,8 +217,6 @@ def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_siz
             bar.close()
     t_end = time.perf_counter()
     summary = tally.summary(t_end - t0, n, 0, in_fmt, out_fmt)
-    if t_first is not None and t_end > t_first and n > n_first:  # steady state, without actor start-up
-        summary["lines_per_s"] = round((n - n_first) / (t_end - t_first), 1)
     return dict(summary, engine="ray", actors=workers, startup_s=round((t_first or t_end) - t0, 3))
 
 
