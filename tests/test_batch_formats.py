@@ -155,3 +155,15 @@ def test_format_override_flags(tmp_path):
     with pytest.raises(ValueError, match="unknown output format"):
         run_batch(service(), str(src), str(out), workers=1, progress=False, input_format="parquet",
                   output_format="csv")
+
+
+def test_parquet_part_files_assemble_to_the_single_file_output(tmp_path):
+    bodies = [b for b in corpus_bodies() if "generate_response" in b][:60]
+    src = tmp_path / "in.parquet"
+    pq.write_table(table_json_columns(bodies), src, row_group_size=16)
+    one, parts = tmp_path / "one.parquet", tmp_path / "parts.parquet"
+    run_batch(service(), str(src), str(one), workers=1, progress=False, row_group_rows=8)
+    summary = run_batch(service(), str(src), str(parts), workers=2, progress=False, row_group_rows=8, part_size=25)
+    assert summary["lines"] == 60
+    assert pq.read_table(parts).equals(pq.read_table(one))
+    assert not (tmp_path / "parts.parquet.parts").exists()
