@@ -167,3 +167,32 @@ def test_parquet_part_files_assemble_to_the_single_file_output(tmp_path):
     assert summary["lines"] == 60
     assert pq.read_table(parts).equals(pq.read_table(one))
     assert not (tmp_path / "parts.parquet.parts").exists()
+
+
+def test_parquet_flattens_stream_records_like_the_nonstream_answer(tmp_path):
+    """A whole streamed request (JSON list of chunk bodies) gets the same choice-0 columns as the
+    non-streaming answer for the same tokens (deltas joined, tool call fragments merged)."""
+    from tests.parity import corpus
+    cases = [c for c in corpus() if (c.get("expected") or {}).get("stream") is not None
+             and (c.get("expected_vllm") or {}).get("inputs", {}).get("choices") and not missing_parser(c)]
+    src_s, src_n = tmp_path / "s.jsonl", tmp_path / "n.jsonl"
+    src_s.write_text("".join(json.dumps(to_requests.stream_bodies(c)) + "\n" for c in cases))
+    src_n.write_text("".join(json.dumps(to_requests.nonstream_body(c)) + "\n" for c in cases))
+    out_s, out_n = tmp_path / "s.parquet", tmp_path / "n.parquet"
+    run_batch(service(), str(src_s), str(out_s), workers=1, progress=False)
+    run_batch(service(), str(src_n), str(out_n), workers=1, progress=False)
+    rows_s, rows_n = pq.read_table(out_s).to_pylist(), pq.read_table(out_n).to_pylist()
+    compared = 0
+    for c, s, n in zip(cases, rows_s, rows_n):
+        if n["status_code"] != 200 or s["status_code"] != 200:
+            continue
+        compared += 1
+        for col in ("content", "reasoning"):  # a stream cannot tell "" from no text
+            assert s[col] == (n[col] or None), (c["id"], col, s[col], n[col])
+        for col in ("finish_reason", "num_choices", "prompt_tokens", "completion_tokens"):
+            assert s[col] == n[col], (c["id"], col, s[col], n[col])
+
+        def calls(v):
+            return [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in json.loads(v or "[]")]
+        assert calls(s["tool_calls"]) == calls(n["tool_calls"]), c["id"]
+    assert compared > 50

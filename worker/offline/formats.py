@@ -337,13 +337,21 @@ _resp = msgspec.json.Decoder(_Resp)
 
 def flat_row(index: int, body: bytes, status: int, custom_id: str | None) -> dict[str, Any]:
     """One Parquet output row (``PARQUET_OUTPUT_COLUMNS``) of a result. The flattened columns
-    are filled from a response object; for an error or a stream line's chunk list they are null."""
+    are filled from a response object, or from a stream record's list of OpenAI chunks: choice 0's
+    non-empty ``content``/``reasoning`` deltas joined (null when there are none: a stream
+    cannot tell an empty text from no text), its tool call deltas merged by index (OpenAI's
+    streaming rule: ``id``, ``type``, ``name`` on a call's first fragment, ``arguments``
+    concatenated), its last ``finish_reason``, the ``usage`` chunk, and the highest choice index
+    + 1 as ``num_choices``. Null for an error."""
     row: dict[str, Any] = {"index": index, "custom_id": custom_id, "status_code": status,
                            "response": body.decode("utf-8", "replace"), "error": None, "num_choices": None,
                            "content": None, "reasoning": None, "tool_calls": None, "finish_reason": None,
                            "prompt_tokens": None, "completion_tokens": None, "total_tokens": None}
     if status != 200:
         row["error"] = error_message(body) or None
+        return row
+    if body[:1] == b"[":
+        _flat_stream(row, body)
         return row
     if body[:1] != b"{":
         return row
@@ -369,6 +377,85 @@ def flat_row(index: int, body: bytes, status: int, custom_id: str | None) -> dic
         row["completion_tokens"] = r.usage.completion_tokens
         row["total_tokens"] = r.usage.total_tokens
     return row
+
+
+class _FnDelta(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolDelta(msgspec.Struct):
+    index: int = 0
+    id: str | None = None
+    type: str | None = None
+    function: _FnDelta | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[_ToolDelta] | None = None
+
+
+class _StreamChoice(msgspec.Struct):
+    index: int = 0
+    delta: _Delta | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_StreamChoice] | None = None
+    usage: _Usage | None = None
+
+
+_chunks = msgspec.json.Decoder(list[_Chunk])
+
+
+def _flat_stream(row: dict[str, Any], body: bytes) -> None:
+    try:
+        chunks = _chunks.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    n_choices = 0
+    seen0 = False
+    for ch in chunks:
+        if ch.usage is not None:
+            row["prompt_tokens"] = ch.usage.prompt_tokens
+            row["completion_tokens"] = ch.usage.completion_tokens
+            row["total_tokens"] = ch.usage.total_tokens
+        for c in ch.choices or []:
+            n_choices = max(n_choices, c.index + 1)
+            if c.index != 0:
+                continue
+            seen0 = True
+            if c.text:
+                content.append(c.text)
+            d = c.delta
+            if d is not None:
+                if d.content:
+                    content.append(d.content)
+                if d.reasoning:
+                    reasoning.append(d.reasoning)
+                for t in d.tool_calls or []:
+                    call = calls.setdefault(t.index, {"id": None, "type": "function",
+                                                      "function": {"name": None, "arguments": ""}})
+                    call["id"] = t.id or call["id"]
+                    call["type"] = t.type or call["type"]
+                    if t.function is not None:
+                        call["function"]["name"] = t.function.name or call["function"]["name"]
+                        call["function"]["arguments"] += t.function.arguments or ""
+            if c.finish_reason is not None:
+                row["finish_reason"] = c.finish_reason
+    row["num_choices"] = n_choices
+    if seen0:
+        row["content"] = "".join(content) if content else None
+        row["reasoning"] = "".join(reasoning) if reasoning else None
+        if calls:
+            row["tool_calls"] = _encoder.encode([calls[k] for k in sorted(calls)]).decode()
 
 
 class ParquetWriter:
