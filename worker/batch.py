@@ -85,7 +85,8 @@ def summary_lines(summary: dict, output: str) -> list[str]:
     by = ", ".join(f"{k}: {v}" for k, v in summary["errors"].items())
     head = (f"batch: {summary['lines']} records, {summary['ok']} ok, {errs} failed" + (f" ({by})" if by else "")
             + (f", {summary['skipped']} from completed parts" if summary.get("skipped") else "")
-            + f"; {summary['seconds']} s ({summary['lines_per_s']} records/s)")
+            + f"; {summary['seconds']} s ({summary['lines_per_s']} records/s)"
+            + (f", {summary['startup_s']} s of it Ray actors starting" if "startup_s" in summary else ""))
     out = [head]
     if errs:
         where = "index" if summary["output_format"] == "parquet" else "line"
