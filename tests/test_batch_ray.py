@@ -81,7 +81,7 @@ def test_derender_class_on_ray_data_parquet(tmp_path, local_ray, qwen3_service):
     ref = tmp_path / "ref.parquet"
     run_batch(qwen3_service, str(src), str(ref), workers=1, progress=False)
 
-    ds = ray.data.read_parquet(str(src)).map_batches(
+    ds = ray.data.read_parquet(str(src)).repartition(4).map_batches(  # 4 blocks: both actors get work
         Derender, fn_constructor_kwargs={"config": QWEN3}, batch_size=8, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=2), num_cpus=0.5)
     rows = sorted(ds.take_all(), key=lambda r: r["index"])  # order restored by the carried index

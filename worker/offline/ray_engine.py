@@ -51,6 +51,10 @@ STREAM_CHUNK_REFUSED = ("a stream chunk record cannot be derendered by the Ray e
                         "the JSON array of its chunk bodies, or use --engine local")
 
 
+#: Ray Data block size used by ``run_ray`` (bytes)
+BLOCK_BYTES = 8 << 20
+
+
 class Derender:
     """Ray Data callable class (``Dataset.map_batches(Derender, ...)``): see the module docstring.
 
@@ -167,6 +171,9 @@ def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_siz
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
+    # small blocks (Ray's default is 128 MiB): a single input file is split into enough blocks
+    # to keep every actor busy, and the driver's ordered buffer stays small
+    ctx.target_max_block_size = BLOCK_BYTES
     if in_fmt == "parquet":
         ds = ray.data.read_parquet(input_path)
         total = None
