@@ -40,7 +40,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     add_vllm_noop_args(p)
 
     from worker import batch
-    p = subs["batch"] = sub.add_parser("batch", help="derender a generation log (JSONL, .gz ok) into a JSONL file")
+    p = subs["batch"] = sub.add_parser("batch", help="derender generation logs (JSONL/.gz, OpenAI Batch, Parquet) into responses (local or Ray)")
     add_model_args(p)
     batch.add_batch_args(p)
     add_vllm_noop_args(p)
