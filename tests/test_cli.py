@@ -203,7 +203,8 @@ def test_max_logprobs_minus_one_means_no_limit(tmp_path):
                  "--max-logprobs", "-1"]) == 0
     r = json.loads(out.read_text())
     assert len(r["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 25
-    assert main(["batch", str(src), "-o", str(out), *QWEN_FLAGS, "--served-model-name", "q", "--workers", "1"]) == 0
+    # the only record is refused: batch exits 1 (no record succeeded), its error object is written
+    assert main(["batch", str(src), "-o", str(out), *QWEN_FLAGS, "--served-model-name", "q", "--workers", "1"]) == 1
     assert "exceeds max_logprobs (20)" in json.loads(out.read_text())["error"]["message"]
 
 
