@@ -12,7 +12,8 @@ What each response field comes from (coupled ``vllm serve`` semantics, vLLM 0.32
   ``include_stop_str_in_output``, detokenized incrementally, seeded from the prompt tail; the
   request's ``stop`` strings are applied here, as vLLM's detokenizer applies them (cut at the
   first match, ``finish_reason`` ``stop``, ``stop_reason`` the string, ids/logprobs after the
-  matching token dropped, usage unchanged);
+  matching token dropped, usage unchanged); in chat they apply to the answer, never to the
+  reasoning (vLLM PR 14550, ``worker.core.answer``);
 * chat ``reasoning``/``content``/``tool_calls``: the model's parser stack (worker.parsers.stack);
   tool call ids are deterministic (request_id, choice index, call index);
 * ``finish_reason``/``stop_reason``/``kv_transfer_params`` passed through; ``stop`` becomes
@@ -44,7 +45,13 @@ from schemas import (
     UsageInfo,
 )
 from worker.config import ServedModelConfig, tokenizer_mode
-from worker.core.detokenize import detokenize_with_stop, stop_strings, stop_token_trimmed
+from worker.core.answer import answer_has_stop, step_answer
+from worker.core.detokenize import (
+    IncrementalDetokenizer,
+    detokenize_with_stop,
+    stop_strings,
+    stop_token_trimmed,
+)
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, completion_logprobs
 from worker.core.tokenizer import Tokenizer, load_tokenizer
@@ -270,6 +277,32 @@ def _text_of(rt: ModelRuntime, c: GenerateTokensChoice, prompt_ids, skip_special
     return _Text(text, ids, used, matched, stop_token)
 
 
+def _parse_choice(rt: ModelRuntime, ctx: RequestContext, c: GenerateTokensChoice, prompt_ids,
+                  skip: bool, req: ChatCompletionRequest, stops: tuple[str, ...]) -> tuple[Delta, _Text]:
+    """A chat choice through the parser stack: ``(delta, text)``. The request's stop strings
+    apply to the answer, not to the reasoning (``worker.core.answer``): when the answer holds
+    one, the ids are stepped one by one as the streaming path steps them; otherwise the whole
+    text is parsed in one step."""
+    stack = rt.stack
+    out = _text_of(rt, c, prompt_ids, skip, req.spaces_between_special_tokens, req.include_stop_str_in_output)
+    pids = out.parser_ids(stack)
+    if not stops or not answer_has_stop(stack, stack.initial_state(ctx), out.text, pids, stops):
+        st = stack.initial_state(ctx)
+        d = stack.feed(st, out.text, pids)
+        return d.extend(stack.finish(st)), out
+    ids = stop_token_trimmed(c.token_ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids,
+                             req.include_stop_str_in_output)
+    detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=skip,
+                                   spaces_between_special_tokens=req.spaces_between_special_tokens,
+                                   prompt_token_ids=prompt_ids)
+    extra = [out.stop_token] if out.stop_token is not None and stack.wants_stop_token else []
+    d, used, matched, _ = step_answer(stack, stack.initial_state(ctx), detok, ids,
+                                      rt.tokenizer.special_ids if skip else None, stops,
+                                      req.include_stop_str_in_output, req.min_tokens or 0, 0, "", True,
+                                      extra)
+    return d, _Text("", [], used, matched)
+
+
 def merge_tool_calls(request_id: str, choice_index: int, d: Delta, fmt: str) -> list[ToolCall]:
     """Join tool-call fragments by index into complete ``ToolCall``s with deterministic ids."""
     names: dict[int, str] = {}
@@ -312,13 +345,10 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest, created: int | No
     top_k = req.top_logprobs or 0
     choices = []
     completion_tokens = reasoning_tokens = 0
+    stops = stop_strings(req.stop)
     for c in gr.choices:
-        out = _text_of(rt, c, prompt_ids, skip, req.spaces_between_special_tokens,
-                       req.include_stop_str_in_output, req.stop, req.min_tokens)
+        d, out = _parse_choice(rt, ctx, c, prompt_ids, skip, req, stops)
         finish_reason, stop_reason = out.finish(c)
-        st = stack.initial_state(ctx)
-        d = stack.feed(st, out.text, out.parser_ids(stack))
-        d.extend(stack.finish(st))
         calls = merge_tool_calls(request_id, c.index, d, stack.id_format)
         content = d.content or None
         if mode in ("required", "named") and content is None:

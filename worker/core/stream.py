@@ -50,8 +50,11 @@ Output rules (same answer as non-streaming for the same tokens, whatever the chu
   its logprobs / ``token_ids`` end at the matching token, and the choice is ``stopped``: the
   engine's later tokens of that choice (it keeps generating until it learns) produce no output
   but are counted in usage; the choice finishes (usage chunk) with the engine's own finish.
-  Without a match the held-back text is released on the choice's final chunk. Released text
-  goes through the parser stack like any other text (chat), so parsing stays split-independent;
+  Without a match the held-back text is released on the choice's final chunk. Chat: stop
+  strings apply to the answer, not to the reasoning (``worker.core.answer.step_answer``, the
+  same stepping as non-streaming): each token's text goes through the reasoning parser first,
+  only the answer text it emits is held back and checked, reasoning deltas go out at once, and
+  released answer text goes through the tool parser, so parsing stays split-independent;
 * usage: once every expected choice (chat ``n``; completion ``n`` x prompts) has finished, a last
   chunk with ``choices: []`` and ``usage`` for the whole request (``completion_tokens_details.
   reasoning_tokens`` when a reasoning parser is configured) when ``stream_options.include_usage``
@@ -88,6 +91,7 @@ from schemas import (
     GenerateTokensStreamChoice,
     UsageInfo,
 )
+from worker.core.answer import step_answer
 from worker.core.derender import (
     ModelRuntime,
     check_ids_and_logprobs,
@@ -105,6 +109,7 @@ from worker.core.detokenize import (
 )
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
+from worker.parsers.base import Delta
 from worker.parsers.stack import tool_call_id
 
 __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "derender_completion_chunk",
@@ -349,6 +354,14 @@ def _parser_ids(rt: ModelRuntime, st: StreamState, ids: list[int]) -> list[int]:
     return ids
 
 
+def _stop_token_ids(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice, ids: list[int]) -> list[int]:
+    """The final stop token trimmed from ``ids`` (``_step_ids``), as parser ids, for parsers
+    that read it (``ParserStack.wants_stop_token``); else ``[]``."""
+    if rt.stack.wants_stop_token and len(ids) < len(c.token_ids or []):
+        return _parser_ids(rt, st, [c.token_ids[-1]])
+    return []
+
+
 def _detok(rt: ModelRuntime, st: StreamState, cs: ChoiceState, ids: list[int],
            final: bool) -> tuple[str, int, str | None]:
     """Detokenize a chunk's ids with the request's stop strings applied (module docstring):
@@ -483,22 +496,31 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
             out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
                 index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
         ids = _step_ids(rt, st, c)
-        text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
-        pids = _parser_ids(rt, st, ids[:used])
-        if matched is None and stack.wants_stop_token and len(ids) < len(c.token_ids or []):
-            pids = pids + _parser_ids(rt, st, [c.token_ids[-1]])  # the trimmed stop token (ParserStack)
-        final = c.finish_reason is not None or matched is not None
-        if cs.parser is not None:
-            d = stack.feed(cs.parser, text, pids) if (text or pids) else None
-            if final:
-                f = stack.finish(cs.parser)
-                d = f if d is None else d.extend(f)
-            content = d.content if d is not None else ""
-            reasoning = d.reasoning if d is not None else ""
-            calls = d.tool_calls if d is not None else []
-            cs.reasoning_tokens += d.reasoning_tokens if d is not None else 0
+        if st.opts.stop:  # stop strings apply to the answer (worker.core.answer)
+            detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
+                                           spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
+            d, used, matched, cs.held = step_answer(
+                stack if cs.parser is not None else None, cs.parser, detok, ids,
+                rt.tokenizer.special_ids if st.opts.skip_special else None, st.opts.stop,
+                st.opts.include_stop, st.opts.min_tokens, cs.completion_tokens, cs.held,
+                c.finish_reason is not None, _stop_token_ids(rt, st, c, ids))
+            cs.detok = detok.state()
         else:
-            content, reasoning, calls = text, "", []
+            text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
+            pids = _parser_ids(rt, st, ids) + _stop_token_ids(rt, st, c, ids)
+            d = None
+            if cs.parser is not None:
+                d = stack.feed(cs.parser, text, pids) if (text or pids) else None
+                if c.finish_reason is not None:
+                    f = stack.finish(cs.parser)
+                    d = f if d is None else d.extend(f)
+            else:
+                d = Delta(content=text)
+        final = c.finish_reason is not None or matched is not None
+        content = d.content if d is not None else ""
+        reasoning = d.reasoning if d is not None else ""
+        calls = d.tool_calls if d is not None else []
+        cs.reasoning_tokens += d.reasoning_tokens if d is not None else 0
         cs.completion_tokens += len(c.token_ids or [])
         tcs = None
         if calls:

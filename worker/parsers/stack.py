@@ -168,23 +168,52 @@ class ParserStack:
 
     def feed(self, st: StackState, text: str, token_ids: list[int]) -> Delta:
         """Parse one text delta (and its token ids). Returns reasoning/content/tool-call deltas."""
-        if self.reasoning is not None:
-            r = self.reasoning.feed(st.reasoning, text, token_ids)
-        else:
-            r = Delta(content=text)
-        out = self._tools(st, r.content, token_ids, final=False)
-        out.reasoning = r.reasoning if st.include_reasoning else ""
+        r = self.feed_reasoning(st, text, token_ids)
+        out = self.feed_answer(st, r.content, token_ids)
+        out.reasoning = r.reasoning
         out.reasoning_tokens = r.reasoning_tokens
         return out
 
     def finish(self, st: StackState) -> Delta:
         """Flush held-back text at the end of the choice; resolves required/named JSON calls."""
-        if self.reasoning is not None:
-            r = self.reasoning.finish(st.reasoning)
-        else:
-            r = Delta()
-        out = self._tools(st, r.content, [], final=True)
-        out.reasoning = r.reasoning if st.include_reasoning else ""
+        r = self.finish_reasoning(st)
+        out = self.finish_answer(st, r.content)
+        out.reasoning = r.reasoning
+        return out
+
+    # -- the two halves of a step, for callers that act on the answer text in between (stop
+    # strings apply to the answer, not to the reasoning: worker.core.answer) ----------------
+    def feed_reasoning(self, st: StackState, text: str, token_ids: list[int]) -> Delta:
+        """First half of ``feed``: the reasoning parser's step. ``reasoning`` (empty when the
+        request turned ``include_reasoning`` off) and ``reasoning_tokens`` are final; ``content``
+        is the answer text still to be handed to ``feed_answer`` / ``finish_answer`` (the whole
+        text when no reasoning parser is configured)."""
+        if self.reasoning is None:
+            return Delta(content=text)
+        r = self.reasoning.feed(st.reasoning, text, token_ids)
+        if not st.include_reasoning:
+            r.reasoning = ""
+        return r
+
+    def finish_reasoning(self, st: StackState) -> Delta:
+        """First half of ``finish``: flush the reasoning parser (``content``: answer text still
+        to be handed to ``finish_answer``)."""
+        if self.reasoning is None:
+            return Delta()
+        r = self.reasoning.finish(st.reasoning)
+        if not st.include_reasoning:
+            r.reasoning = ""
+        return r
+
+    def feed_answer(self, st: StackState, content: str, token_ids: list[int]) -> Delta:
+        """Second half of ``feed``: answer text (and the step's token ids) through the tool
+        parser / tool_choice mode. Returns content and tool-call deltas (no reasoning)."""
+        return self._tools(st, content, token_ids, final=False)
+
+    def finish_answer(self, st: StackState, content: str = "") -> Delta:
+        """Second half of ``finish``: the last answer text, then the tool parser's flush and
+        the required/named JSON resolution."""
+        out = self._tools(st, content, [], final=True)
         if st.mode in ("required", "named"):
             held, st.held = st.held, ""
             if st.calls == 0 and held.strip():
