@@ -46,15 +46,11 @@ CASE_RULES = {
     "bug-111": "request stop strings apply to the answer, not the reasoning (vLLM PR 14550 for its "
                "earlier engine; vLLM 0.32 matches them in the reasoning too): worker.core.answer, "
                "every reasoning parser in tests/test_stop_answer.py",
+    "bug-114": "schema-typed parameter values keep integers of any size exactly (vLLM's "
+               "_convert_param_value goes through float for 'number'): tests/test_exact_numbers.py",
     "bug-046": "request stop strings are applied by the derender (the engine never sees them)",
     "bug-047": "request stop strings are applied by the derender (the engine never sees them)",
 }
-
-#: new cases whose fix lands in a following commit (issue 8): expected to fail until then
-PENDING = {
-    "bug-114": "schema-typed parameter values must keep integers of any size exactly",
-}
-
 
 def _cases() -> list[dict]:
     with open(CASES_FILE, encoding="utf-8") as fh:
@@ -113,8 +109,6 @@ def run_case(case: dict) -> tuple[list[str], dict]:
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_bug_case_nonstream(case):
-    if case["id"] in PENDING:
-        pytest.xfail(PENDING[case["id"]])
     missing = _missing_tokenizers(case)
     if missing:
         pytest.skip(f"needs tokenizer(s) not in tests/data/tokenizers: {', '.join(missing)}")
@@ -199,8 +193,6 @@ def run_stream_case(case: dict) -> tuple[list[str], list[dict]]:
 
 @pytest.mark.parametrize("case", STREAM_CASES, ids=[c["id"] for c in STREAM_CASES])
 def test_bug_case_stream(case):
-    if case["id"] in PENDING:
-        pytest.xfail(PENDING[case["id"]])
     missing = _missing_tokenizers(case)
     if missing:
         pytest.skip(f"needs tokenizer(s) not in tests/data/tokenizers: {', '.join(missing)}")

@@ -34,18 +34,17 @@ this runs once per call block).
 from __future__ import annotations
 
 import functools
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.parsers.values import convert_param
+from worker.parsers.values import convert_param, dumps_args, loads_json
 
 
 def json_or_text(text: str) -> Any:
-    """``text`` decoded as JSON when it is JSON, else ``text`` itself."""
+    """``text`` decoded as JSON (integers exact, ``loads_json``) when it is JSON, else ``text``."""
     try:
-        return json.loads(text)
+        return loads_json(text)
     except ValueError:
         return text
 
@@ -207,7 +206,7 @@ def typed_args(params: list[tuple[str, str]], fn_types: dict[str, Any] | None, s
     for key, raw in params:
         v = strip_newline(raw) if strip == "newline" else raw.strip() if strip == "all" else raw
         args[key] = typed_value(v, fn_types, key)
-    return json.dumps(args, ensure_ascii=False)
+    return dumps_args(args)
 
 
 @functools.cache
@@ -250,11 +249,12 @@ def match_all(pattern: re.Pattern[str], body: str) -> list[re.Match[str]] | None
 
 
 def json_args(text: str) -> str | None:
-    """``text`` re-serialized when it is a JSON object (``json.dumps``, non-ASCII kept), else None."""
+    """``text`` re-serialized when it is a JSON object (``json.dumps``, non-ASCII kept, integers
+    exact: ``loads_json``/``dumps_args``), else None."""
     try:
-        obj = json.loads(text)
+        obj = loads_json(text)
     except ValueError:
         return None
     if not isinstance(obj, dict):
         return None
-    return json.dumps(obj, ensure_ascii=False)
+    return dumps_args(obj)

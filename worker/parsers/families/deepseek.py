@@ -37,7 +37,6 @@ encoder shipped with vLLM ``--tokenizer-mode deepseek_v4``; vLLM's ``deepseek_v3
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -45,7 +44,7 @@ from worker.parsers.base import RequestContext
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec, ThinkState
-from worker.parsers.values import convert_param, dumps_args
+from worker.parsers.values import convert_param, dumps_args, loads_json
 
 
 # ----------------------------------------------------------------------------- reasoning ---
@@ -90,7 +89,7 @@ def parse_v31_body(body: str) -> list[tuple[str, str]] | None:
     for name, args in _V31_CALL.findall(body):
         name = name.strip()
         try:
-            json.loads(args)
+            loads_json(args)
         except ValueError:
             return None
         if not name:
@@ -136,7 +135,7 @@ def _dsml_params(text: str, fn_types: dict[str, Any] | None) -> dict[str, Any]:
             params[pname] = convert_param(raw, fn_types[pname])
         else:
             try:
-                params[pname] = json.loads(raw)
+                params[pname] = loads_json(raw)
             except ValueError:
                 params[pname] = raw
     # vLLM's repair: a lone undeclared "arguments"/"input" wrapper holding the real parameters
@@ -146,7 +145,7 @@ def _dsml_params(text: str, fn_types: dict[str, Any] | None) -> dict[str, Any]:
             inner = params[wrapper]
             if isinstance(inner, str):
                 try:
-                    inner = json.loads(inner)
+                    inner = loads_json(inner)
                 except ValueError:
                     break
             if isinstance(inner, dict) and set(inner) <= allowed:

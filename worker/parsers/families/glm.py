@@ -27,12 +27,12 @@ gives the key ``path</arg_key>``); ``<arg_key>q</arg_key>text</arg_value>`` (mis
 first ``<arg_key>``) -> name ``get_weather``, key ``city``. Anything else malformed stays
 content.
 """
-import json
 import re
 
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec
+from worker.parsers.values import dumps_args
 from worker.parsers.xmlcall import XmlFormat, json_or_text, read_calls
 
 #: GLM's parameter tags; the call name is the text before the first tag
@@ -90,7 +90,7 @@ def parse_glm_call(body: str, types: dict) -> list[tuple[str, str]] | None:
         return None
     fn_types = types.get(lead)
     args = {key: _glm_value(raw, fn_types, key) for key, raw in calls[0][1]}
-    return [(lead, json.dumps(args, ensure_ascii=False))]
+    return [(lead, dumps_args(args))]
 
 
 _GLM_THINK = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=False,
