@@ -99,8 +99,14 @@ VECTORS: list[V] = [
     R("r1", "cohere_command3", "cohere",
       "<|START_THINKING|>Check units.<|END_THINKING|><|START_RESPONSE|>5 km.<|END_RESPONSE|>", "Check units.", "5 km."),
     R("r4", "cohere_command3", "cohere", "Plain answer.", "", "Plain answer."),
-    R("r1", "nemotron_v3", "plain", "<think>\nUser greets.\n</think>\nHello!", "\nUser greets.\n", "\nHello!"),
+    # nemotron_v3 / minimax_m2: the reasoning's trailing whitespace is template framing (vLLM's
+    # strip_trailing_reasoning_whitespace): dropped, whatever comes after; content untouched
+    R("r1", "nemotron_v3", "plain", "<think>\nUser greets.\n</think>\nHello!", "\nUser greets.", "\nHello!"),
+    R("r1f", "nemotron_v3", "plain", "<think>\nR\n</think>\nA", "\nR", "\nA"),
+    R("r1ws", "nemotron_v3", "plain", "<think>\na \n\n b\t\n \n</think>\n\nA", "\na \n\n b", "\n\nA"),
+    R("r2ws", "nemotron_v3", "plain", "\n\n</think>A", "", "A"),
     R("r3", "nemotron_v3", "plain", "thinking forever", "thinking forever"),
+    R("r3ws", "nemotron_v3", "plain", "<think>\nthinking \n", "\nthinking"),
     R("r5", "nemotron_v3", "plain", "Just the answer.", "", "Just the answer.", kwargs={"enable_thinking": False}),
     R("r1", "granite", "plain", "Here is my thought process: 2+2. Here is my response: 4", " 2+2. ", " 4"),
     R("r1b", "granite", "plain", "Here's my thought process:a\nHere's my response:b", "a\n", "b"),
@@ -112,8 +118,12 @@ VECTORS: list[V] = [
     R("r1", "kimi_k2", "kimi", "<think>plan</think>Done.", "plan", "Done."),
     R("r2", "kimi_k2", "kimi", "plan</think>Done.", "plan", "Done."),
     R("r5", "kimi_k2", "kimi", "plan</think>Done.", "", "plan</think>Done.", kwargs={"thinking": False}),
-    R("r2", "minimax_m2", "minimax", "weigh options\n</think>\n\nPick A.", "weigh options\n", "\n\nPick A."),
+    R("r2", "minimax_m2", "minimax", "weigh options\n</think>\n\nPick A.", "weigh options", "\n\nPick A."),
+    R("r2f", "minimax_m2", "minimax", "R\n</think>\n\nA", "R", "\n\nA"),
+    R("r1", "minimax_m2", "minimax", "<think>\nR\n</think>\n\nA", "\nR", "\n\nA"),
+    R("r2ws", "minimax_m2", "minimax", "one\n\ntwo \n</think>\n\n", "one\n\ntwo", "\n\n"),
     R("r3", "minimax_m2", "minimax", "weigh options", "weigh options"),
+    R("r3ws", "minimax_m2", "minimax", "weigh options\n\n", "weigh options"),
     R("r2", "minimax_m2_append_think", "minimax", "weigh\n</think>\nA.", "", "<think>weigh\n</think>\nA."),
     R("r1", "minimax_m2_append_think", "minimax", "<think>weigh</think>A.", "", "<think>weigh</think>A."),
     R("r4", "minimax_m2_append_think", "minimax", "<thi", "", "<think><thi"),
@@ -192,6 +202,12 @@ VECTORS: list[V] = [
       '<minimax:tool_call><invoke name="get_weather">'),
     T("7", "minimax_m2", "minimax", 'weigh</think>\n<minimax:tool_call><invoke name="get_weather"><parameter name="city">'
       'Paris</parameter></invoke></minimax:tool_call>', calls=[W], rp="minimax_m2", reasoning="weigh"),
+    T("7ws", "minimax_m2", "minimax", 'weigh\n</think>\n\n<minimax:tool_call><invoke name="get_weather"><parameter '
+      'name="city">Paris</parameter></invoke></minimax:tool_call>', "", calls=[W], rp="minimax_m2",
+      reasoning="weigh"),
+    T("7nemotron", "qwen3_coder", "plain", "<think>\nneed weather\n</think>\n<tool_call>\n<function=get_weather>\n"
+      "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>", calls=[W], rp="nemotron_v3",
+      reasoning="\nneed weather"),
     # seed_oss
     T("1", "seed_oss", "seed", "<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
       "<parameter=days>\n4\n</parameter>\n</function>\n</seed:tool_call>",

@@ -101,3 +101,40 @@ def test_split_and_roundtrip(case):
                 got, streamed = _run(rt, ctx, req, prompt_ids, skip, ids, chunks, roundtrip)
                 assert streamed == text, f"detokenizer: split {how} text differs from the whole-output text"
                 assert got == expected, f"split {how} roundtrip={roundtrip}: {got!r} != {expected!r}"
+
+
+# ----------------------------------------- reasoning framing whitespace (nemotron_v3, minimax_m2) ---
+def _framing_vectors():
+    from tests import test_parser_families as fam
+    return [v for v in fam.VECTORS if v.reasoning_parser in ("nemotron_v3", "minimax_m2")]
+
+
+FRAMING = _framing_vectors()
+
+
+@pytest.mark.parametrize("v", FRAMING, ids=[v.id for v in FRAMING])
+def test_reasoning_framing_token_aligned_splits(v):
+    """The family vectors whose reasoning loses its trailing whitespace (template framing, as
+    vLLM), encoded with the family's test tokenizer and fed as token-aligned deltas from the
+    core's detokenizer in 1-token, 3-token and random chunks with the state round-tripped: the
+    same reasoning / content / calls as the whole output, and the vector's answer."""
+    from schemas import ChatCompletionRequest
+    from tests import test_parser_families as fam
+    from worker.config import ServedModelConfig
+
+    tok = fam.tokenizer(v.family)
+    rt = D.ModelRuntime(ServedModelConfig(name="m", tokenizer="<test>", reasoning_parser=v.reasoning_parser,
+                                          tool_parser=v.tool_parser, enable_auto_tool_choice=bool(v.tool_parser)),
+                        tokenizer=tok)
+    req = msgspec.convert({"skip_special_tokens": False, "chat_template_kwargs": v.kwargs,
+                           "tools": v.tools if v.tool_parser else None}, ChatCompletionRequest)
+    ctx = D.request_context(req, None)
+    ids = tok.encode(v.text)
+    ref, text = _run(rt, ctx, req, None, False, ids, [ids], False)
+    assert text == v.text
+    assert ref[:2] == (v.reasoning, v.content)
+    assert [(n, json.loads(a)) for n, a in ref[2]] == v.calls
+    rng = random.Random(v.id)
+    for how in ("1", "3", "rand", "rand"):
+        got, _ = _run(rt, ctx, req, None, False, ids, _chunks(ids, how, rng), True)
+        assert got == ref, how

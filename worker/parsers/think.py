@@ -16,7 +16,12 @@ Rules (from the models' chat templates and vLLM's reasoning parsers):
   the output opened with a start marker: there the model may quote tool-call syntax while
   reasoning and only the end marker closes the block (Qwen3, bug-029);
 * ``reasoning_tokens`` counts token ids seen in reasoning mode, markers excluded, following the
-  id stream (so it is split-independent and counts tokens whose text is empty).
+  id stream (so it is split-independent and counts tokens whose text is empty);
+* ``strip_trailing_ws`` (families whose template writes whitespace before the end marker as
+  framing, vLLM's ``strip_trailing_reasoning_whitespace``): the reasoning loses its trailing
+  whitespace (``str.rstrip``) in both modes. While streaming, reasoning whitespace is held back
+  (``ThinkState.ws``) until more reasoning text follows it, and dropped when reasoning ends or
+  the output does.
 """
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ class ThinkState(msgspec.Struct, kw_only=True, array_like=True):
     #: the output opened the block with a start marker (text / id level): implicit ends off
     explicit: bool = False
     tok_explicit: bool = False
+    #: trailing reasoning whitespace held back (``ThinkSpec.strip_trailing_ws``)
+    ws: str = ""
 
 
 class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,7 +55,8 @@ class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
     ``implicit_end``: markers that end reasoning without an end marker and stay in the content
     (e.g. Qwen3's ``<tool_call>`` emitted straight from the thinking block);
     ``explicit_needs_end``: ``implicit_end`` markers do not end a block the output opened with
-    a start marker."""
+    a start marker; ``strip_trailing_ws``: trailing whitespace of the reasoning is framing and
+    is dropped (module docstring)."""
 
     start: tuple[str, ...] = ("<think>",)
     end: tuple[str, ...] = ("</think>",)
@@ -57,6 +65,7 @@ class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
     turn_token: str | None = None
     implicit_end: tuple[str, ...] = ()
     explicit_needs_end: bool = False
+    strip_trailing_ws: bool = False
 
 
 class ThinkReasoningParser(ReasoningParser):
@@ -106,6 +115,17 @@ class ThinkReasoningParser(ReasoningParser):
         return ThinkState(mode="start", tok_reasoning=self.spec.default_reasoning)
 
     # -- steps -------------------------------------------------------------------------------
+    def _reason(self, st: ThinkState, out: Delta, text: str) -> None:
+        """Append reasoning ``text`` to ``out`` (trailing whitespace held back when the spec
+        strips it)."""
+        if not self.spec.strip_trailing_ws:
+            out.reasoning += text
+            return
+        r = st.ws + text
+        k = len(r.rstrip())
+        out.reasoning += r[:k]
+        st.ws = r[k:]
+
     def _count(self, st: ThinkState, token_ids: list[int]) -> int:
         n = 0
         r = st.tok_reasoning
@@ -149,10 +169,11 @@ class ThinkReasoningParser(ReasoningParser):
                 i, m = find_first(s, ends)
                 if i < 0:
                     keep = hold_back(s, ends)
-                    out.reasoning += s[: len(s) - keep]
+                    self._reason(state, out, s[: len(s) - keep])
                     state.buf = s[len(s) - keep:]
                     return out
-                out.reasoning += s[:i]
+                self._reason(state, out, s[:i])
+                state.ws = ""  # reasoning ended: its trailing whitespace is dropped
                 s = s[i + len(m):] if m in spec.end else s[i:]
                 state.mode = "content"
                 continue
@@ -175,13 +196,13 @@ class ThinkReasoningParser(ReasoningParser):
     def finish(self, state: ThinkState) -> Delta:
         out = Delta()
         s, state.buf = state.buf, ""
-        if not s:
-            return out
-        mode = state.mode
-        if mode == "start":
-            mode = "reasoning" if self.spec.default_reasoning else "content"
-        if mode == "reasoning":
-            out.reasoning = s
-        else:
-            out.content = s
+        if s:
+            mode = state.mode
+            if mode == "start":
+                mode = "reasoning" if self.spec.default_reasoning else "content"
+            if mode == "reasoning":
+                self._reason(state, out, s)
+            else:
+                out.content = s
+        state.ws = ""  # the output ended: trailing reasoning whitespace is dropped
         return out

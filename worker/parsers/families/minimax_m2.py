@@ -1,11 +1,15 @@
 """MiniMax-M2 family: ``--reasoning-parser minimax_m2`` / ``minimax_m2_append_think``,
 ``--tool-parser minimax_m2``.
 
-Reasoning (MiniMax-M2 chat template; vLLM ``minimax_m2``): the generation prompt already opens
-``<think>``, so the output is reasoning up to ``</think>`` and content after it (a leading
-``<think>`` is tolerated); no ``</think>`` -> all reasoning. ``minimax_m2_append_think`` instead
-keeps everything as content with ``<think>`` put back in front, for clients that want the
-interleaved thinking text verbatim: ``a</think>b`` -> content ``<think>a</think>b``.
+Reasoning (MiniMax-M2 chat template; vLLM ``minimax_m2``, on vLLM's parser engine with
+``strip_trailing_reasoning_whitespace``): the generation prompt already opens ``<think>\\n``, so
+the output is reasoning up to ``</think>`` and content after it (a leading ``<think>`` is
+tolerated); no ``</think>`` -> all reasoning. The template frames the block as
+``<think>\\n…\\n</think>\\n\\n``: the reasoning loses its trailing whitespace (``str.rstrip``, as
+vLLM), the content is untouched: ``R\\n</think>\\n\\nA`` -> reasoning ``R``, content ``\\n\\nA``.
+``minimax_m2_append_think`` instead keeps everything as content with ``<think>`` put back in
+front, for clients that want the interleaved thinking text verbatim: ``a</think>b`` -> content
+``<think>a</think>b``.
 
 Tool calls (MiniMax-M2 template; vLLM/SGLang ``minimax_m2``): XML invokes in one block:
 
@@ -33,7 +37,7 @@ from worker.parsers.xmlcall import parse_invokes
                     "prompt pre-opens <think>; reasoning until </think>")
 class MiniMaxM2ReasoningParser(ThinkReasoningParser):
     spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
-                     turn_token="]~b]")
+                     turn_token="]~b]", strip_trailing_ws=True)
 
 
 class AppendThinkState(msgspec.Struct, kw_only=True, array_like=True):

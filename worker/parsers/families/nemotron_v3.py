@@ -1,11 +1,15 @@
 """NVIDIA Nemotron 3 family: ``--reasoning-parser nemotron_v3``.
 
-Format (Nemotron-3 Nano chat template; vLLM ``nemotron_v3`` = the ``deepseek_r1`` rules plus a
-thinking-off switch): reasoning up to ``</think>`` (``<think>`` optional, the template opens it),
-output without ``</think>`` is reasoning; with ``chat_template_kwargs.enable_thinking=false`` the
-template closes an empty block in the prompt and the whole output is content.
+Format (Nemotron-3 Nano chat template; vLLM ``nemotron_v3``: the ``deepseek_r1`` rules plus a
+thinking-off switch, on vLLM's parser engine with ``strip_trailing_reasoning_whitespace``):
+reasoning up to ``</think>`` (``<think>`` optional, the template opens it), output without
+``</think>`` is reasoning; with ``chat_template_kwargs.enable_thinking=false`` the template
+closes an empty block in the prompt and the whole output is content. The template writes the
+reasoning as ``<think>\\n…\\n</think>\\n``: the newline before ``</think>`` is framing, so the
+reasoning loses its trailing whitespace (``str.rstrip``, as vLLM; the leading newline stays,
+the content is untouched).
 
-Example: ``<think>\\nUser greets.\\n</think>\\nHello!`` -> reasoning ``\\nUser greets.\\n``,
+Example: ``<think>\\nUser greets.\\n</think>\\nHello!`` -> reasoning ``\\nUser greets.``,
 content ``\\nHello!``
 """
 from worker.parsers.registry import register_reasoning
@@ -15,8 +19,9 @@ from worker.parsers.think import ThinkReasoningParser, ThinkSpec
 @register_reasoning("nemotron_v3", "NVIDIA Nemotron 3 (Nano) reasoning models",
                     "<think>…</think> (R1 rules); enable_thinking=false -> all content")
 class NemotronV3ReasoningParser(ThinkReasoningParser):
-    """R1 rules; ``enable_thinking=false`` starts in content (base ``initial_state``)."""
+    """R1 rules; ``enable_thinking=false`` starts in content (base ``initial_state``); trailing
+    reasoning whitespace dropped."""
 
     needs_special_tokens = True
     spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
-                     turn_token="<|im_start|>")
+                     turn_token="<|im_start|>", strip_trailing_ws=True)
