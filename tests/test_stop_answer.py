@@ -18,6 +18,7 @@ in the reasoning and, in some runs, in the answer too. Checked through the core'
 from __future__ import annotations
 
 import functools
+import json
 import random
 
 import msgspec
@@ -81,7 +82,7 @@ def _nonstream(rt: D.ModelRuntime, body: dict) -> dict:
     return msgspec.to_builtins(D.derender_chat(rt, b))
 
 
-def _stream(rt: D.ModelRuntime, body: dict, sizes: list[int]) -> tuple[dict, list[dict], int]:
+def _stream(rt: D.ModelRuntime, body: dict, sizes: list[int], stop_reason=None) -> tuple[dict, list[dict], int]:
     """(joined answer, chunks, longest held-back tail) of ``body`` streamed in ``sizes`` chunks."""
     ch = body["generate_response"]["choices"][0]
     ids, lps = ch["token_ids"], ch["logprobs"]["content"]
@@ -91,7 +92,7 @@ def _stream(rt: D.ModelRuntime, body: dict, sizes: list[int]) -> tuple[dict, lis
         k += 1
         last = pos + n >= len(ids)
         part = {"index": 0, "token_ids": ids[pos:pos + n], "logprobs": {"content": lps[pos:pos + n]},
-                "finish_reason": "stop" if last else None, "stop_reason": None}
+                "finish_reason": "stop" if last else None, "stop_reason": stop_reason if last else None}
         sb = {"model": "m", "generate_chunk": {"request_id": "r", "choices": [part]}}
         if pos == 0:
             sb.update(prompt_token_ids=body["prompt_token_ids"], prompt_tokens=body["prompt_tokens"],
@@ -227,3 +228,52 @@ def test_min_tokens_still_counts_reasoning_tokens():
     ns = _view(_nonstream(rt, body))
     assert ns["content"] == "\n\n" + ANSWER_STOP and ns["stop_reason"] is None
     _check_stream_equals(rt, body, ns, "min_tokens")
+
+
+# ------------------------------------------------- gpt-oss on its real ids (Harmony id mode) ---
+@functools.cache
+def _gptoss_runtime() -> D.ModelRuntime:
+    cfg = ServedModelConfig(name="m", tokenizer="o200k_harmony", reasoning_parser="openai_gptoss",
+                            tool_parser="openai", enable_auto_tool_choice=True)
+    return D.ModelRuntime(cfg)
+
+
+GPTOSS_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+                                                                                      "properties": {}}}}]
+
+
+@pytest.mark.parametrize("answer,want_content,want_stop", [
+    ("The product is 12.\nQuestion: what about 5?", "The product is 12.\n", STOP),
+    ("The product is 12.", "The product is 12.", None),
+], ids=["answer-stop", "reasoning-only"])
+def test_gptoss_ids_stop_string_skips_analysis(answer, want_content, want_stop):
+    """gpt-oss parsed from its o200k_harmony ids: the analysis channel is reasoning and keeps its
+    stop word; the final channel is the answer the stop string cuts; a call after the analysis
+    survives a stop word that only the analysis holds."""
+    rt = _gptoss_runtime()
+    assert rt.stack.wants_stop_token, "o200k_harmony must select the id path"
+    text = ("<|channel|>analysis<|message|>" + REASONING + "<|end|><|start|>assistant<|channel|>final<|message|>"
+            + answer + "<|return|>")
+    body = _body(rt, text, [STOP], None, False, None)
+    body["generate_response"]["choices"][0]["stop_reason"] = 200002  # <|return|> ended generation
+    ns = _view(_nonstream(rt, body))
+    assert ns["reasoning"] == REASONING and ns["content"] == want_content
+    assert (ns["finish_reason"], ns["stop_reason"]) == ("stop", want_stop if want_stop else 200002)
+    _check_stream_equals_gptoss(rt, body, ns)
+    # a call after the analysis: kept when only the reasoning holds the stop word
+    call = ("<|channel|>analysis<|message|>" + REASONING + "<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>')
+    body = _body(rt, call, [STOP], GPTOSS_TOOLS, False, None)
+    body["generate_response"]["choices"][0]["stop_reason"] = 200012  # <|call|>
+    ns = _view(_nonstream(rt, body))
+    assert ns["reasoning"] == REASONING
+    assert [(n, json.loads(a)) for n, a in ns["calls"].values()] == [("get_weather", {"city": "Paris"})]
+    assert ns["finish_reason"] == "tool_calls"
+    _check_stream_equals_gptoss(rt, body, ns)
+
+
+def _check_stream_equals_gptoss(rt, body, ns) -> None:
+    stop_reason = body["generate_response"]["choices"][0]["stop_reason"]
+    for sizes in ([1], [3], [2, 5, 1]):
+        got, _, _ = _stream(rt, body, sizes, stop_reason=stop_reason)
+        assert got == ns, sizes
