@@ -115,7 +115,9 @@ from worker.parsers.stack import tool_call_id
 __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "derender_completion_chunk",
            "encode_state", "decode_state", "STATE_VERSION"]
 
-STATE_VERSION = 1
+#: 2: parser states gained fields (tagged ``after_end``, think ``ws``, Harmony id scanning); a state
+#: stored by an older build is refused (a 400 for that stream), never misread.
+STATE_VERSION = 2
 
 
 class StreamOpts(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
