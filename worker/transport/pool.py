@@ -151,16 +151,36 @@ class DerenderPool:
             return 1
         return max(1, min(16, -(-total // self.num_workers)))
 
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """``run_in_executor(self.executor, fn, *args)`` that never raises. A pool found broken
+        at submission (a process died while idle: OOM killer, ``kill -9``) is restarted and the
+        call submitted again: no record was running, so none is at fault. Any other failure to
+        submit (or a second broken pool) is returned as the future's exception, for the caller's
+        per-record handling (``outcome``: rerun alone, quarantine)."""
+        loop = asyncio.get_running_loop()
+        try:
+            try:
+                return loop.run_in_executor(self.executor, fn, *args)
+            except BrokenProcessPool:
+                log.error("derender process pool found broken (a process died while idle); restarting it")
+                self._restart_if_broken()
+                return loop.run_in_executor(self.executor, fn, *args)
+        except Exception as e:  # the executor is shut down or broken again: the records' outcome says so
+            fut = loop.create_future()
+            fut.set_exception(e)
+            return fut
+
     def submit_batch(self, items: list[tuple[bytes | None, str | None, int | None]]) -> asyncio.Future:
-        """Run ``[(value, kind, created), ...]`` as one executor call -> future of ``list[JobOutcome]``."""
-        return asyncio.get_running_loop().run_in_executor(self.executor, self._jobs_fn, items)
+        """Run ``[(value, kind, created), ...]`` as one executor call -> future of ``list[JobOutcome]``
+        (never raises: a failure to submit is the future's exception, see ``_submit``)."""
+        return self._submit(self._jobs_fn, items)
 
     async def stream(self, value, state, seq, kind, created: int | None = None) -> StreamOutcome:
         """Derender one stream chunk in the pool (state travels both ways) -> ``StreamOutcome``;
-        a dead pool process or a failed call becomes a 500 outcome."""
+        a pool process dying during the call or a failed call becomes a 500 outcome (a pool found
+        broken before the call is restarted first: ``_submit``)."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, self._stream_fn, value, state,
-                                                                    seq, kind, created)
+            return await self._submit(self._stream_fn, value, state, seq, kind, created)
         except BrokenProcessPool:
             log.error("derender process died on a stream chunk (seq %s); ending that stream with a 500", seq)
             self._restart_if_broken()
@@ -189,10 +209,10 @@ class DerenderPool:
             log.error("derender call with %s failed (%s: %s); rerunning that record alone", where,
                       type(e).__name__, e)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, self._job_fn, value, kind)
+            return await self._submit(self._job_fn, value, kind, created)
         except BrokenProcessPool:
             self._restart_if_broken()
-            return await self.quarantine(value, kind, where)
+            return await self.quarantine(value, kind, where, created)
         except Exception as e:
             log.exception("derender job failed on %s", where)
             return JobOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500,
@@ -207,6 +227,11 @@ class DerenderPool:
         if self._qlock is None:
             self._qlock = asyncio.Lock()
         async with self._qlock:
+            if self._qpool is not None and getattr(self._qpool, "_broken", False):
+                # its process died while idle (OOM killer, kill -9): not this record's doing
+                log.error("quarantine derender process found dead; starting a new one")
+                self._qpool.shutdown(wait=False, cancel_futures=True)
+                self._qpool = None
             if self._qpool is None:
                 self._qpool = cf.ProcessPoolExecutor(max_workers=1, mp_context=_mp_context(),
                                                      initializer=proc_init, initargs=(self.models,))
