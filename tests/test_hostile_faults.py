@@ -81,3 +81,76 @@ async def test_pool_process_dead_while_idle_is_replaced_and_no_record_pays(kafka
     assert b"derender-stream-end" not in dict(replies[b"s-0"].headers)  # the stream was not ended by the fault
     committed, end = await _committed_and_end(bs, n.group, n.inp, 1)
     assert committed == end == {0: len(records)}
+
+
+class _RawKey(str):
+    """A header key whose wire bytes are not UTF-8 (what librdkafka or a raw-protocol producer can send)."""
+
+    def encode(self, *args, **kwargs) -> bytes:
+        return b"\xff\xfe-not-utf8"
+
+
+async def _produce_unreadable(bs: str, topic: str, partition: int, monkeypatch) -> None:
+    """One record whose header key aiokafka's consumer cannot decode (produced with aiokafka's
+    pure-Python batch builder, which encodes header keys through ``str.encode``)."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.producer import message_accumulator
+    from aiokafka.producer import producer as producer_module
+    from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
+    with monkeypatch.context() as m:
+        m.setattr(message_accumulator, "DefaultRecordBatchBuilder", _DefaultRecordBatchBuilderPy)
+        m.setattr(producer_module, "DefaultRecordBatchBuilder", _DefaultRecordBatchBuilderPy)
+        p = AIOKafkaProducer(bootstrap_servers=bs, enable_idempotence=False)
+        await p.start()
+        try:
+            await p.send_and_wait(topic, b'{"a": 1}', key=b"bad", headers=[(_RawKey("x"), b"v")], partition=partition)
+        finally:
+            await p.stop()
+
+
+def _produce_null_record(bs: str, topic: str, partition: int) -> None:
+    """One record with neither key nor value (aiokafka's producer asserts against it; other
+    clients send it: ``python -O`` drops the assert)."""
+    import subprocess
+    import sys
+    code = ("import asyncio, sys\nfrom aiokafka import AIOKafkaProducer\nasync def m():\n"
+            "    p = AIOKafkaProducer(bootstrap_servers=sys.argv[1]); await p.start()\n"
+            "    try: await p.send_and_wait(sys.argv[2], None, key=None, partition=int(sys.argv[3]))\n"
+            "    finally: await p.stop()\nasyncio.run(m())\n")
+    subprocess.run([sys.executable, "-O", "-c", code, bs, topic, str(partition)], check=True, timeout=60)
+
+
+async def test_unreadable_and_null_records_are_dead_lettered_and_nothing_around_them_is_lost(
+        kafka_bootstrap, kafka_broker_kind, qwen3_models, monkeypatch):
+    """A record whose header key is not UTF-8 (aiokafka's record parser raises in ``getmany``:
+    before, the worker exited, on every restart) and a record with neither key nor value (its
+    dead letter was refused by the producer: the worker exited, on every restart). Each is
+    dead-lettered with its reason; every valid record of both partitions, including those the
+    failed fetch had already drained, is answered once; offsets committed to the end."""
+    bs, n = kafka_bootstrap, _names()
+    tok = _tokenizer(qwen3_models)
+    model = qwen3_models[0].name
+    await ensure_topics(bs, {n.inp: 2, n.reply: 1, n.dlq: 1})
+
+    def valid(k: str):
+        return (k.encode(), chat_body(tok, model, k, f"Answer {k}"), [])
+
+    await _produce(bs, n.inp, [(*valid(f"p1-{i}"), 1) for i in range(3)] + [(*valid("p0-0"), 0)])
+    await _produce_unreadable(bs, n.inp, 0, monkeypatch)
+    await _produce(bs, n.inp, [(*valid("p0-1"), 0)])
+    await asyncio.to_thread(_produce_null_record, bs, n.inp, 0)
+    await _produce(bs, n.inp, [(*valid("p0-2"), 0)] + [(*valid(f"p1-{i}"), 1) for i in range(3, 6)])
+    settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
+                         group_id=n.group, drain_timeout_s=5.0)
+    async with KafkaDerenderWorker(settings, qwen3_models) as worker:
+        got = await _collect(bs, [n.reply, n.dlq], 9 + 2, timeout=60, settle=0.5)
+        assert worker._fatal is None and not worker._stopping.is_set()
+    keys = sorted(r.key for r in got[n.reply])
+    assert keys == sorted([f"p0-{i}".encode() for i in range(3)] + [f"p1-{i}".encode() for i in range(6)])
+    assert all(_h(r)[HDR_STATUS] == b"200" for r in got[n.reply])
+    dl = {int(_h(r)["x-original-offset"]): _h(r)["x-dlq-reason"] for r in got[n.dlq]}
+    assert len(got[n.dlq]) == 2 and set(dl) == {1, 3}, dl
+    assert dl[1].startswith(b"unreadable-record: UnicodeDecodeError"), dl
+    assert dl[3] == b"unparseable-no-reply-topic"
+    committed, end = await _committed_and_end(bs, n.group, n.inp, 2)
+    assert committed == end == {0: 5, 1: 6}

@@ -52,6 +52,7 @@ from worker.transport.records import (
 )
 from worker.transport.settings import WorkerSettings, redact_url
 from worker.transport.streams import OffsetCommitError, StreamRouter
+from worker.transport.unreadable import UNREADABLE_ERRORS, UnreadableRecord, isolate_unreadable
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +322,12 @@ class KafkaDerenderWorker:
                 fetch.cancel()
                 await asyncio.gather(fetch, return_exceptions=True)
                 break
-            batches = fetch.result()
+            try:
+                batches = fetch.result()
+            except UNREADABLE_ERRORS:  # a record the client cannot read: find it, skip it, dead-letter it
+                batches = await isolate_unreadable(
+                    consumer, {tp: st.hi for tp, st in self._parts.items() if st.hi is not None},
+                    self.settings.max_in_flight, self.settings.auto_offset_reset)
             total = sum(len(m) for m in batches.values())
             chunk_size = self.pool.chunk_size(total)
             chunk: list[tuple[Any, asyncio.Future]] = []
@@ -351,6 +357,10 @@ class KafkaDerenderWorker:
                         streamed.append((st, msg))
                         continue
                     placeholder = asyncio.get_running_loop().create_future()
+                    if isinstance(msg, UnreadableRecord):  # nothing to derender: dead-lettered by _plan
+                        placeholder.set_result(JobOutcome(b"", 500, None, None, False))
+                        st.jobs.put_nowait(_Job(msg, placeholder))
+                        continue
                     chunk.append((msg, placeholder))
                     st.jobs.put_nowait(_Job(msg, placeholder))
                     if len(chunk) >= chunk_size:
@@ -458,6 +468,8 @@ class KafkaDerenderWorker:
     def _plan(self, msg, out: JobOutcome) -> tuple[str, bytes | None, bytes | None, list, str | None]:
         """Decide where a finished message goes: ``(topic, key, value, headers, dlq_reason)``;
         ``dlq_reason`` is None for a reply (see the dead-letter rules in ``worker.transport.records``)."""
+        if isinstance(msg, UnreadableRecord):
+            return self._dlq(msg, msg.reason)
         reply_hdr = self._header(msg, HDR_REPLY_TOPIC)
         corr = self._header(msg, HDR_CORRELATION_ID)
         if out.crash == "derender-crashed":

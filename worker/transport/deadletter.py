@@ -57,7 +57,8 @@ def dead_letter(msg, reason: str, topic: str, max_bytes: int = DEFAULT_MAX_BYTES
     ``REASON_MAX_BYTES`` of UTF-8), the origin ``x-original-topic``/``-partition``/``-offset``
     (ASCII decimal), ``x-original-value-sha256`` and ``x-original-value-size``; everything cut to
     fit ``max_bytes`` (>= ``MIN_MAX_BYTES``) as the module docstring says, ``x-dlq-truncated``
-    naming the parts that were cut."""
+    naming the parts that were cut. A record with neither key nor value gets an empty value (the
+    producer refuses one with neither); ``x-original-value-size`` then says 0."""
     value = msg.value
     key = msg.key
     full = value or b""
@@ -89,6 +90,8 @@ def dead_letter(msg, reason: str, topic: str, max_bytes: int = DEFAULT_MAX_BYTES
     if value is not None and len(value) > budget:
         value = value[:max(0, budget)]
         cut.append("value")
+    if key is None and value is None:
+        value = b""  # the producer refuses a record with neither (a null-key tombstone, an unreadable record)
     headers = kept + ours
     if cut:
         headers.append((HDR_TRUNCATED, ",".join(cut).encode()))

@@ -59,7 +59,10 @@ A message is dead-lettered, instead of answered, exactly when no useful reply ca
    was rerun alone in a one-process quarantine pool (poison pill);
 6. ``reply-publish-failed: <error>``: the reply could not be published for a reason of its own
    (refused as too large, reply topic unknown after ``--reply-topic-wait-ms``);
-7. ``internal-error: <error>``: planning the reply raised.
+7. ``internal-error: <error>``: planning the reply raised;
+8. ``unreadable-record: <error>``: the Kafka client cannot read the record (a header key that is
+   not UTF-8, a malformed record); its dead letter has only the origin headers
+   (``worker.transport.unreadable``).
 
 A dead-letter record carries the original key and value and headers, cut to fit
 ``--dead-letter-max-bytes``, plus ``x-dlq-reason``, ``x-original-topic``/``-partition``/``-offset``,
