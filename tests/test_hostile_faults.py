@@ -154,3 +154,43 @@ async def test_unreadable_and_null_records_are_dead_lettered_and_nothing_around_
     assert dl[3] == b"unparseable-no-reply-topic"
     committed, end = await _committed_and_end(bs, n.group, n.inp, 2)
     assert committed == end == {0: 5, 1: 6}
+
+
+def test_stream_id_is_injective():
+    from worker.transport.records import stream_id
+    keys = [b"req-1", b"s-\xff", b"s-\xfe", "s-\ufffd".encode(), b"hex:732dff", b"hex:", b"",
+            b"\x00", "h\u00e9".encode()]
+    ids = [stream_id(k) for k in keys]
+    assert len(set(ids)) == len(keys), ids
+    assert stream_id(b"req-1") == "req-1" and stream_id(b"s-\xff") == "hex:732dff"
+    assert stream_id(b"hex:732dff") == "hex:6865783a373332646666"
+
+
+async def test_binary_keys_never_share_a_stream(kafka_bootstrap, kafka_broker_kind, qwen3_models):
+    """Two streams whose keys differ only in bytes that are not UTF-8 (raw binary request ids):
+    before, both were named by the key decoded with replacement characters, so the second
+    stream's chunks were taken as duplicates of the first's and answered with the first
+    stream's replies (another request's content). Each now gets its own answers."""
+    bs, n = kafka_bootstrap, _names()
+    tok = _tokenizer(qwen3_models)
+    await ensure_topics(bs, {n.inp: 1, n.reply: 1, n.dlq: 1})
+    _, a = make_stream(tok, "stream-a", 0)
+    _, b = make_stream(tok, "stream-b", 1)
+    ka, kb = b"bin-\xff\x01", b"bin-\xfe\x01"
+    records = []
+    for i in range(3):
+        records += [(ka, a[i], [(HDR_SEQ, str(i).encode())]), (kb, b[i], [(HDR_SEQ, str(i).encode())])]
+    await _produce(bs, n.inp, records)
+    settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
+                         group_id=n.group, drain_timeout_s=5.0)
+    async with KafkaDerenderWorker(settings, qwen3_models):
+        got = await _collect(bs, [n.reply, n.dlq], len(records), timeout=60, settle=0.3)
+    assert got[n.dlq] == []
+    by_key: dict = {}
+    for r in got[n.reply]:
+        by_key.setdefault(r.key, []).append(r)
+    assert sorted(by_key) == sorted([ka, kb])
+    for key, rid in ((ka, b'"stream-a"'), (kb, b'"stream-b"')):
+        recs = by_key[key]
+        assert [_h(r)[HDR_SEQ] for r in recs] == [b"0", b"1", b"2"]
+        assert all(_h(r)[HDR_STATUS] == b"200" and rid in r.value for r in recs), [r.value[:200] for r in recs]

@@ -89,7 +89,7 @@ import re
 __all__ = ["HDR_REPLY_TOPIC", "HDR_CORRELATION_ID", "HDR_KIND", "HDR_STATUS", "HDR_CONTENT_TYPE",
            "HDR_DLQ_REASON", "HDR_SEQ", "HDR_STREAM_END", "JSON_CT", "KINDS", "STREAM_KINDS", "TOPIC_RE",
            "header", "kind_header", "reply_topic_problem", "INTERNAL_TOPIC_PREFIX", "parse_seq", "bad_kind_message", "SEQ_MAX",
-           "KIND_MAX_BYTES", "STREAM_KEY_MAX_BYTES", "record_created"]
+           "KIND_MAX_BYTES", "STREAM_KEY_MAX_BYTES", "record_created", "BINARY_KEY_PREFIX", "stream_id"]
 
 HDR_REPLY_TOPIC = "reply-topic"
 HDR_CORRELATION_ID = "correlation-id"
@@ -139,6 +139,23 @@ KIND_MAX_BYTES = 64
 #: longest key (request id) of a stream chunk record: it names the stream in memory and in the
 #: state store (a Redis key); longer keys are answered with a 400
 STREAM_KEY_MAX_BYTES = 1024
+
+
+#: prefix of the stream id of a key that is not UTF-8 (or that starts with this prefix itself)
+BINARY_KEY_PREFIX = "hex:"
+
+
+def stream_id(key: bytes) -> str:
+    """The id naming the stream of a chunk record with key ``key`` (in memory, in the state store,
+    in its error messages): the key decoded as UTF-8, or, when it is not UTF-8 or starts with
+    ``BINARY_KEY_PREFIX``, that prefix and the key in lowercase hex. Distinct keys always get
+    distinct ids (decoding with replacement characters would let two binary keys, e.g. raw UUID
+    bytes, share one stream and receive each other's replies)."""
+    try:
+        s = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return BINARY_KEY_PREFIX + key.hex()
+    return BINARY_KEY_PREFIX + key.hex() if s.startswith(BINARY_KEY_PREFIX) else s
 
 
 def kind_header(msg) -> str | None:

@@ -70,6 +70,7 @@ from worker.transport.records import (
     STREAM_KEY_MAX_BYTES,
     parse_seq,
     record_created,
+    stream_id,
 )
 
 log = logging.getLogger(__name__)
@@ -273,7 +274,7 @@ class StreamRouter:
         for m in msgs:
             if _bad_chunk(m, 0) is not None:
                 continue
-            rid = m.key.decode("utf-8", "replace")
+            rid = stream_id(m.key)
             if rid not in st.streams and rid not in rids:
                 rids.append(rid)
         if not rids:
@@ -330,7 +331,7 @@ class StreamRouter:
             answers.add(task)
             task.add_done_callback(answers.discard)
             return
-        rid = msg.key.decode("utf-8", "replace")
+        rid = stream_id(msg.key)
         s = st.streams[rid]
         s.queue.append(msg)
         self._kick(st, s)
