@@ -25,7 +25,7 @@ from tests.test_kafka_worker import (
 )
 from worker.core.service import DerenderService
 from worker.transport.consumer import KafkaDerenderWorker
-from worker.transport.records import HDR_SEQ, HDR_STATUS
+from worker.transport.records import HDR_REPLY_TOPIC, HDR_SEQ, HDR_STATUS
 from worker.transport.run import ensure_topics
 
 pytestmark = pytest.mark.kafka
@@ -194,3 +194,45 @@ async def test_binary_keys_never_share_a_stream(kafka_bootstrap, kafka_broker_ki
         recs = by_key[key]
         assert [_h(r)[HDR_SEQ] for r in recs] == [b"0", b"1", b"2"]
         assert all(_h(r)[HDR_STATUS] == b"200" and rid in r.value for r in recs), [r.value[:200] for r in recs]
+
+
+async def test_many_distinct_missing_reply_topics_share_one_bounded_wait(kafka_bootstrap, kafka_broker_kind,
+                                                                         qwen3_models):
+    """Records each naming a different legal reply topic the broker never lists (Kafka with topic
+    auto-creation off; the embedded broker auto-creates, so the producer's metadata wait for
+    those names is made to hang): before, each one held up its partition for
+    ``reply_topic_wait_ms``; now the waits of a window share that budget, the rest are
+    dead-lettered at once, and the valid records between them are answered."""
+    bs, n = kafka_bootstrap, _names()
+    tok = _tokenizer(qwen3_models)
+    model = qwen3_models[0].name
+    await ensure_topics(bs, {n.inp: 1, n.reply: 1, n.dlq: 1})
+    records = []
+    for i in range(8):
+        records.append((f"u-{i}".encode(), chat_body(tok, model, f"u-{i}", "x"),
+                        [(HDR_REPLY_TOPIC, f"missing-{i}-{n.group}".encode())]))
+        records.append((f"v-{i}".encode(), chat_body(tok, model, f"v-{i}", f"valid {i}"), []))
+    await _produce(bs, n.inp, records)
+    settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
+                         group_id=n.group, reply_topic_wait_ms=1000, drain_timeout_s=5.0)
+    worker = KafkaDerenderWorker(settings, qwen3_models)
+    await worker.start()
+    real, waits = worker._producer.partitions_for, []
+
+    async def partitions_for(topic):
+        if topic.startswith("missing-"):
+            waits.append(topic)
+            await asyncio.sleep(3600)
+        return await real(topic)
+
+    worker._producer.partitions_for = partitions_for
+    task = asyncio.create_task(worker.run())
+    try:
+        got = await _collect(bs, [n.reply, n.dlq], len(records), timeout=60, settle=0.3)
+    finally:
+        worker.stop()
+        await task
+    assert sorted(r.key for r in got[n.reply]) == [f"v-{i}".encode() for i in range(8)]
+    assert sorted(r.key for r in got[n.dlq]) == [f"u-{i}".encode() for i in range(8)]
+    assert all(_h(r)["x-dlq-reason"].startswith(b"reply-publish-failed: unknown topic") for r in got[n.dlq])
+    assert len(waits) == 1, waits  # one name used the window's budget; the others failed at once

@@ -135,6 +135,7 @@ class KafkaDerenderWorker:
         self._assigned = asyncio.Event()
         self._router: StreamRouter | None = None  # created by start()
         self._unknown_topics: dict[str, float] = {}  # reply topic -> monotonic time until it counts as unknown
+        self._topic_wait_window = (0.0, 0.0)  # (monotonic end of the window, seconds spent waiting in it)
         self._stop_requested = False
         self._hurry: asyncio.Event | None = None  # a second stop(): give up the drain
         self._tracer = Tracer()  # OpenTelemetry spans when the [otel] extra is installed, else no-ops
@@ -514,15 +515,26 @@ class KafkaDerenderWorker:
         """Whether the producer has (or gets within ``reply_topic_wait_ms``) metadata for
         ``topic``. A topic that did not appear is remembered as unknown for
         ``UNKNOWN_TOPIC_MEMORY_S`` seconds, so records addressed to it fail at once instead of each
-        blocking its partition for the producer's full metadata wait (``request_timeout_ms``)."""
+        blocking its partition for the producer's full metadata wait (``request_timeout_ms``).
+        All waits together are bounded too: at most ``reply_topic_wait_ms`` per
+        ``UNKNOWN_TOPIC_MEMORY_S`` window, after which names not known yet fail at once until the
+        window ends (records naming a new missing topic each could otherwise hold up their
+        partition for ``reply_topic_wait_ms`` apiece)."""
         if topic == self.settings.reply_topic or self._producer.client.cluster.partitions_for_topic(topic):  # cached
             return True
         now = time.monotonic()
         until = self._unknown_topics.get(topic)
         if until is not None and until > now:
             return False
+        end, spent = self._topic_wait_window
+        if now >= end:
+            end, spent = now + UNKNOWN_TOPIC_MEMORY_S, 0.0
+            self._topic_wait_window = (end, spent)
+        budget = self.settings.reply_topic_wait_ms / 1000 - spent
         try:
-            await asyncio.wait_for(self._producer.partitions_for(topic), self.settings.reply_topic_wait_ms / 1000)
+            if budget <= 0:
+                raise asyncio.TimeoutError  # the window's waiting is spent: unknown at once
+            await asyncio.wait_for(self._producer.partitions_for(topic), budget)
             self._unknown_topics.pop(topic, None)
             return True
         except (asyncio.TimeoutError, KafkaError):
@@ -536,6 +548,10 @@ class KafkaDerenderWorker:
             if isinstance(known, set) and topic in known:
                 client.set_topics(known - {topic})
             return False
+        finally:  # (concurrent waits of other partitions add up in the same window)
+            cur_end, cur_spent = self._topic_wait_window
+            if cur_end == end:
+                self._topic_wait_window = (end, cur_spent + time.monotonic() - now)
 
     async def _publish(self, st: _Partition, msg, plan) -> tuple[tuple, asyncio.Future]:
         """Send ``plan`` (a reply or a dead letter) -> ``(plan actually sent, delivery future)``.
