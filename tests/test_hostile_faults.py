@@ -236,3 +236,30 @@ async def test_many_distinct_missing_reply_topics_share_one_bounded_wait(kafka_b
     assert sorted(r.key for r in got[n.dlq]) == [f"u-{i}".encode() for i in range(8)]
     assert all(_h(r)["x-dlq-reason"].startswith(b"reply-publish-failed: unknown topic") for r in got[n.dlq])
     assert len(waits) == 1, waits  # one name used the window's budget; the others failed at once
+
+
+async def test_stream_chunk_in_a_broken_pool_is_rerun_alone_not_ended(qwen3_models):
+    """A pool process dies (here: SIGKILL while it runs another job) with a stream chunk queued
+    in the pool: the chunk is rerun in the quarantine process and answered (before: its stream
+    was ended with a 500, though the chunk had done nothing)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from worker.transport.jobs import proc_ping
+    from worker.transport.pool import DerenderPool
+
+    tok = _tokenizer(qwen3_models)
+    _, chunks = make_stream(tok, "s-q", 0)
+    pool = DerenderPool(qwen3_models, None, None, 1, "process")
+    pool.make()
+    await pool.warm_up()
+    try:
+        blocker = asyncio.get_running_loop().run_in_executor(pool.executor, proc_ping, 30.0)
+        chunk = asyncio.ensure_future(pool.stream(chunks[0], None, 0, None))
+        await asyncio.sleep(0.5)
+        await _kill_pool_processes(pool.executor)
+        out = await asyncio.wait_for(chunk, 120)
+        assert out.status == 200 and out.crash is None and out.state is not None, out
+        with pytest.raises(BrokenProcessPool):
+            await blocker
+    finally:
+        pool.shutdown()

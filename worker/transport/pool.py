@@ -182,8 +182,15 @@ class DerenderPool:
         try:
             return await self._submit(self._stream_fn, value, state, seq, kind, created)
         except BrokenProcessPool:
-            log.error("derender process died on a stream chunk (seq %s); ending that stream with a 500", seq)
+            # maybe another record's doing (or the OOM killer's): rerun this chunk alone; only a
+            # chunk that kills the quarantine process too ends its stream
+            log.error("derender process died while a stream chunk (seq %s) was in the pool; retrying it in "
+                      "quarantine", seq)
             self._restart_if_broken()
+            out = await self._quarantined(proc_stream_job, (value, state, seq, kind, created),
+                                          f"a stream chunk (seq {seq})")
+            if out is not None:
+                return out
             return StreamOutcome(error_body("internal error: derender process died", 500, None), 500, False,
                                  None, None, crash="derender process died")
         except Exception as e:
@@ -222,8 +229,14 @@ class DerenderPool:
                          created: int | None = None) -> JobOutcome:
         """Derender one record alone in a dedicated one-process pool (serialized by a lock). A
         crash there convicts it: returns an outcome with ``crash="derender-crashed"``."""
+        out = await self._quarantined(proc_job, (value, kind, created), where)
+        return out if out is not None else JobOutcome(b"", 500, None, None, False, crash="derender-crashed")
+
+    async def _quarantined(self, fn: Callable[..., Any], args: tuple, where: str) -> Any:
+        """``fn(*args)`` alone in the one-process quarantine pool -> its result, or None when the
+        process died on it (or there are no models to build a quarantine process from)."""
         if self.models is None:  # no models to build a quarantine service from
-            return JobOutcome(b"", 500, None, None, False, crash="derender-crashed")
+            return None
         if self._qlock is None:
             self._qlock = asyncio.Lock()
         async with self._qlock:
@@ -236,9 +249,9 @@ class DerenderPool:
                 self._qpool = cf.ProcessPoolExecutor(max_workers=1, mp_context=_mp_context(),
                                                      initializer=proc_init, initargs=(self.models,))
             try:
-                return await asyncio.get_running_loop().run_in_executor(self._qpool, proc_job, value, kind, created)
+                return await asyncio.get_running_loop().run_in_executor(self._qpool, fn, *args)
             except BrokenProcessPool:
                 log.error("derender process died again on %s: poison message", where)
                 self._qpool.shutdown(wait=False, cancel_futures=True)
                 self._qpool = None
-                return JobOutcome(b"", 500, None, None, False, crash="derender-crashed")
+                return None
