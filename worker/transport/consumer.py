@@ -630,7 +630,8 @@ class KafkaDerenderWorker:
                 if out.crash and out.crash != "derender-crashed":
                     self.stats.crashes += 1
                     log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
-                              msg.key, out.crash, extra=_fields(msg, out.request_id))
+                              msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
+                              extra=_fields(msg, out.request_id))
                 if self._prom is not None:
                     self._prom.latency.observe(out.seconds)
                 plan, delivery = await self._publish(st, msg, self._safe_plan(msg, out))

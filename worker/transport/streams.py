@@ -485,7 +485,8 @@ class StreamRouter:
         if out.crash:
             self.w.stats.crashes += 1
             log.error("stream derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
-                      msg.key, out.crash, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
+                      msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
+                      extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
         if seq == 0 or out.status == 200:
             s.known = True
         s.next_seq = seq + 1
