@@ -54,6 +54,7 @@ async def isolate_unreadable(consumer, resume_at: dict, limit: int, auto_offset_
     ``UnreadableRecord`` per partition, always last), like ``getmany``; the consumer's position is
     past everything returned. Raises what ``getmany`` raises for other reasons."""
     assignment = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
+    starts: dict = {}
     for tp in assignment:
         start = resume_at.get(tp)
         if start is None:
@@ -62,8 +63,12 @@ async def isolate_unreadable(consumer, resume_at: dict, limit: int, auto_offset_
             start = (await consumer.beginning_offsets([tp]))[tp]
         if start is not None:
             consumer.seek(tp, start)  # also drops what the fetcher buffered for it
+        starts[tp] = start
+    ends = await consumer.end_offsets(assignment) if assignment else {}
     out: dict = {}
     for tp in assignment:
+        if starts[tp] is not None and starts[tp] >= ends.get(tp, 0):
+            continue  # nothing to read there (and no read to wait for)
         got: list = []
         while len(got) < limit:
             try:
