@@ -7,6 +7,7 @@ when the next batch is submitted; the same for the one-process quarantine pool."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 
@@ -77,7 +78,8 @@ async def test_pool_process_dead_while_idle_is_replaced_and_no_record_pays(kafka
     replies = {r.key: r for r in got[n.reply]}
     assert set(replies) == {b"a-0", b"s-0", b"a-1"}
     assert all(_h(r)[HDR_STATUS] == b"200" for r in replies.values()), [r.value[:200] for r in replies.values()]
-    assert replies[b"a-0"].value == svc.derender(body).body
+    created = json.loads(replies[b"a-0"].value)["created"]  # the input record's timestamp (s)
+    assert replies[b"a-0"].value == svc.derender(body, created=created).body
     assert b"derender-stream-end" not in dict(replies[b"s-0"].headers)  # the stream was not ended by the fault
     committed, end = await _committed_and_end(bs, n.group, n.inp, 1)
     assert committed == end == {0: len(records)}
