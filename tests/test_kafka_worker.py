@@ -219,6 +219,9 @@ def test_plan_rules():
     assert dict(hdrs)["x-original-offset"] == b"7" and dict(hdrs)["x-original-partition"] == b"3"
     # nothing to correlate with -> DLQ
     assert w._plan(msg(None), JobOutcome(b"{}", 200, None, "chat", True))[4] == "no-correlation-id"
+    # replies into the worker's own input topic or its dead-letter topic -> DLQ
+    for own in (w.settings.input_topic.encode(), b"D"):
+        assert w._plan(msg(b"k", [(HDR_REPLY_TOPIC, own)]), ok)[4] == "reply-topic-not-allowed", own
 
 
 def test_run_args_read_env(monkeypatch):

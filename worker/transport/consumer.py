@@ -480,7 +480,8 @@ class KafkaDerenderWorker:
             if len(reply_hdr) > 249 or not reply_hdr.isascii():
                 return self._dlq(msg, "invalid-reply-topic")
             reply_topic = reply_hdr.decode("ascii")
-            problem = reply_topic_problem(reply_topic, self.settings.allowed_reply_topics_re)
+            problem = reply_topic_problem(reply_topic, self.settings.allowed_reply_topics_re,
+                                          (self.settings.input_topic, self.settings.dead_letter_topic))
             if problem is not None:
                 return self._dlq(msg, problem)
         elif not out.is_object:

@@ -49,8 +49,8 @@ A message is dead-lettered, instead of answered, exactly when no useful reply ca
 
 1. ``invalid-reply-topic``: the ``reply-topic`` header is not a legal Kafka topic name (empty,
    not ASCII, longer than 249 characters, characters outside ``[A-Za-z0-9._-]``, ``.``/``..``);
-2. ``reply-topic-not-allowed``: it names an internal topic (``__`` prefix) or does not match
-   ``--allowed-reply-topics`` in full;
+2. ``reply-topic-not-allowed``: it names an internal topic (``__`` prefix), the worker's own
+   input or dead-letter topic, or does not match ``--allowed-reply-topics`` in full;
 3. ``unparseable-no-reply-topic``: the value is not a JSON object (empty/null value, invalid
    UTF-8 or JSON, a JSON array/scalar) **and** there is no ``reply-topic`` header. (With the header
    the sender explicitly asked for a reply and gets a 400 error object instead.);
@@ -110,15 +110,17 @@ TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
 INTERNAL_TOPIC_PREFIX = "__"
 
 
-def reply_topic_problem(name: str, allowed: re.Pattern | None = None) -> str | None:
+def reply_topic_problem(name: str, allowed: re.Pattern | None = None, forbidden: tuple[str, ...] = ()) -> str | None:
     """Why ``name`` (a decoded ``reply-topic`` header) cannot be replied to, or None when it can:
     ``"invalid-reply-topic"`` unless a legal Kafka topic name (1 to 249 characters of
     ``[A-Za-z0-9._-]``, not ``.`` or ``..``: Kafka's ``Topic.validate``);
-    ``"reply-topic-not-allowed"`` for internal names (``__`` prefix) and names ``allowed`` (the
-    ``--allowed-reply-topics`` pattern) does not match in full."""
+    ``"reply-topic-not-allowed"`` for internal names (``__`` prefix), the names in ``forbidden``
+    (the worker's input and dead-letter topics: replies there would be fed back to the worker or
+    pass for dead letters) and names ``allowed`` (the ``--allowed-reply-topics`` pattern) does
+    not match in full."""
     if not TOPIC_RE.match(name) or name in (".", ".."):
         return "invalid-reply-topic"
-    if name.startswith(INTERNAL_TOPIC_PREFIX):
+    if name.startswith(INTERNAL_TOPIC_PREFIX) or name in forbidden:
         return "reply-topic-not-allowed"
     if allowed is not None and allowed.fullmatch(name) is None:
         return "reply-topic-not-allowed"
