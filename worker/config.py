@@ -7,8 +7,8 @@ Two ways to configure, mirroring ``vllm serve`` flags:
   --max-model-len 4096 --max-logprobs 20``);
 * several models from ``--config FILE`` (JSON): ``{"<served name>": {"tokenizer": DIR,
   "tokenizer_mode": "auto", "reasoning_parser": null, "tool_parser": null,
-  "enable_auto_tool_choice": false, "max_model_len": 4096, "max_logprobs": 20,
-  "aliases": []}, ...}``; keys
+  "enable_auto_tool_choice": false, "tool_call_streaming": "whole", "max_model_len": 4096,
+  "max_logprobs": 20, "aliases": []}, ...}``; keys
   starting with ``_`` are ignored and relative tokenizer paths are resolved against
   ``--tokenizer-root`` when given, else the file's directory, else the current directory (the
   format of the parity corpus' ``models.json``, whose paths are relative to its parent folder:
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -44,7 +45,12 @@ class ServedModelConfig(msgspec.Struct, kw_only=True):
     unlimited). ``max_logprobs``: most ``top_logprobs`` entries per token (-1 = no limit, as
     vLLM's ``--max-logprobs -1``). ``max_n``: most choices per request (responses x choices for
     completions). ``aliases``: further names served by the same model (vLLM's
-    ``--served-model-name A B``); a reply's ``model`` is the name its request used."""
+    ``--served-model-name A B``); a reply's ``model`` is the name its request used.
+    ``tool_call_streaming``: how a streamed chat response carries tool calls: ``whole``
+    (default: each call in one delta when its end marker arrives, the stream equals the
+    non-streaming answer) or ``incremental`` (the name as soon as it is known, then the
+    arguments as they are generated, OpenAI's streaming shape; ``worker.parsers.incremental``).
+    Non-streaming responses are the same in both."""
 
     name: str
     tokenizer: str
@@ -53,6 +59,7 @@ class ServedModelConfig(msgspec.Struct, kw_only=True):
     reasoning_parser: str | None = None
     tool_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    tool_call_streaming: Literal["whole", "incremental"] = "whole"
     max_model_len: int | None = None
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     max_n: int = DEFAULT_MAX_N
@@ -136,6 +143,9 @@ def add_model_args(ap: argparse.ArgumentParser, positional_model: bool = False) 
     g.add_argument("--reasoning-parser", default=None)
     g.add_argument("--tool-call-parser", "--tool-parser", dest="tool_parser", default=None)
     g.add_argument("--enable-auto-tool-choice", action="store_true", default=False)
+    g.add_argument("--tool-call-streaming", choices=["whole", "incremental"], default="whole",
+                   help="streamed tool calls: whole (default) or incremental (name first, then the "
+                        "arguments as they are generated)")
     g.add_argument("--max-model-len", type=human_int, default=None,
                    help="longest accepted output in tokens (1k = 1000, 1K = 1024; default: the tokenizer's)")
     g.add_argument("--max-logprobs", type=_max_logprobs, default=DEFAULT_MAX_LOGPROBS,
@@ -218,6 +228,7 @@ def models_from_args(args: argparse.Namespace) -> list[ServedModelConfig]:
         reasoning_parser=args.reasoning_parser,
         tool_parser=args.tool_parser,
         enable_auto_tool_choice=bool(args.enable_auto_tool_choice),
+        tool_call_streaming=getattr(args, "tool_call_streaming", None) or "whole",
         max_model_len=int(args.max_model_len) if args.max_model_len else None,
         max_logprobs=args.max_logprobs,
         max_n=args.max_n,

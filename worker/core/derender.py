@@ -75,6 +75,7 @@ class ModelRuntime:
             make_reasoning_parser(config.reasoning_parser, self.tokenizer),
             make_tool_parser(config.tool_parser, self.tokenizer),
             config.enable_auto_tool_choice,
+            tool_call_streaming=config.tool_call_streaming,
         )
 
     @cached_property

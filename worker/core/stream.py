@@ -321,7 +321,7 @@ def _reseed(rt: ModelRuntime, st: StreamState, body, ctx=None) -> None:
             from worker.core.derender import _DEFAULT_CHAT_REQUEST
             req = body.chat_request or _DEFAULT_CHAT_REQUEST
             ctx = request_context(req, pids)
-        st.seed_parser = rt.stack.initial_state(ctx) if rt.has_parser else None
+        st.seed_parser = rt.stack.initial_state(ctx, streaming=True) if rt.has_parser else None
     st.seed_prompt_tokens = body.prompt_tokens if body.prompt_tokens is not None else len(pids or [])
 
 

@@ -121,6 +121,14 @@ class ToolParser(Parser):
     #: declares tools but turns them off (``tool_choice: "none"``): the parser still runs, its
     #: calls are discarded (DeepSeek V4)
     strips_markup_when_off: ClassVar[bool] = False
+    #: the parser can stream a call's name then its arguments as they are generated
+    #: (``--tool-call-streaming incremental``, ``worker.parsers.incremental``)
+    incremental: ClassVar[bool] = False
+
+    def stream_arguments(self, state: Any) -> None:
+        """Switch a fresh ``state`` to incremental argument streaming (only called when
+        ``incremental`` is true). Raises ``NotImplementedError`` otherwise."""
+        raise NotImplementedError
 
 
 def partial_suffix_len(text: str, marker: str) -> int:

@@ -82,13 +82,17 @@ def _json_calls(text: str, mode: str, named: str | None) -> list[ToolCallDelta] 
 class ParserStack:
     """Reasoning + tool parsing for one served model (immutable; per-choice data in StackState).
 
-    ``reasoning``/``tool``: parser instances or None; ``enable_auto_tool_choice``: vLLM's flag."""
+    ``reasoning``/``tool``: parser instances or None; ``enable_auto_tool_choice``: vLLM's flag;
+    ``tool_call_streaming``: ``whole`` or ``incremental`` (``--tool-call-streaming``: streamed
+    choices of a tool parser with ``ToolParser.incremental`` emit a call's name first and its
+    arguments as they arrive, ``worker.parsers.incremental``; non-streaming is unaffected)."""
 
     def __init__(self, reasoning: ReasoningParser | None, tool: ToolParser | None,
-                 enable_auto_tool_choice: bool = False):
+                 enable_auto_tool_choice: bool = False, tool_call_streaming: str = "whole"):
         self.reasoning = reasoning
         self.tool = tool
         self.enable_auto_tool_choice = enable_auto_tool_choice
+        self.tool_call_streaming = tool_call_streaming
 
     @property
     def needs_special_tokens(self) -> bool:
@@ -120,18 +124,24 @@ class ParserStack:
             return "auto"
         return "off"
 
-    def initial_state(self, ctx: RequestContext) -> StackState:
-        """Fresh state for one choice of a request."""
+    def initial_state(self, ctx: RequestContext, streaming: bool = False) -> StackState:
+        """Fresh state for one choice of a request. ``streaming``: the choice is streamed (the
+        stream core's states): with ``tool_call_streaming="incremental"`` the tool parser then
+        streams arguments (calls from markup, in the auto / required / named modes)."""
         mode = self.tool_mode(ctx)
         if mode == "off" and ctx.tools and self.tool is not None and self.tool.strips_markup_when_off:
             mode = "strip"
-        return StackState(
+        st = StackState(
             mode=mode,
             named=ctx.named_tool(),
             include_reasoning=ctx.include_reasoning is not False,
             reasoning=self.reasoning.initial_state(ctx) if self.reasoning else None,
             tool=self.tool.initial_state(ctx) if (self.tool and mode != "off") else None,
         )
+        if (streaming and self.tool_call_streaming == "incremental" and st.tool is not None
+                and mode in ("auto", "required", "named") and self.tool.incremental):
+            self.tool.stream_arguments(st.tool)
+        return st
 
     def load_state(self, raw: Any) -> StackState:
         """Rebuild a StackState from its msgspec-decoded plain form (sub-states typed again)."""
