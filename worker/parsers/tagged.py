@@ -35,7 +35,9 @@ from typing import Any, ClassVar
 import msgspec
 
 from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back
+from worker.parsers.incremental import LIST_ARGS, NAME_ARGS, ArgStream, JsonArgs, XmlArgs, advance, settle
 from worker.parsers.marker import json_call_list
+from worker.parsers.xmlcall import strip_newline, typed_value
 
 
 class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
@@ -64,6 +66,8 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     #: the end marker of the call just parsed, while only whitespace followed it: the same
     #: marker repeated there is dropped (``</tool_call></tool_call>``)
     after_end: str = ""
+    #: incremental argument streaming (``--tool-call-streaming incremental``; None: whole)
+    inc: ArgStream | None = None
 
 
 _STR_STOP = re.compile(r'["\\]')
@@ -121,6 +125,15 @@ def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
     return [(obj["name"], json.dumps(args, ensure_ascii=False))]
 
 
+def json_string_name(raw: str) -> str | None:
+    """A call name written as a JSON string's inside (escapes decoded); None when invalid."""
+    try:
+        v = json.loads('"' + raw + '"')
+    except ValueError:
+        return None
+    return v if isinstance(v, str) else None
+
+
 def tool_param_types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
     """``{function name: {parameter: JSON-schema type}}`` from an OpenAI tool list (the type is
     the schema's ``type``: a string, a list of strings, or None when absent)."""
@@ -147,9 +160,16 @@ class TaggedToolParser(ToolParser):
     the state, read by ``parse_call``), ``parse_call(state, body)`` (defaults to
     ``parse_body(body.strip())``), ``parse_partial(state, body)`` (a call left open at the end of
     the output: list of calls to return, ``[]`` to drop the markup, or None (default) to keep it
-    as content)."""
+    as content).
+
+    Incremental streaming (``worker.parsers.incremental``): ``stream_spec`` describes the call
+    shape inside a block (``JsonArgs`` / ``XmlArgs``; default: the ``{"name", "arguments"}``
+    shape for ``json_name_arguments`` bodies, the list shape for ``json_call_list`` bodies, else
+    None: calls go out whole); ``stream_name`` / ``stream_value`` map a raw name / XML value as
+    the non-streaming parse does."""
 
     param_types: ClassVar[bool] = False
+    stream_spec: ClassVar[JsonArgs | XmlArgs | None] = None
     #: bodies are JSON: an end marker inside a JSON string does not close the call (None:
     #: on when ``parse_body`` is one of the JSON body parsers)
     json_body: ClassVar[bool | None] = None
@@ -168,6 +188,33 @@ class TaggedToolParser(ToolParser):
         if jb is None:
             jb = type(self).parse_body in (json_name_arguments, json_call_list)
         self._json_body = jb
+        spec = type(self).stream_spec
+        if spec is None:
+            spec = {json_name_arguments: NAME_ARGS, json_call_list: LIST_ARGS}.get(type(self).parse_body)
+        self.spec = spec
+
+    @property
+    def incremental(self) -> bool:  # type: ignore[override]
+        """The family streams arguments incrementally (it has a ``stream_spec``)."""
+        return self.spec is not None
+
+    def stream_arguments(self, state: TaggedState) -> None:
+        state.inc = ArgStream()
+
+    def stream_name(self, st: TaggedState, raw: str) -> str | None:
+        """A call's name from its raw head text (a JSON string's inside for ``JsonArgs``
+        heads, a tag attribute or GLM's leading text for ``XmlArgs``), as the non-streaming
+        parse reads it; None when it is not a name (the call is then not streamed)."""
+        if isinstance(self.spec, JsonArgs):
+            return json_string_name(raw)
+        name = raw.strip()
+        return name if name and not any(c.isspace() or c in "<>{}" for c in name) else None
+
+    def stream_value(self, st: TaggedState, name: str, key: str, raw: str) -> Any:
+        """The JSON value of XML parameter ``key`` of call ``name`` from its raw text, as the
+        non-streaming parse types it (default: one framing newline removed, then the request's
+        schema type, ``xmlcall.typed_value``)."""
+        return typed_value(strip_newline(raw), st.types.get(name), key)
 
     def initial_state(self, ctx: RequestContext) -> TaggedState:
         return TaggedState(parallel=ctx.parallel_tool_calls is not False,
@@ -223,12 +270,22 @@ class TaggedToolParser(ToolParser):
             parsed = self.parse_call(st, body)
         except Exception:  # noqa: BLE001 - bad markup never raises
             parsed = None
+        if st.inc is not None and st.inc.n:
+            self._settle(st, out, body, parsed)
+            st.after_end = end
+            return
         if parsed is None:
             self._text(st, out, st.marker + body + end)
             return
         self._emit(st, out, parsed)
         st.after_end = end
 
+    def _settle(self, st: TaggedState, out: Delta, body: str, parsed: list[tuple[str, str]] | None) -> None:
+        """Finish a block whose calls started streaming (``incremental.settle``): no content."""
+        advance(self, st, out, body, len(body))
+        settle(self, st, out, parsed)
+        st.seg_text = False
+        st.pending_ws = ""
     def feed(self, state: TaggedState, text: str, token_ids: list[int]) -> Delta:
         out = Delta()
         st = state
@@ -257,12 +314,16 @@ class TaggedToolParser(ToolParser):
                     st.pending_ws = ""
                 st.in_call, st.marker, st.buf, st.scan = True, m, s[i + len(m):], 0
                 st.lex, st.lex_str, st.lex_esc, st.lex_depth = 0, False, False, 0
+                if st.inc is not None:
+                    st.inc = ArgStream()
                 continue
             s = st.buf
             longest = max(len(e) for e in self.ends)
             j, e = find_first(s[st.scan:], self.ends)
             if j < 0:
                 st.scan = max(0, len(s) - longest + 1)
+                if st.inc is not None:  # incremental: what can no longer be the end marker
+                    advance(self, st, out, s, len(s) - hold_back(s, self.ends))
                 return out
             j += st.scan
             if self._json_body:
@@ -284,7 +345,9 @@ class TaggedToolParser(ToolParser):
                 parsed = self.parse_partial(st, rest)
             except Exception:  # noqa: BLE001
                 parsed = None
-            if parsed is None:
+            if st.inc is not None and st.inc.n:
+                self._settle(st, out, rest, parsed)
+            elif parsed is None:
                 self._text(st, out, st.marker + rest)
             elif parsed:
                 self._emit(st, out, parsed)

@@ -41,6 +41,7 @@ import re
 from typing import Any
 
 from worker.parsers.base import RequestContext
+from worker.parsers.incremental import JsonArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec, ThinkState
@@ -83,6 +84,9 @@ class DeepSeekV4ReasoningParser(ThinkReasoningParser):
 _V31_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.DOTALL)
 
 
+_V31_HEAD = r"\s*<｜tool▁call▁begin｜>(?P<name>[^<]*?)<｜tool▁sep｜>\s*\{"
+
+
 def parse_v31_body(body: str) -> list[tuple[str, str]] | None:
     """Calls of a complete ``<｜tool▁calls▁begin｜>`` block; None when one is malformed."""
     calls = []
@@ -106,9 +110,15 @@ class DeepSeekV31ToolParser(TaggedToolParser):
     starts = ("<｜tool▁calls▁begin｜>",)
     ends = ("<｜tool▁calls▁end｜>",)
     call_ends = ("<｜tool▁call▁end｜>",)
+    #: incremental streaming: the name once ``<｜tool▁sep｜>{`` arrives, then the arguments'
+    #: raw JSON (``worker.parsers.incremental``)
+    stream_spec = JsonArgs(head=_V31_HEAD, next=r"\s*<｜tool▁call▁end｜>" + _V31_HEAD)
 
     def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
         return parse_v31_body(body)
+
+    def stream_name(self, st: TaggedState, raw: str) -> str | None:
+        return raw.strip() or None
 
     def parse_partial(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
         # unterminated block: its complete calls; nothing complete -> dropped (coupled

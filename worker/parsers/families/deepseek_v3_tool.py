@@ -15,12 +15,16 @@ call after them is dropped; with no complete call it is content.
 """
 import re
 
+from worker.parsers.incremental import JsonArgs
 from worker.parsers.registry import register_tool
 from worker.parsers.tagged import TaggedToolParser
 from worker.parsers.xmlcall import json_args, match_all
 
 _CALL = re.compile(r"<｜tool▁call▁begin｜>\s*(\w+)\s*<｜tool▁sep｜>\s*([^\n`<]+?)\s*\n\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*"
                    r"<｜tool▁call▁end｜>", re.DOTALL)
+
+
+_HEAD = r"\s*<｜tool▁call▁begin｜>\s*function\s*<｜tool▁sep｜>\s*(?P<name>[^\n`<]+?)\s*\n\s*```(?:json)?\s*\n?\s*\{"
 
 
 def parse_v3_section(body: str) -> list[tuple[str, str]] | None:
@@ -46,4 +50,10 @@ class DeepSeekV3ToolParser(TaggedToolParser):
     starts = ("<｜tool▁calls▁begin｜>",)
     ends = ("<｜tool▁calls▁end｜>",)
     call_ends = ("<｜tool▁call▁end｜>",)
+    #: incremental streaming: the name once the fenced JSON's ``{`` arrives, then the
+    #: arguments' raw JSON (``worker.parsers.incremental``)
+    stream_spec = JsonArgs(head=_HEAD, next=r"\n?\s*```\s*<｜tool▁call▁end｜>" + _HEAD)
+
+    def stream_name(self, st, raw: str) -> str | None:
+        return raw.strip() or None
     parse_body = staticmethod(parse_v3_section)

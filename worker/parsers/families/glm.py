@@ -29,6 +29,7 @@ content.
 """
 import re
 
+from worker.parsers.incremental import XmlArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec
@@ -117,9 +118,19 @@ class Glm45ToolParser(TaggedToolParser):
     starts = ("<tool_call>",)
     ends = ("</tool_call>",)
     param_types = True
+    #: incremental streaming: the name with the first ``<arg_key>``, each pair at its
+    #: ``</arg_value>`` (``worker.parsers.incremental``)
+    stream_spec = XmlArgs(GLM_FORMAT, named=True)
 
     def parse_call(self, st: TaggedState, body: str):
         return parse_glm_call(body.strip(), st.types)
+
+    def stream_name(self, st: TaggedState, raw: str):
+        name = raw.strip()
+        return name if _valid_name(name) else None
+
+    def stream_value(self, st: TaggedState, name: str, key: str, raw: str):
+        return _glm_value(raw, st.types.get(name), key)
 
 
 @register_tool("glm47", "GLM-4.7", "<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>")

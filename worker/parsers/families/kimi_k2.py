@@ -22,6 +22,7 @@ those separators removed (``functions`` prefix and index digits around it).
 """
 import re
 
+from worker.parsers.incremental import JsonArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec
@@ -29,6 +30,9 @@ from worker.parsers.xmlcall import json_args, match_all
 
 _CALL = re.compile(r"<\|tool_call_begin\|>\s*([^<]*?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>",
                    re.DOTALL)
+
+
+_HEAD = r"\s*<\|tool_call_begin\|>\s*(?P<name>[^<]*?)\s*<\|tool_call_argument_begin\|>\s*\{"
 
 
 def kimi_name(call_id: str) -> str | None:
@@ -83,8 +87,14 @@ class KimiK2ToolParser(TaggedToolParser):
     starts = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
     ends = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")
     call_ends = ("<|tool_call_end|>",)
+    #: incremental streaming: the name once ``<|tool_call_argument_begin|>{`` arrives, then the
+    #: arguments' raw JSON (``worker.parsers.incremental``)
+    stream_spec = JsonArgs(head=_HEAD, next=r"\s*<\|tool_call_end\|>" + _HEAD)
     parse_body = staticmethod(parse_kimi_section)
     param_types = True  # the state keeps the declared tool names (call ids resolve against them)
 
     def parse_call(self, st, body: str):
         return parse_kimi_section(body.strip(), st.types)
+
+    def stream_name(self, st, raw: str) -> str | None:
+        return resolve_kimi_name(raw, st.types)

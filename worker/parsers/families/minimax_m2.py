@@ -27,10 +27,11 @@ cut-off invoke after them is dropped.
 import msgspec
 
 from worker.parsers.base import Delta, ReasoningParser, RequestContext
+from worker.parsers.incremental import XmlArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec
-from worker.parsers.xmlcall import parse_invokes
+from worker.parsers.xmlcall import invoke_format, parse_invokes
 
 
 @register_reasoning("minimax_m2", "MiniMax-M2, MiniMax-M2.1",
@@ -85,6 +86,9 @@ class MiniMaxM2ToolParser(TaggedToolParser):
     ends = ("</minimax:tool_call>",)
     call_ends = ("</invoke>",)
     param_types = True
+    #: incremental streaming: the name at ``<invoke name=…>``, each parameter at its
+    #: ``</parameter>`` (``worker.parsers.incremental``)
+    stream_spec = XmlArgs(invoke_format("invoke", "parameter"))
 
     def parse_call(self, st: TaggedState, body: str):
         return parse_invokes(body.strip(), "invoke", "parameter", st.types)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.parsers.incremental import XmlArgs
 from worker.parsers.registry import register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.xmlcall import XmlFormat, read_calls, typed_args
@@ -58,6 +59,9 @@ class Qwen3CoderToolParser(TaggedToolParser):
     starts = ("<tool_call>",)
     ends = ("</tool_call>",)
     param_types = True
+    #: incremental streaming: the name at ``<function=NAME>``, each parameter at its
+    #: ``</parameter>`` (``worker.parsers.incremental``)
+    stream_spec = XmlArgs(CODER_FORMAT)
 
     def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
         return parse_coder_body(body, st.types, complete=True)

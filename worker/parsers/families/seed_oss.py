@@ -18,7 +18,8 @@ tag:
 the inner grammar is Qwen3-Coder's, so the body is parsed by ``qwen3_coder.parse_coder_body``
 (one leading/trailing newline around a value removed, values typed by the request's schema).
 """
-from worker.parsers.families.qwen3_coder import parse_coder_body
+from worker.parsers.families.qwen3_coder import CODER_FORMAT, parse_coder_body
+from worker.parsers.incremental import XmlArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec
@@ -39,6 +40,7 @@ class SeedOssToolParser(TaggedToolParser):
     starts = ("<seed:tool_call>",)
     ends = ("</seed:tool_call>",)
     param_types = True
+    stream_spec = XmlArgs(CODER_FORMAT)  # incremental streaming: Qwen3-Coder's tags
 
     def parse_call(self, st: TaggedState, body: str):
         return parse_coder_body(body, st.types, complete=True)

@@ -15,10 +15,11 @@ its complete calls (``TaggedToolParser.call_ends``), the cut-off call after them
 """
 import re
 
+from worker.parsers.incremental import XmlArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec
-from worker.parsers.xmlcall import match_all, parse_invokes
+from worker.parsers.xmlcall import invoke_format, match_all, parse_invokes, typed_value
 
 _CALL = re.compile(r"<｜tool_call_begin｜>\s*function\s*<｜tool_sep｜>(.*?)<｜tool_call_end｜>", re.DOTALL)
 
@@ -51,6 +52,12 @@ class Step3ToolParser(TaggedToolParser):
     ends = ("<｜tool_calls_end｜>",)
     call_ends = ("<｜tool_call_end｜>",)
     param_types = True
+    #: incremental streaming: the name at ``<steptml:invoke name=…>``, each parameter at its
+    #: closing tag; the ``<｜tool_call_begin｜>function<｜tool_sep｜>`` framing is skipped
+    stream_spec = XmlArgs(invoke_format("steptml:invoke", "steptml:parameter"), outside=True)
+
+    def stream_value(self, st: TaggedState, name: str, key: str, raw: str):
+        return typed_value(raw.strip(), st.types.get(name), key)  # values stripped, as parse_invokes
 
     def parse_call(self, st: TaggedState, body: str):
         return parse_step3_section(body.strip(), st.types)

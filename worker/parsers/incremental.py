@@ -1,0 +1,318 @@
+"""Incremental tool-call streaming (``--tool-call-streaming incremental``) for the tagged engine.
+
+With ``whole`` (the default) a call reaches a streaming client in one delta when its block
+closes, and the stream equals the non-streaming answer. With ``incremental`` a streamed choice
+sends, in OpenAI's / vLLM's streaming shape, a call's first fragment ``{index, name, arguments:
+""}`` (the stream core adds ``id`` and ``type: "function"``) as soon as the name is known, then
+``{index, arguments: "..."}`` pieces as the arguments are generated:
+
+* **JSON-argument formats** (``JsonArgs``: Hermes and the other ``{"name", "arguments"}`` blocks,
+  Hunyuan / Jamba lists, Kimi K2, DeepSeek V3 / V3.1): the arguments object's raw text as the
+  model writes it, from its ``{`` to its matching ``}`` (a small JSON lexer finds that brace).
+  The name goes out once the call's head (everything up to the arguments' ``{``) has matched the
+  family's head pattern, matched with ``regex``'s partial matching, so text that could still
+  turn out not to be a call (a head that stops matching) is never announced;
+* **XML-parameter formats** (``XmlArgs``: Qwen3-Coder / qwen3_xml, Seed-OSS, GLM-4.5/4.7,
+  MiniMax-M2, Step-3): the JSON object being built, one parameter at a time when its value's
+  closing tag arrives (its JSON type is known only then, ``values.convert_param``): ``{"k": v``,
+  then ``, "k2": v2``, then ``}`` when the call closes. The name goes out with the call's
+  opening tag (GLM: with the first ``<arg_key>`` after the name).
+
+Held back: only the text that may still be the block's end marker (``hold_back``), a head that
+is not complete yet, and a parameter whose value is still open. Per step the work is on the new
+text (tag / lexer scans resume where they stopped; a head is re-matched from its start, bounded
+by ``MAX_HEAD`` characters).
+
+When the block closes, the engine's non-streaming parse of the whole body (the ``whole`` answer)
+settles what the stream still owes (``settle``): the calls it has not started go out whole, the
+open XML call gets the parameters the stream did not send (or sent with another value: the
+later key wins in a JSON object) and its ``}``. For every well-formed output the joined
+argument fragments of each call parse to the same JSON as the non-streaming arguments, under any
+chunking (``tests/test_tool_streaming.py``).
+
+Malformed or truncated after the name went out (what the client gets, by design):
+
+* the call stays a call (its name cannot be taken back) and its markup is never re-sent as
+  content, also when the non-streaming answer turns the block into content;
+* XML formats: it keeps the parameters that went out, and its arguments object is closed
+  (``}``): valid JSON; parameters of the non-streaming answer not yet sent are added when the
+  block parses at all;
+* JSON formats: its arguments are the raw text that went out, which is not complete JSON when
+  the model stopped inside the object (``finish_reason: "length"``): OpenAI's own streams end
+  the same way on a length cut;
+* ``finish_reason`` is the engine's (``length`` stays ``length``; a natural stop with a call
+  sent becomes ``tool_calls``, as for every call).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import regex
+
+from worker.parsers.base import Delta, ToolCallDelta
+from worker.parsers.values import dumps_args, loads_json
+from worker.parsers.xmlcall import XmlFormat
+
+__all__ = ["ArgStream", "JsonArgs", "XmlArgs", "MAX_HEAD", "advance", "settle"]
+
+#: longest call head (text before the arguments) waited for; a longer one is not streamed (the
+#: call then goes out whole when its block closes)
+MAX_HEAD = 512
+
+
+class ArgStream(msgspec.Struct, kw_only=True, array_like=True):
+    """Per-choice state of the incremental streamer over the open block's body (reset per
+    block). ``phase``: ``start`` (before the first call), ``next`` (after a call's arguments),
+    ``args`` (inside raw JSON arguments), ``call`` / ``key`` / ``after_key`` / ``value`` (XML),
+    ``off`` (the rest of the block goes out at its close). ``pos``: body offset consumed;
+    ``scan``: where the next tag search resumes; ``n``: calls started in this block; ``open``:
+    the last one's arguments are not closed; ``name``: its name; ``args``: XML entries sent for
+    it; ``key``: the XML key being read; ``depth``/``ins``/``esc``: JSON lexer."""
+
+    phase: str = "start"
+    pos: int = 0
+    scan: int = 0
+    n: int = 0
+    open: bool = False
+    name: str = ""
+    args: str = ""
+    key: str = ""
+    depth: int = 0
+    ins: bool = False
+    esc: bool = False
+
+
+@dataclass(frozen=True)
+class JsonArgs:
+    """A JSON-argument format: ``head`` (regular expression, ``regex`` syntax, group ``name``)
+    matches from the start of the block body up to and including the arguments' opening ``{``;
+    ``next`` (optional) matches from just after a call's closing ``}`` up to the next call's
+    ``{`` (several calls per block)."""
+
+    head: str
+    next: str | None = None
+    _head: Any = field(init=False, repr=False, compare=False)
+    _next: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_head", regex.compile(self.head, regex.S))
+        object.__setattr__(self, "_next", regex.compile(self.next, regex.S) if self.next else None)
+
+
+@dataclass(frozen=True)
+class XmlArgs:
+    """An XML-parameter format: its tags (``xmlcall.XmlFormat``); ``named``: the body is one
+    call whose name is the text before the first tag (GLM); ``outside``: text between calls is
+    allowed (framing such as Step-3's ``<｜tool_call_begin｜>function<｜tool_sep｜>``)."""
+
+    fmt: XmlFormat
+    named: bool = False
+    outside: bool = False
+
+
+#: the ``{"name": ..., "arguments"|"parameters": {`` head of Hermes-style bodies
+NAME_ARGS_HEAD = r'\s*\{\s*"name"\s*:\s*"(?P<name>(?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{'
+#: a JSON call object inside a list (Hunyuan-A13B, Jamba): first element, then the next ones
+LIST_ARGS = JsonArgs(head=r"\s*\[" + NAME_ARGS_HEAD, next=r"\s*\}\s*," + NAME_ARGS_HEAD)
+NAME_ARGS = JsonArgs(head=NAME_ARGS_HEAD)
+
+
+def _send(out: Delta, index: int, text: str) -> None:
+    """Append an argument piece for call ``index``, joined to this step's last piece of it."""
+    if not text:
+        return
+    last = out.tool_calls[-1] if out.tool_calls else None
+    if last is not None and last.index == index and last.name is None:
+        last.arguments += text
+    else:
+        out.tool_calls.append(ToolCallDelta(index=index, arguments=text))
+
+
+def _start(st: Any, a: ArgStream, out: Delta, name: str) -> bool:
+    """Announce a new call (its first fragment: name, empty arguments); False when
+    ``parallel_tool_calls=false`` already let one call out (the rest of the block is off)."""
+    if not st.parallel and st.calls > 0:
+        return False
+    out.tool_calls.append(ToolCallDelta(index=st.calls, name=name, arguments=""))
+    st.calls += 1
+    a.n += 1
+    a.open, a.name, a.args = True, name, ""
+    return True
+
+
+_STR_STOP = re.compile(r'["\\]')
+_OUT_STOP = re.compile(r'["{}\[\]]')
+
+
+def _lex_object(a: ArgStream, body: str, limit: int) -> bool:
+    """Advance the JSON lexer from ``a.pos`` (at or inside the arguments object) towards
+    ``limit``; True (``a.pos`` just after it) when the object's closing brace was reached."""
+    i, ins, esc, depth = a.pos, a.ins, a.esc, a.depth
+    closed = False
+    while i < limit:
+        if ins:
+            if esc:
+                esc, i = False, i + 1
+                continue
+            m = _STR_STOP.search(body, i, limit)
+            if m is None:
+                i = limit
+                break
+            i = m.end()
+            if m.group() == "\\":
+                esc = True
+            else:
+                ins = False
+        else:
+            m = _OUT_STOP.search(body, i, limit)
+            if m is None:
+                i = limit
+                break
+            i = m.end()
+            c = m.group()
+            if c == '"':
+                ins = True
+            elif c in "{[":
+                depth += 1
+            else:
+                depth -= 1
+                if depth <= 0:
+                    closed = True
+                    break
+    a.pos, a.ins, a.esc, a.depth = i, ins, esc, depth
+    return closed
+
+
+def _json(p: Any, st: Any, a: ArgStream, spec: JsonArgs, out: Delta, body: str, limit: int) -> None:
+    while a.phase != "off":
+        if a.phase in ("start", "next"):
+            pat = spec._head if a.phase == "start" else spec._next
+            m = pat.match(body, a.pos, limit, partial=True) if pat is not None else None
+            if m is None:
+                a.phase = "off"
+                return
+            if m.partial:
+                if limit - a.pos > MAX_HEAD:
+                    a.phase = "off"
+                return
+            name = p.stream_name(st, m.group("name"))
+            if name is None or not _start(st, a, out, name):
+                a.phase = "off"
+                return
+            a.pos, a.depth, a.ins, a.esc = m.end() - 1, 0, False, False  # at the arguments' "{"
+            a.phase = "args"
+        else:  # args
+            start = a.pos
+            closed = _lex_object(a, body, limit)
+            _send(out, st.calls - 1, body[start:a.pos])
+            if not closed:
+                return
+            a.open, a.phase = False, "next"
+
+
+def _resume(body: str, scan: int, limit: int) -> int:
+    """Where the next tag search starts after finding none in ``body[scan:limit]``: the first
+    ``<`` after the last ``>`` (a tag ends with ``>``, so no tag starts before that)."""
+    k = body.rfind(">", scan, limit)
+    j = body.find("<", max(k + 1, scan), limit)
+    return j if j >= 0 else limit
+
+
+def _tag(fmt: XmlFormat, m: re.Match[str]) -> tuple[str, str | None]:
+    kind = m.lastgroup or ""
+    if kind.endswith("_a"):
+        kind = kind[:-2]
+    return kind, m.groupdict().get(kind + "_a")
+
+
+def _xml(p: Any, st: Any, a: ArgStream, spec: XmlArgs, out: Delta, body: str, limit: int) -> None:
+    fmt = spec.fmt
+    while a.phase != "off":
+        m = fmt._re.search(body, a.scan, limit)
+        if m is None:
+            a.scan = _resume(body, a.scan, limit)
+            return
+        kind, attr = _tag(fmt, m)
+        gap = body[a.pos:m.start()]
+        ws = not gap.strip()
+        ph = a.phase
+        nxt = "off"
+        if ph == "start" and spec.named:
+            name = p.stream_name(st, gap) if kind == "key_open" else None
+            if name is not None and _start(st, a, out, name):
+                nxt = "key"
+        elif ph in ("start", "next"):
+            if kind == "call_open" and (ws or spec.outside or fmt.lenient):
+                name = p.stream_name(st, attr or "")
+                if name is not None and _start(st, a, out, name):
+                    nxt = "call"
+        elif ph == "call":
+            free = ws or fmt.lenient
+            if kind == "value_open" and fmt.key_open is None and free and (attr or "").strip():
+                a.key, nxt = attr.strip(), "value"
+            elif kind == "key_open" and free:
+                nxt = "key"
+            elif kind == "call_close" and free:
+                _send(out, st.calls - 1, "}" if a.args else "{}")
+                a.open, a.args, nxt = False, "", "next"
+        elif ph == "key":
+            if kind == "key_close" and gap.strip():
+                a.key, nxt = gap.strip(), "after_key"
+        elif ph == "after_key":
+            if kind == "value_open" and ws:
+                nxt = "value"
+        elif ph == "value" and kind == "value_close":
+            entry = dumps_args({a.key: p.stream_value(st, a.name, a.key, gap)})[1:-1]
+            piece = (", " if a.args else "{") + entry
+            _send(out, st.calls - 1, piece)
+            a.args += piece
+            nxt = "call"
+        a.phase = nxt
+        a.pos = a.scan = m.end()
+
+
+def advance(p: Any, st: Any, out: Delta, body: str, limit: int) -> None:
+    """Stream what ``body[:limit]`` (the open block's body, ``limit`` excluding text that may
+    still be the end marker) adds to the calls of parser ``p`` (its ``spec``,
+    ``stream_name``, ``stream_value``); fragments are appended to ``out``."""
+    a = st.inc
+    if a is None or a.phase == "off":
+        return
+    spec = p.spec
+    if isinstance(spec, JsonArgs):
+        _json(p, st, a, spec, out, body, limit)
+    else:
+        _xml(p, st, a, spec, out, body, limit)
+
+
+def settle(p: Any, st: Any, out: Delta, parsed: list[tuple[str, str]] | None) -> None:
+    """The block closed (or the output ended inside it) after ``st.inc.n`` > 0 calls started:
+    complete them against ``parsed`` (the non-streaming answer for the block: ``(name,
+    arguments JSON)`` list, None when it would be content) as the module docstring says, then
+    reset the streamer for the next block."""
+    a = st.inc
+    xml = isinstance(p.spec, XmlArgs)
+    if a.open and xml:
+        j = a.n - 1
+        tail = "}" if a.args else "{}"
+        if parsed and j < len(parsed):
+            try:
+                want = loads_json(parsed[j][1])
+                got = loads_json(a.args + "}") if a.args else {}
+            except ValueError:
+                want = got = None
+            if isinstance(want, dict) and isinstance(got, dict) and want != got:
+                fix = ", ".join(dumps_args({k: v})[1:-1] for k, v in want.items()
+                                if k not in got or got[k] != v)
+                if fix:
+                    tail = (", " if a.args else "{") + fix + "}"
+        _send(out, st.calls - 1, tail)
+    rest = parsed[a.n:] if parsed else []
+    for name, args in rest:
+        if st.parallel or st.calls == 0:
+            out.tool_calls.append(ToolCallDelta(index=st.calls, name=name, arguments=args))
+            st.calls += 1
+    st.inc = ArgStream()
