@@ -14,6 +14,13 @@ taking the stream over would: read the state (``RedisStateStore.get``), derender
 fenced on the sequence number (``put``); it prints the per-chunk latency of that loop and the
 Redis memory the stream's key uses (``MEMORY USAGE``) at the same chunks. (The Kafka worker adds
 its replay window of recent reply values to the stored record; that is transport, not core state.)
+
+A last pass measures ``--tool-call-streaming``: a tool call with a long argument (a file
+``content`` of ~``--call-tokens`` tokens) in a Hermes JSON call (``hermes``) and a Qwen3-Coder XML
+call (``qwen3_coder``), streamed in 1-token chunks in both modes; it prints the delay from the
+call's first argument token (JSON: the arguments' ``{``; XML: the first parameter's value) to the
+first argument delta the client gets, in tokens and in microseconds (wall time of the chunks in
+between, that one included), plus the number of argument deltas.
 """
 from __future__ import annotations
 
@@ -60,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also checkpoint every chunk through this Redis (e.g. redis://127.0.0.1:6379/0)")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--call-tokens", type=int, default=400, help="argument length of the tool-call delay pass")
     args = ap.parse_args(argv)
     svc = DerenderService([ServedModelConfig(name="qwen3", tokenizer=args.tokenizer, reasoning_parser="qwen3",
                                              tool_parser="hermes", enable_auto_tool_choice=True)])
@@ -118,10 +126,69 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  check: {len(final)} OpenAI chunks out for {n} input chunks (an input chunk whose text is held "
           f"back, e.g. inside the tool call's body or a split marker, yields none), {calls} tool call "
           f"fragment(s), usage {final[-1].get('usage')}")
+    _tool_delay(args.tokenizer, args.call_tokens)
     if args.redis:
         import asyncio
         return asyncio.run(_redis_pass(svc, bodies, marks, args.redis))
     return 0
+
+
+_CODE_LINE = "def add(a, b):\n    return a + b  # simple helper used by the service layer\n"
+_FILE_TOOL = [{"type": "function", "function": {
+    "name": "write_file", "parameters": {"type": "object", "properties": {
+        "path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]}}}]
+
+
+def _call_text(fmt: str, content: str) -> tuple[str, str]:
+    """(output text, the text that starts the call's first argument) for ``fmt``."""
+    if fmt == "hermes":
+        head = '<tool_call>\n{"name": "write_file", "arguments": '
+        return (head + json.dumps({"content": content, "path": "src/util.py"}) + "}\n</tool_call>", head)
+    head = "<tool_call>\n<function=write_file>\n<parameter=content>\n"
+    return (head + content + "\n</parameter>\n<parameter=path>\nsrc/util.py\n</parameter>\n</function>\n"
+            "</tool_call>", head)
+
+
+def _tool_delay(tokenizer: str, call_tokens: int) -> None:
+    """Print the first-argument delay of both ``--tool-call-streaming`` modes (module docstring)."""
+    print(f"tool-call streaming: one call with a ~{call_tokens}-token argument, 1-token chunks; delay from the "
+          "call's first argument token to the first argument delta")
+    for fmt in ("hermes", "qwen3_coder"):
+        for mode in ("whole", "incremental"):
+            svc = DerenderService([ServedModelConfig(name="m", tokenizer=tokenizer, tool_parser=fmt,
+                                                     enable_auto_tool_choice=True, tool_call_streaming=mode)])
+            svc.preload()
+            tok = svc.runtime("m").tokenizer
+            line_tokens = max(1, len(tok.encode(_CODE_LINE)))
+            text, head = _call_text(fmt, _CODE_LINE * max(1, call_tokens // line_tokens))
+            ids = tok.encode(text) + [tok.token_to_id("<|im_end|>")]
+            first = next(i for i in range(len(ids)) if len(tok.decode(ids[: i + 1])) > len(head))
+            bodies = []
+            for i, t in enumerate(ids):
+                b = {"model": "m", "stream": True, "generate_chunk": {"request_id": "bench-tool", "choices": [
+                    {"index": 0, "token_ids": [t], "finish_reason": "stop" if i == len(ids) - 1 else None}]}}
+                if i == 0:
+                    b["prompt_token_ids"] = tok.encode("<|im_start|>assistant\n")
+                    b["chat_request"] = {"model": "m", "messages": [{"role": "user", "content": "write it"}],
+                                         "tools": _FILE_TOOL, "tool_choice": "auto"}
+                bodies.append(json.dumps(b).encode())
+            runs = []
+            for _ in range(4):  # the first run warms caches
+                state, times, at, pieces = None, [], None, 0
+                for i, b in enumerate(bodies):
+                    t0 = time.perf_counter()
+                    res, state = svc.derender_stream(b, state)
+                    times.append(time.perf_counter() - t0)
+                    for c in json.loads(res.body):
+                        for tc in (c["choices"][0]["delta"].get("tool_calls") or []) if c["choices"] else []:
+                            if tc["function"].get("arguments"):
+                                pieces += 1
+                                at = i if at is None else at
+                runs.append((at, sum(times[first:at + 1]), pieces))
+            at, _, pieces = runs[-1]
+            us = statistics.median(r[1] for r in runs[1:]) * 1e6
+            print(f"  {fmt:12s} {mode:12s}: first argument token #{first}, first argument delta at #{at}: "
+                  f"delay {at - first:4d} tokens, {us:9.1f} us; {pieces} argument delta(s) for {len(ids)} tokens")
 
 
 async def _redis_pass(svc: DerenderService, bodies: list[bytes], marks: list[int], url: str) -> int:

@@ -189,7 +189,7 @@ class TaggedToolParser(ToolParser):
             jb = type(self).parse_body in (json_name_arguments, json_call_list)
         self._json_body = jb
         spec = type(self).stream_spec
-        if spec is None:
+        if spec is None and type(self).parse_call is TaggedToolParser.parse_call:
             spec = {json_name_arguments: NAME_ARGS, json_call_list: LIST_ARGS}.get(type(self).parse_body)
         self.spec = spec
 
