@@ -23,7 +23,12 @@ Content rules (coupled vLLM's non-streaming answer, kept split-independent):
   non-streaming answer for DeepSeek V3.1 keeps the complete calls too, but sometimes invents a
   call from the tail). A section without a complete call, or whose complete part does not
   parse, keeps the family's rule for an open block (``parse_partial``; default: content).
-  Same answer in both modes: the open section is buffered and parsed at ``finish``.
+  Same answer in both modes: the open section is buffered and parsed at ``finish``;
+* ``--tool-call-streaming incremental`` (streamed choices only, ``TaggedState.inc``): while a
+  block is open, ``incremental.advance`` sends each call's name and argument pieces as they
+  become certain (family ``stream_spec``); when the block closes (or the output ends inside
+  it) ``incremental.settle`` completes them against this engine's parse of the body. A block
+  whose calls started streaming never comes back as content (``worker.parsers.incremental``).
 """
 from __future__ import annotations
 

@@ -34,6 +34,9 @@ encoder shipped with vLLM ``--tokenizer-mode deepseek_v4``; vLLM's ``deepseek_v3
   open invoke, its complete parameters (``dsv4-tool-malformed-v0``). With ``tool_choice:
   "none"`` coupled V4 serving still removes the DSML block from the content (no call), see
   ``dsv4-tool-choice-none-v0``.
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``): V3.1 calls stream (name
+once ``<｜tool▁sep｜>{`` arrives, then the raw JSON arguments); V4's DSML calls go out whole.
 """
 from __future__ import annotations
 

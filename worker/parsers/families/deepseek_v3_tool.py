@@ -12,6 +12,9 @@ The section is parsed when it closes; a malformed section is content. A section 
 the end of the output keeps its complete calls (``TaggedToolParser.call_ends``), the cut-off
 call after them is dropped; with no complete call it is content.
 (``deepseek_v31``, the unfenced V3.1 form, lives with the other DeepSeek families.)
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``): the name once the fenced
+JSON's ``{`` arrives, then the raw JSON arguments.
 """
 import re
 

@@ -26,6 +26,11 @@ gives the key ``path</arg_key>``); ``<arg_key>q</arg_key>text</arg_value>`` (mis
 ``<arg_value>``) -> ``{"q": "text"}`` (vLLM: ``{}``); ``get_weather city</arg_key>…`` (missing
 first ``<arg_key>``) -> name ``get_weather``, key ``city``. Anything else malformed stays
 content.
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``): the name goes out with the
+first ``<arg_key>`` after it, each pair (typed as above) when its ``</arg_value>`` arrives, ``}``
+when the block closes; a call without parameters goes out whole. Malformed markup met after the
+name: streaming stops there and the block's close adds what the parse above recovers.
 """
 import re
 

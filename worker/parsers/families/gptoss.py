@@ -66,6 +66,9 @@ Source: OpenAI Harmony format (openai/harmony ``docs/format.md``, ``src/encoding
 ``StreamableParser``); vLLM ``entrypoints/openai/parser/harmony_utils.py``,
 ``tool_parsers/openai_tool_parser.py``. Tests: ``tests/test_gptoss_harmony.py`` (vectors on the
 real ids, openai-harmony as the reference), ``tests/test_parser_families.py`` (text mode).
+
+``--tool-call-streaming incremental`` does not apply to Harmony calls (text or ids): they go out
+whole, when ``<|call|>`` arrives, in both settings.
 """
 from __future__ import annotations
 

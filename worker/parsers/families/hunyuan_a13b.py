@@ -12,6 +12,9 @@ content ``42``.
 Tool calls (Hunyuan-A13B template; vLLM ``hunyuan_a13b``): a JSON list in one block,
 ``<tool_calls>[{"name": "get_weather", "arguments": {"city": "SZ"}}]</tool_calls>``; a block left
 open at the end of the output keeps the list's complete call objects (``json_list_prefix``).
+
+``--tool-call-streaming incremental``: each list element's name, then its raw JSON arguments
+(``worker.parsers.incremental.LIST_ARGS``).
 """
 from worker.parsers.marker import json_call_list, json_list_prefix
 from worker.parsers.registry import register_reasoning, register_tool

@@ -3,6 +3,9 @@
 Format (Jamba chat template; vLLM ``jamba``): one block holding a JSON list of calls,
 ``<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_calls>``; a block
 left open at the end of the output keeps the list's complete call objects (``json_list_prefix``).
+
+``--tool-call-streaming incremental``: each list element's name, then its raw JSON arguments
+(``worker.parsers.incremental.LIST_ARGS``).
 """
 from worker.parsers.marker import json_call_list, json_list_prefix
 from worker.parsers.registry import register_tool

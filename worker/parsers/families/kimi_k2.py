@@ -19,6 +19,10 @@ cut-off call after them is dropped; with no complete call it is content.
 Kimi-K2.5 sometimes drops the ``.``/``:`` of the call id (``functionsexec5``, bug-020): an id
 whose canonical name is not a declared tool resolves to the declared tool it spells with
 those separators removed (``functions`` prefix and index digits around it).
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``): a call's name (resolved as
+above) goes out once ``<|tool_call_argument_begin|>{`` arrives, then the arguments' raw JSON text;
+a call cut off after its name keeps the raw text that went out.
 """
 import re
 

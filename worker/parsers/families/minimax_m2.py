@@ -23,6 +23,10 @@ several ``<invoke>`` per block allowed; values are typed by the request's tool s
 (``worker.parsers.values``; undeclared parameters stay strings). A block left open at the end of
 the output keeps its complete invokes (``TaggedToolParser.call_ends``: ``</invoke>``), the
 cut-off invoke after them is dropped.
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``): each invoke's name goes
+out with ``<invoke name=…>``, each parameter when its ``</parameter>`` arrives, ``}`` with
+``</invoke>``; a cut-off invoke whose name went out keeps the parameters that went out.
 """
 import msgspec
 

@@ -9,6 +9,10 @@ for the tool parser) — unless the output opened the block with ``<think>``: th
 ``</think>`` ends it, so tool-call text quoted while reasoning stays reasoning (bug-029).
 Tool calls (Hermes format): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
 one block per call.
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``): a Hermes call's name goes
+out once ``{"name": "…", "arguments": {`` has arrived (``"name"`` first, as the template writes
+it; other key orders go out whole), then the arguments' raw JSON text.
 """
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedToolParser

@@ -24,6 +24,10 @@ Malformed but unambiguous markup (``worker.parsers.xmlcall`` rules): a repeated 
 implied by the next tag; a missing ``<parameter=K>`` or ``<function=NAME>`` cannot be implied (the
 key or name is unknown): its orphan closing tag leaves the block as content. Plain text between
 the tags is ignored, as vLLM's ``qwen3coder`` parser does.
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``): the name goes out with
+``<function=NAME>``, each parameter (typed JSON) when its ``</parameter>`` arrives, ``}`` with
+``</function>``; a call cut off after its name keeps the parameters that went out, object closed.
 """
 from __future__ import annotations
 

@@ -17,6 +17,8 @@ tag:
 
 the inner grammar is Qwen3-Coder's, so the body is parsed by ``qwen3_coder.parse_coder_body``
 (one leading/trailing newline around a value removed, values typed by the request's schema).
+
+``--tool-call-streaming incremental``: as Qwen3-Coder (same tags, ``worker.parsers.incremental``).
 """
 from worker.parsers.families.qwen3_coder import CODER_FORMAT, parse_coder_body
 from worker.parsers.incremental import XmlArgs

@@ -12,6 +12,10 @@ Tool calls (Step-3 template; vLLM ``step3``): a section of calls, each an XML in
 values are stripped of surrounding whitespace (as vLLM does) and typed by the request's tool
 schema (undeclared parameters stay strings). A section left open at the end of the output keeps
 its complete calls (``TaggedToolParser.call_ends``), the cut-off call after them is dropped.
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``): each invoke's name goes
+out with ``<steptml:invoke name=…>``, each parameter when its closing tag arrives, ``}`` with
+``</steptml:invoke>``.
 """
 import re
 
