@@ -30,7 +30,7 @@ from worker.parsers.stack import ParserStack
 #: tool parsers that stream incrementally (every other one keeps ``whole`` in both settings)
 INCREMENTAL = {"hermes", "ernie45", "granite4", "internlm", "longcat", "hunyuan_a13b", "jamba", "kimi_k2",
                "deepseek_v3", "deepseek_v31", "qwen3_coder", "qwen3_xml", "seed_oss", "glm45", "glm47",
-               "minimax_m2", "step3"}
+               "minimax_m2", "step3", "mistral", "llama3_json", "llama4_json", "phi4_mini_json", "granite-20b-fc"}
 
 
 def test_incremental_families_are_the_documented_ones():
@@ -117,7 +117,8 @@ def test_corpus_incremental_split_invariant(case):
             elif got.names and stack.tool is not None and stack.tool.incremental:
                 # documented: an announced call stays a call, its markup never comes as content
                 content = "".join(got.content)
-                assert not any(m in content for m in stack.tool.starts), f"split {how}"
+                starts = getattr(stack.tool, "starts", None) or stack.tool.markers
+                assert not any(m in content for m in starts), f"split {how}"
                 if isinstance(stack.tool.spec, XmlArgs):  # XML: the object is closed, valid JSON
                     assert all(isinstance(x[1], dict) for x in got.outcome()[2])
             else:
@@ -187,7 +188,7 @@ def test_examples_incremental(name):
         assert got.outcome() == expected
     # incremental: with 1-char deltas the first argument text goes out before the block ends
     st = stack.initial_state(ctx, streaming=True)
-    ends = stack.tool.ends
+    ends = getattr(stack.tool, "ends", ())
     seen = ""
     first_args_at = None
     for i, ch in enumerate(text):

@@ -16,6 +16,13 @@ A subclass sets:
 Per ``feed`` work is O(delta + marker length): text is appended, never re-scanned; the parse
 is one pass at the end. Bad JSON never raises: it is content. With
 ``parallel_tool_calls=false`` only the first call is returned.
+
+``--tool-call-streaming incremental`` (streamed choices; ``worker.parsers.incremental``): a
+family with a ``stream_spec`` (``JsonArgs``: the call heads of its body) sends each call's name
+once its head matched at the start of the body, then the arguments' raw JSON text as it
+arrives; at ``finish`` the calls are settled against the parse above (calls the stream did not
+start go out whole; text kept beside the calls stays content). A body whose calls started
+streaming never comes back as content (cut off: the raw argument text that went out).
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back
+from worker.parsers.incremental import ArgStream, JsonArgs, advance, settle
 
 
 class JsonTailState(msgspec.Struct, kw_only=True, array_like=True):
@@ -35,6 +43,9 @@ class JsonTailState(msgspec.Struct, kw_only=True, array_like=True):
     in_body: bool = False
     buf: str = ""
     parallel: bool = True
+    #: incremental streaming: calls started, streamer state (None: whole)
+    calls: int = 0
+    inc: ArgStream | None = None
 
 
 def call_of(obj: Any) -> tuple[str, str] | None:
@@ -60,9 +71,29 @@ class JsonTailToolParser(ToolParser):
 
     markers: ClassVar[tuple[str, ...]] = ()
     hold_all: ClassVar[bool] = False
+    #: incremental streaming: the call heads of the body (None: calls go out whole)
+    stream_spec: ClassVar[JsonArgs | None] = None
 
     def __init__(self, tok):
         self.tok = tok
+        self.spec = type(self).stream_spec
+
+    @property
+    def incremental(self) -> bool:  # type: ignore[override]
+        """The family streams arguments incrementally (it has a ``stream_spec``)."""
+        return self.spec is not None
+
+    def stream_arguments(self, state: JsonTailState) -> None:
+        state.inc = ArgStream()
+
+    def stream_name(self, st: JsonTailState, raw: str) -> str | None:
+        """A call's name from its head's ``name`` group: a JSON string's inside (escapes
+        decoded), non-empty as ``call_of`` requires; None otherwise."""
+        try:
+            v = json.loads('"' + raw + '"')
+        except ValueError:
+            return None
+        return v if isinstance(v, str) and v else None
 
     # -- family hooks -------------------------------------------------------------------------
     def parse_body(self, body: str) -> list[tuple[str, str]] | None:
@@ -83,6 +114,8 @@ class JsonTailToolParser(ToolParser):
         out = Delta()
         if state.in_body:
             state.buf += text
+            if state.inc is not None:
+                advance(self, state, out, state.buf, len(state.buf))
             return out
         s = state.buf + text
         i, m = find_first(s, self.markers)
@@ -93,6 +126,8 @@ class JsonTailToolParser(ToolParser):
             return out
         out.content = s[:i]
         state.in_body, state.buf = True, s[i + len(m):]
+        if state.inc is not None:
+            advance(self, state, out, state.buf, len(state.buf))
         return out
 
     def finish(self, state: JsonTailState) -> Delta:
@@ -105,6 +140,11 @@ class JsonTailToolParser(ToolParser):
             calls, rest = self.parse_calls(body)
         except Exception:  # noqa: BLE001 - bad markup never raises
             calls, rest = None, ""
+        if state.inc is not None and state.inc.n:  # calls started streaming: settle them
+            advance(self, state, out, body, len(body))
+            settle(self, state, out, calls)
+            out.content = rest if calls else ""
+            return out
         if not calls:
             out.content = self.malformed_content(body)
             return out

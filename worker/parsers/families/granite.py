@@ -18,6 +18,7 @@ Tool calls:
   ``<function_call> {"name": …, "arguments": …}``, repeated, no end marker; text before the
   first marker is content.
 """
+from worker.parsers.incremental import NAME_ARGS_HEAD, JsonArgs
 from worker.parsers.jsontail import JsonTailToolParser
 from worker.parsers.marker import MarkerToolParser, json_call_list, json_objects_split
 from worker.parsers.registry import register_reasoning, register_tool
@@ -60,6 +61,8 @@ class Granite4ToolParser(TaggedToolParser):
                '<function_call> {"name", "arguments"} (repeated, no end marker)')
 class Granite20bFCToolParser(JsonTailToolParser):
     markers = ("<function_call>",)
+    #: incremental streaming: each ``<function_call> {"name", "arguments": {`` then raw JSON
+    stream_spec = JsonArgs(head=NAME_ARGS_HEAD, next=r"\s*\}\s*<function_call>" + NAME_ARGS_HEAD)
 
     def parse_body(self, body: str):
         return json_objects_split(body, "<function_call>")

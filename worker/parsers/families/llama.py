@@ -11,11 +11,16 @@ starts, so text before a complete call is dropped and the call returned
 content (``llama3-tool-malformed-v0``). Hence, with tools in play, the output is held and
 parsed at the end (``JsonTailToolParser.hold_all``). Prose after the call chain is the
 assistant's content (bug-013: vLLM required the whole rest to be JSON and lost the call).
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``): when the output opens with
+a call (``<|python_tag|>`` optional), its name goes out once ``{"name": "…", "parameters": {``
+arrived, then the raw JSON arguments; an output with prose first keeps the whole parse.
 """
 from __future__ import annotations
 
 import json
 
+from worker.parsers.incremental import NAME_ARGS_HEAD, JsonArgs
 from worker.parsers.jsontail import JsonTailToolParser, call_of
 from worker.parsers.registry import register_tool
 
@@ -82,6 +87,9 @@ class Llama3JsonToolParser(JsonTailToolParser):
     """Llama 3 JSON calls (whole output parsed at the end)."""
 
     hold_all = True
+    #: incremental streaming: a call opening the output (after ``<|python_tag|>`` if any), then
+    #: ``; {...}`` calls; prose first -> the output is parsed whole at the end
+    stream_spec = JsonArgs(head=r"\s*(?:<\|python_tag\|>)?" + NAME_ARGS_HEAD, next=r"\s*\}\s*;" + NAME_ARGS_HEAD)
 
     def parse_body(self, body: str) -> list[tuple[str, str]] | None:
         return parse_llama_output(body)

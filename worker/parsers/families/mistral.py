@@ -13,15 +13,24 @@ Newer Mistral tokenizers (v11+) write each call as ``[TOOL_CALLS]NAME[ARGS]{json
 Parity rules (corpus ``mistral-tool-*``): text before the marker is content, as written
 (``" Let me check. "``); a body that is not such a list (``mistral-tool-malformed-v0``) is
 content, stripped and without the marker (coupled's non-stream answer).
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``): each call's name once its
+``{"name": "…", "arguments": {`` (or ``NAME[ARGS]{``) arrived, then the raw JSON arguments.
 """
 from __future__ import annotations
 
 import json
 
+from worker.parsers.incremental import NAME_ARGS_HEAD, JsonArgs
 from worker.parsers.jsontail import JsonTailToolParser, call_of
 from worker.parsers.registry import register_tool
 
 _ARGS = "[ARGS]"
+_SEGMENT_HEAD = r"\s*(?P<name>[^\s\[\]]+)\[ARGS\]\s*\{"
+#: incremental streaming heads: a list (or lone object) of ``{"name", "arguments"}``, or
+#: ``NAME[ARGS]{`` segments (``regex`` allows the ``name`` group in both alternatives)
+STREAM = JsonArgs(head=r"(?:\s*\[?" + NAME_ARGS_HEAD + "|" + _SEGMENT_HEAD + ")",
+                  next=r"(?:\s*\}\s*," + NAME_ARGS_HEAD + r"|\s*\[TOOL_CALLS\]" + _SEGMENT_HEAD + ")")
 _DECODER = json.JSONDecoder()
 
 
@@ -66,6 +75,7 @@ class MistralToolParser(JsonTailToolParser):
     markers = ("[TOOL_CALLS]",)
     needs_special_tokens = True
     id_format = "alnum9"
+    stream_spec = STREAM
 
     def parse_body(self, body: str) -> list[tuple[str, str]] | None:
         return parse_mistral_body(body)
