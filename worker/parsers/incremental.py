@@ -56,7 +56,7 @@ from worker.parsers.base import Delta, ToolCallDelta
 from worker.parsers.values import dumps_args, loads_json
 from worker.parsers.xmlcall import XmlFormat
 
-__all__ = ["ArgStream", "JsonArgs", "XmlArgs", "MAX_HEAD", "advance", "settle"]
+__all__ = ["ArgStream", "JsonArgs", "XmlArgs", "MAX_HEAD", "MAX_TAG", "advance", "settle"]
 
 #: longest call head (text before the arguments) waited for; a longer one is not streamed (the
 #: call then goes out whole when its block closes)
@@ -213,11 +213,17 @@ def _json(p: Any, st: Any, a: ArgStream, spec: JsonArgs, out: Delta, body: str, 
             a.open, a.phase = False, "next"
 
 
+#: longest tag the streamer waits for (a value holding a ``<`` and no ``>`` after it is not
+#: searched again from that ``<`` beyond this; a longer tag is then met by ``settle``)
+MAX_TAG = 256
+
+
 def _resume(body: str, scan: int, limit: int) -> int:
     """Where the next tag search starts after finding none in ``body[scan:limit]``: the first
-    ``<`` after the last ``>`` (a tag ends with ``>``, so no tag starts before that)."""
+    ``<`` after the last ``>`` (a tag ends with ``>``, so no tag starts before that), at most
+    ``MAX_TAG`` characters back (per-step work stays O(delta + MAX_TAG))."""
     k = body.rfind(">", scan, limit)
-    j = body.find("<", max(k + 1, scan), limit)
+    j = body.find("<", max(k + 1, scan, limit - MAX_TAG), limit)
     return j if j >= 0 else limit
 
 
