@@ -349,3 +349,72 @@ def test_config_key_and_flag(tmp_path):
     assert m.tool_call_streaming == "incremental"
     (m,) = models_from_args(ap.parse_args(["--tokenizer", QWEN3]))
     assert m.tool_call_streaming == "whole"
+
+
+# ------------------------------------------------------- XML string values, streamed early --
+STR_TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object", "properties": {
+    "path": {"type": "string"}, "content": {"type": "string"}, "mode": {"type": ["string", "null"]},
+    "n": {"type": "integer"}}}}}]
+#: raw values (as the model writes them between the tags) that test the string rules: framing
+#: newlines / whitespace, a value reading null, text looking like a tag, escapes, empties
+TRICKY = ["\nsrc/a.py\n", "\n\ndef f():\n    return a < b and c > d\n\n", "null", "\nNULL\n", "nul", "",
+          "\n", "  spaced  ", 'quote " back \\ tab \t é', "<not a tag", "x\n\n"]
+
+
+def _xml_call(tp: str, values: list[str]) -> str:
+    keys = ["path", "content", "mode", "extra"]  # "extra": not declared (a string)
+    pairs = list(zip(keys * 3, values))
+    if tp in ("qwen3_coder", "seed_oss"):
+        inner = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in pairs)
+        body = f"<function=write_file>\n{inner}<parameter=n>\n7\n</parameter>\n</function>"
+        return ("<seed:tool_call>" + body + "</seed:tool_call>") if tp == "seed_oss" else f"<tool_call>\n{body}\n</tool_call>"
+    if tp == "glm45":
+        inner = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in pairs)
+        return f"<tool_call>write_file\n{inner}<arg_key>n</arg_key><arg_value>7</arg_value></tool_call>"
+    tag, par = ("steptml:invoke", "steptml:parameter") if tp == "step3" else ("invoke", "parameter")
+    inner = "".join(f'<{par} name="{k}">{v}</{par}>\n' for k, v in pairs)
+    body = f'<{tag} name="write_file">\n{inner}<{par} name="n">7</{par}>\n</{tag}>'
+    if tp == "step3":
+        return f"<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜>{body}<｜tool_call_end｜><｜tool_calls_end｜>"
+    return f"<minimax:tool_call>\n{body}\n</minimax:tool_call>"
+
+
+XML_FAMILIES = [("qwen3_coder", "plain"), ("seed_oss", "seed"), ("glm45", "glm"), ("minimax_m2", "minimax"),
+                ("step3", "step3")]
+
+
+@pytest.mark.parametrize("tp,family", XML_FAMILIES)
+def test_xml_string_values_stream_early_and_match(tp, family):
+    """String parameters stream before their closing tag; under every split the joined JSON
+    equals the non-streaming arguments for framing, null, tag-like text, escapes and empties."""
+    for k in range(0, len(TRICKY), 4):
+        text = _xml_call(tp, TRICKY[k:k + 4] + TRICKY[:max(0, k + 4 - len(TRICKY))])
+        tok = fam.tokenizer(family)
+        whole = ParserStack(None, make_tool_parser(tp, tok), enable_auto_tool_choice=True)
+        ctx = RequestContext(tools=STR_TOOLS, tool_choice="auto")
+        st = whole.initial_state(ctx)
+        d = whole.feed(st, text, [])
+        expected = _whole_outcome(d.extend(whole.finish(st)))
+        assert expected[2], text
+        stack = _stack(None, tp, family)
+        splits = fam.splits(text) + [[text[i:i + 2] for i in range(0, len(text), 2)]]
+        for parts in splits:
+            assert _run(stack, ctx, parts).outcome() == expected, (text, parts[:4])
+    # the content string goes out before its closing tag (1-char deltas)
+    text = _xml_call(tp, ["\na.py\n", "\n" + "line of code\n" * 20])
+    stack = _stack(None, tp, family)
+    st = stack.initial_state(RequestContext(tools=STR_TOOLS, tool_choice="auto"), streaming=True)
+    sent = ""
+    close = text.index("line of code\n" * 20) + len("line of code\n" * 10)
+    for ch in text[:close]:
+        sent += "".join(c.arguments for c in stack.feed(st, ch, []).tool_calls)
+    assert "line of code\\n" * 9 in sent, sent
+
+
+def test_xml_string_value_cut_off_keeps_text_that_went_out():
+    """Output cut inside a string value that was streaming: the text that went out, the string
+    and the object closed (valid JSON); the whole-mode answer would drop that parameter."""
+    text = ("<tool_call>\n<function=write_file>\n<parameter=path>\na.py\n</parameter>\n"
+            "<parameter=content>\ndef f():\n    return 1")
+    got = _frags("qwen3_coder", "plain", text, tools=STR_TOOLS)
+    assert got.outcome() == ("", "", [("write_file", {"path": "a.py", "content": "def f():\n    return 1"})])

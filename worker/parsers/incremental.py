@@ -13,10 +13,14 @@ sends, in OpenAI's / vLLM's streaming shape, a call's first fragment ``{index, n
   family's head pattern, matched with ``regex``'s partial matching, so text that could still
   turn out not to be a call (a head that stops matching) is never announced;
 * **XML-parameter formats** (``XmlArgs``: Qwen3-Coder / qwen3_xml, Seed-OSS, GLM-4.5/4.7,
-  MiniMax-M2, Step-3): the JSON object being built, one parameter at a time when its value's
-  closing tag arrives (its JSON type is known only then, ``values.convert_param``): ``{"k": v``,
-  then ``, "k2": v2``, then ``}`` when the call closes. The name goes out with the call's
-  opening tag (GLM: with the first ``<arg_key>`` after the name).
+  MiniMax-M2, Step-3): the JSON object being built: ``{"k": v``, then ``, "k2": v2``, then ``}``
+  when the call closes. A parameter whose value the request's schema makes a string (or that
+  the schema does not declare; the family's ``string_param``) streams as its value arrives
+  (``{"path": "src/a.py", "content": "def f():\n  ...``), holding back only what may still be a
+  tag, the template's framing whitespace around the value (``stream_strip``) and a value that
+  may still read ``null`` (JSON null for every type, ``values.convert_param``); any other
+  parameter goes out when its closing tag arrives (its JSON type is known only then). The name
+  goes out with the call's opening tag (GLM: with the first ``<arg_key>`` after the name).
 
 Held back: only the text that may still be the block's end marker (``hold_back``), a head that
 is not complete yet, and a parameter whose value is still open. Per step the work is on the new
@@ -34,9 +38,10 @@ Malformed or truncated after the name went out (what the client gets, by design)
 
 * the call stays a call (its name cannot be taken back) and its markup is never re-sent as
   content, also when the non-streaming answer turns the block into content;
-* XML formats: it keeps the parameters that went out, and its arguments object is closed
-  (``}``): valid JSON; parameters of the non-streaming answer not yet sent are added when the
-  block parses at all;
+* XML formats: it keeps the parameters that went out (a string value cut off keeps the text
+  that went out), and its arguments object is closed (``"`` / ``}``): valid JSON; parameters of
+  the non-streaming answer not yet sent, or sent with another value, are added (the later key
+  wins) when the block parses at all;
 * JSON formats: its arguments are the raw text that went out, which is not complete JSON when
   the model stopped inside the object (``finish_reason: "length"``): OpenAI's own streams end
   the same way on a length cut;
@@ -80,6 +85,12 @@ class ArgStream(msgspec.Struct, kw_only=True, array_like=True):
     name: str = ""
     args: str = ""
     key: str = ""
+    #: the open XML value is a certain string (streamed as it arrives), its ``"key": "`` went
+    #: out, body offset of its text not sent yet, its leading framing was stripped
+    strv: bool = False
+    sv: bool = False
+    vs: int = 0
+    lead: bool = False
     depth: int = 0
     ins: bool = False
     esc: bool = False
@@ -227,6 +238,48 @@ def _resume(body: str, scan: int, limit: int) -> int:
     return j if j >= 0 else limit
 
 
+def _string_piece(p: Any, a: ArgStream, body: str, end: int, final: bool) -> str | None:
+    """JSON text for the open string value's text ``body[a.vs:end]`` (``final``: its closing
+    tag is at ``end``): framing stripped (``p.stream_strip``: ``newline`` one leading/trailing
+    newline, ``all`` surrounding whitespace, ``none``), trailing framing held back, the value
+    held while it may still read ``null`` (``p.stream_null``). Returns None at ``final`` when
+    the value is ``null`` (nothing of it went out). Advances ``a.vs``."""
+    mode = p.stream_strip
+    text = body[a.vs:end]
+    if not a.lead:
+        if mode == "newline":
+            if not text and not final:
+                return ""
+            if text.startswith("\n"):
+                a.vs += 1
+                text = text[1:]
+        elif mode == "all":
+            k = len(text) - len(text.lstrip())
+            a.vs += k
+            text = text[k:]
+            if not text and not final:
+                return ""
+        a.lead = True
+    if mode == "newline" and text.endswith("\n"):
+        text = text[:-1]  # framing at the end, or held back until the next text
+    elif mode == "all":
+        text = text.rstrip()
+    out = ""
+    if not a.sv:
+        if p.stream_null and len(text) <= 4 and "null".startswith(text.lower()):
+            if not final:
+                return ""
+            if text.lower() == "null":
+                return None
+        out = (", " if a.args else "{") + dumps_args(a.key) + ': "'
+        a.sv = True
+    a.vs += len(text)
+    out += dumps_args(text)[1:-1]
+    if final:
+        out += '"'
+    return out
+
+
 def _tag(fmt: XmlFormat, m: re.Match[str]) -> tuple[str, str | None]:
     kind = m.lastgroup or ""
     if kind.endswith("_a"):
@@ -240,7 +293,7 @@ def _xml(p: Any, st: Any, a: ArgStream, spec: XmlArgs, out: Delta, body: str, li
         m = fmt._re.search(body, a.scan, limit)
         if m is None:
             a.scan = _resume(body, a.scan, limit)
-            return
+            break
         kind, attr = _tag(fmt, m)
         gap = body[a.pos:m.start()]
         ws = not gap.strip()
@@ -259,6 +312,7 @@ def _xml(p: Any, st: Any, a: ArgStream, spec: XmlArgs, out: Delta, body: str, li
             free = ws or fmt.lenient
             if kind == "value_open" and fmt.key_open is None and free and (attr or "").strip():
                 a.key, nxt = attr.strip(), "value"
+                _open_value(p, st, a, m.end())
             elif kind == "key_open" and free:
                 nxt = "key"
             elif kind == "call_close" and free:
@@ -270,14 +324,33 @@ def _xml(p: Any, st: Any, a: ArgStream, spec: XmlArgs, out: Delta, body: str, li
         elif ph == "after_key":
             if kind == "value_open" and ws:
                 nxt = "value"
+                _open_value(p, st, a, m.end())
         elif ph == "value" and kind == "value_close":
-            entry = dumps_args({a.key: p.stream_value(st, a.name, a.key, gap)})[1:-1]
-            piece = (", " if a.args else "{") + entry
+            piece = _string_piece(p, a, body, m.start(), True) if a.strv else None
+            if piece is None:
+                entry = dumps_args({a.key: p.stream_value(st, a.name, a.key, gap)})[1:-1]
+                piece = (", " if a.args else "{") + entry
             _send(out, st.calls - 1, piece)
             a.args += piece
+            a.strv = a.sv = False
             nxt = "call"
+        if nxt == "off" and a.sv:  # a string value cut by an unexpected tag: close it
+            _send(out, st.calls - 1, '"')
+            a.args += '"'
+            a.strv = a.sv = False
         a.phase = nxt
         a.pos = a.scan = m.end()
+    if a.phase == "value" and a.strv:  # no tag in the rest: the string value so far
+        piece = _string_piece(p, a, body, a.scan, False)
+        if piece:
+            _send(out, st.calls - 1, piece)
+            a.args += piece
+
+
+def _open_value(p: Any, st: Any, a: ArgStream, start: int) -> None:
+    """A value of ``a.key`` opens at ``start``: streamed as it arrives when it is a string."""
+    a.strv = bool(p.string_param(st, a.name, a.key))
+    a.sv, a.vs, a.lead = False, start, False
 
 
 def advance(p: Any, st: Any, out: Delta, body: str, limit: int) -> None:
@@ -303,6 +376,10 @@ def settle(p: Any, st: Any, out: Delta, parsed: list[tuple[str, str]] | None) ->
     xml = isinstance(p.spec, XmlArgs)
     if a.open and xml:
         j = a.n - 1
+        if a.sv:  # the output ended inside a string value: the text that went out, closed
+            a.args += '"'
+            _send(out, st.calls - 1, '"')
+            a.sv = False
         tail = "}" if a.args else "{}"
         if parsed and j < len(parsed):
             try:

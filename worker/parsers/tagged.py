@@ -42,6 +42,7 @@ import msgspec
 from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back
 from worker.parsers.incremental import LIST_ARGS, NAME_ARGS, ArgStream, JsonArgs, XmlArgs, advance, settle
 from worker.parsers.marker import json_call_list
+from worker.parsers.values import is_string_param
 from worker.parsers.xmlcall import strip_newline, typed_value
 
 
@@ -175,6 +176,11 @@ class TaggedToolParser(ToolParser):
 
     param_types: ClassVar[bool] = False
     stream_spec: ClassVar[JsonArgs | XmlArgs | None] = None
+    #: XML string values streamed as they arrive: their framing (``newline``: one leading and
+    #: one trailing newline, ``all``: surrounding whitespace, ``none``) and whether a value
+    #: reading ``null`` is JSON null (``values.convert_param``), as ``stream_value`` types them
+    stream_strip: ClassVar[str] = "newline"
+    stream_null: ClassVar[bool] = True
     #: bodies are JSON: an end marker inside a JSON string does not close the call (None:
     #: on when ``parse_body`` is one of the JSON body parsers)
     json_body: ClassVar[bool | None] = None
@@ -214,6 +220,14 @@ class TaggedToolParser(ToolParser):
             return json_string_name(raw)
         name = raw.strip()
         return name if name and not any(c.isspace() or c in "<>{}" for c in name) else None
+
+    def string_param(self, st: TaggedState, name: str, key: str) -> bool:
+        """XML parameter ``key`` of call ``name`` is typed as a string whatever its text (but
+        ``null`` when ``stream_null``): it may stream before its value closes. Default: the
+        request's schema (``values.is_string_param``, the rule ``stream_value`` applies)."""
+        fn_types = st.types.get(name)
+        known = fn_types is not None and key in fn_types
+        return is_string_param(fn_types.get(key) if known else None, known)
 
     def stream_value(self, st: TaggedState, name: str, key: str, raw: str) -> Any:
         """The JSON value of XML parameter ``key`` of call ``name`` from its raw text, as the

@@ -78,6 +78,13 @@ def _type_name(t: Any) -> str | None:
     return t.strip().lower() if isinstance(t, str) else None
 
 
+def is_string_param(param_type: Any, known: bool = True) -> bool:
+    """True when ``convert_param(value, param_type, known)`` is ``value`` itself for every value
+    but ``null`` (an undeclared parameter, or a string-like schema type): such a value can be
+    streamed as a JSON string before it ends (``worker.parsers.incremental``)."""
+    return not known or _type_name(param_type) in _STRING
+
+
 def convert_param(value: str, param_type: Any, known: bool = True) -> Any:
     """The JSON value of raw parameter text ``value`` for schema type ``param_type``
     (``known``: the parameter is declared in the function's schema)."""

@@ -47,11 +47,15 @@ GLM_FORMAT = XmlFormat(key_open=r"<arg_key>", key_close=r"</arg_key>",
 _FIRST_TAG = re.compile(r"</?arg_(?:key|value)>")
 
 
-def _glm_value(raw: str, fn_types, key: str):
-    t = (fn_types or {}).get(key)
+def _glm_string(t) -> bool:
+    """The schema type keeps a GLM value as its raw text (declared ``string``/``str``/``text``)."""
     if isinstance(t, list):
         t = next((x for x in t if x != "null"), None)
-    if isinstance(t, str) and t.lower() in ("string", "str", "text"):
+    return isinstance(t, str) and t.lower() in ("string", "str", "text")
+
+
+def _glm_value(raw: str, fn_types, key: str):
+    if _glm_string((fn_types or {}).get(key)):
         return raw
     return json_or_text(raw)
 
@@ -133,6 +137,12 @@ class Glm45ToolParser(TaggedToolParser):
     def stream_name(self, st: TaggedState, raw: str):
         name = raw.strip()
         return name if _valid_name(name) else None
+
+    stream_strip = "none"  # a string value is the raw text (``_glm_value``)
+    stream_null = False
+
+    def string_param(self, st: TaggedState, name: str, key: str) -> bool:
+        return _glm_string((st.types.get(name) or {}).get(key))
 
     def stream_value(self, st: TaggedState, name: str, key: str, raw: str):
         return _glm_value(raw, st.types.get(name), key)

@@ -60,6 +60,8 @@ class Step3ToolParser(TaggedToolParser):
     #: closing tag; the ``<｜tool_call_begin｜>function<｜tool_sep｜>`` framing is skipped
     stream_spec = XmlArgs(invoke_format("steptml:invoke", "steptml:parameter"), outside=True)
 
+    stream_strip = "all"
+
     def stream_value(self, st: TaggedState, name: str, key: str, raw: str):
         return typed_value(raw.strip(), st.types.get(name), key)  # values stripped, as parse_invokes
 
