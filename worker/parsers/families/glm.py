@@ -28,7 +28,8 @@ first ``<arg_key>``) -> name ``get_weather``, key ``city``. Anything else malfor
 content.
 
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): the name goes out with the
-first ``<arg_key>`` after it, each pair (typed as above) when its ``</arg_value>`` arrives, ``}``
+first ``<arg_key>`` after it, a declared ``string`` value as it arrives,
+any other pair (typed as above) when its ``</arg_value>`` arrives, ``}``
 when the block closes; a call without parameters goes out whole. Malformed markup met after the
 name: streaming stops there and the block's close adds what the parse above recovers.
 """

@@ -25,7 +25,8 @@ the output keeps its complete invokes (``TaggedToolParser.call_ends``: ``</invok
 cut-off invoke after them is dropped.
 
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): each invoke's name goes
-out with ``<invoke name=…>``, each parameter when its ``</parameter>`` arrives, ``}`` with
+out with ``<invoke name=…>``, a string parameter's value as it
+arrives, any other parameter when its ``</parameter>`` arrives, ``}`` with
 ``</invoke>``; a cut-off invoke whose name went out keeps the parameters that went out.
 """
 import msgspec

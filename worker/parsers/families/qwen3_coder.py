@@ -26,7 +26,8 @@ key or name is unknown): its orphan closing tag leaves the block as content. Pla
 the tags is ignored, as vLLM's ``qwen3coder`` parser does.
 
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): the name goes out with
-``<function=NAME>``, each parameter (typed JSON) when its ``</parameter>`` arrives, ``}`` with
+``<function=NAME>``, a string parameter's value as it arrives, any other parameter (typed JSON) when its
+``</parameter>`` arrives, ``}`` with
 ``</function>``; a call cut off after its name keeps the parameters that went out, object closed.
 """
 from __future__ import annotations

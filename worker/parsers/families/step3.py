@@ -14,7 +14,8 @@ schema (undeclared parameters stay strings). A section left open at the end of t
 its complete calls (``TaggedToolParser.call_ends``), the cut-off call after them is dropped.
 
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): each invoke's name goes
-out with ``<steptml:invoke name=…>``, each parameter when its closing tag arrives, ``}`` with
+out with ``<steptml:invoke name=…>``, a string parameter's value as it arrives (surrounding
+whitespace held back), any other parameter when its closing tag arrives, ``}`` with
 ``</steptml:invoke>``.
 """
 import re
