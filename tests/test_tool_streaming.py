@@ -418,3 +418,36 @@ def test_xml_string_value_cut_off_keeps_text_that_went_out():
             "<parameter=content>\ndef f():\n    return 1")
     got = _frags("qwen3_coder", "plain", text, tools=STR_TOOLS)
     assert got.outcome() == ("", "", [("write_file", {"path": "a.py", "content": "def f():\n    return 1"})])
+
+
+@pytest.mark.parametrize("mode", ["whole", "incremental"])
+def test_batch_cli_honours_the_flag(tmp_path, mode):
+    """``derender-worker batch --tool-call-streaming MODE`` on a streamed request (one line
+    holding its chunk bodies): incremental sends many argument fragments, whole one."""
+    import os
+    import subprocess
+    import sys
+
+    svc = _service("whole")
+    tok = svc.runtime("m").tokenizer
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "notes": "' + "x y " * 20 + '"}}\n</tool_call>'
+    ids = tok.encode(text) + [tok.token_to_id("<|im_end|>")]
+    bodies = []
+    for i, t in enumerate(ids):
+        b = {"model": "m", "stream": True, "generate_chunk": {"request_id": "r", "choices": [
+            {"index": 0, "token_ids": [t], "finish_reason": "stop" if i == len(ids) - 1 else None}]}}
+        if i == 0:
+            b["prompt_token_ids"] = tok.encode("<|im_start|>assistant\n")
+            b["chat_request"] = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                 "tools": TOOLS, "tool_choice": "auto"}
+        bodies.append(b)
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps(bodies) + "\n")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    subprocess.run([sys.executable, "-m", "worker.cli", "batch", str(src), "-o", str(out), "--tokenizer", QWEN3,
+                    "--served-model-name", "m", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+                    "--tool-call-streaming", mode], check=True, env=env, capture_output=True, timeout=300)
+    chunks = json.loads(out.read_text().splitlines()[0])
+    frags = [tc for ck in chunks if ck["choices"] for tc in ck["choices"][0]["delta"].get("tool_calls") or []]
+    assert json.loads("".join(f["function"]["arguments"] for f in frags))["city"] == "Paris"
+    assert (len(frags) > 10) if mode == "incremental" else (len(frags) == 1)
