@@ -1,4 +1,5 @@
-"""Incremental tool-call streaming (``--tool-call-streaming incremental``) for the tagged engine.
+"""Incremental tool-call streaming (``--tool-call-streaming incremental``) for the tagged and
+jsontail engines (``tagged.py``, ``jsontail.py``: they call ``advance`` / ``settle``).
 
 With ``whole`` (the default) a call reaches a streaming client in one delta when its block
 closes, and the stream equals the non-streaming answer. With ``incremental`` a streamed choice
@@ -7,7 +8,8 @@ sends, in OpenAI's / vLLM's streaming shape, a call's first fragment ``{index, n
 ``{index, arguments: "..."}`` pieces as the arguments are generated:
 
 * **JSON-argument formats** (``JsonArgs``: Hermes and the other ``{"name", "arguments"}`` blocks,
-  Hunyuan / Jamba lists, Kimi K2, DeepSeek V3 / V3.1): the arguments object's raw text as the
+  Hunyuan / Jamba lists, Kimi K2, DeepSeek V3 / V3.1, Mistral, Llama 3 JSON, Phi-4-mini,
+  Granite-20B-FC): the arguments object's raw text as the
   model writes it, from its ``{`` to its matching ``}`` (a small JSON lexer finds that brace).
   The name goes out once the call's head (everything up to the arguments' ``{``) has matched the
   family's head pattern, matched with ``regex``'s partial matching, so text that could still
@@ -22,10 +24,13 @@ sends, in OpenAI's / vLLM's streaming shape, a call's first fragment ``{index, n
   parameter goes out when its closing tag arrives (its JSON type is known only then). The name
   goes out with the call's opening tag (GLM: with the first ``<arg_key>`` after the name).
 
-Held back: only the text that may still be the block's end marker (``hold_back``), a head that
-is not complete yet, and a parameter whose value is still open. Per step the work is on the new
-text (tag / lexer scans resume where they stopped; a head is re-matched from its start, bounded
-by ``MAX_HEAD`` characters).
+Held back: only the text that may still be the block's end marker (``hold_back``) or a tag, a
+head that is not complete yet, the held parts of an XML string value above, and a non-string
+XML value until it closes. Per step the work is on the new text (tag / lexer scans resume where
+they stopped, at most ``MAX_TAG`` characters back; a head is re-matched from its start, bounded
+by ``MAX_HEAD`` characters). The state (``ArgStream``, in the engine's msgpack state) holds
+offsets into the open block's body, which the engine buffers anyway, and the XML entries sent
+for the open call: bounded by that call.
 
 When the block closes, the engine's non-streaming parse of the whole body (the ``whole`` answer)
 settles what the stream still owes (``settle``): the calls it has not started go out whole, the
