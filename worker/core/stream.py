@@ -117,7 +117,8 @@ __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "d
 
 #: 2: parser states gained fields (tagged ``after_end``, think ``ws``, Harmony id scanning); a state
 #: stored by an older build is refused (a 400 for that stream), never misread.
-STATE_VERSION = 2
+#: 3: tagged / jsontail states gained the incremental tool-call streamer (``inc``, ``calls``).
+STATE_VERSION = 3
 
 
 class StreamOpts(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
