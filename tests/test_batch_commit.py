@@ -58,6 +58,39 @@ def test_gzip_output_when_name_ends_in_gz(tmp_path):
     assert gzip.decompress(raw) == (tmp_path / "out.jsonl").read_bytes()
 
 
+def test_gzip_input_told_by_its_magic_bytes_also_on_stdin(tmp_path):
+    """``cat log.jsonl.gz | batch - ...`` and a gzip file without ``.gz`` in its name are read as
+    gzip (RFC 1952 magic), not as 1 bad record per compressed line."""
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies()[:5])
+    assert run_cli(str(src), "-o", str(tmp_path / "ref.jsonl"), "--workers", "1") == 0
+    ref = (tmp_path / "ref.jsonl").read_bytes()
+    packed = tmp_path / "in.log"  # gzip content, a name that says nothing
+    packed.write_bytes(gzip.compress(src.read_bytes()))
+    assert run_cli(str(packed), "-o", str(tmp_path / "o1.jsonl"), "--workers", "1") == 0
+    assert (tmp_path / "o1.jsonl").read_bytes() == ref
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "worker.cli", "batch", "-", "-o", "-", "--config", QWEN3,
+                           "--workers", "1"], input=packed.read_bytes(), capture_output=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ref
+
+
+def test_stdout_reader_going_away_is_quiet(tmp_path):
+    """``batch LOG -o - | head``: no error line, status 141 (128 + SIGPIPE) as a filter killed by
+    SIGPIPE would report."""
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies() * 40)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", str(src), "-o", "-", "--config", QWEN3,
+                             "--workers", "1", "--no-progress"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    assert proc.stdout.read(100).startswith(b"{")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Broken pipe" not in err and "Traceback" not in err
+
+
 def test_exit_status_and_summary_when_records_fail(tmp_path, capsys):
     bodies = qwen3_bodies()[:6]
     bad = write_jsonl(tmp_path / "bad.jsonl", [dict(b, model="forgotten") for b in bodies])

@@ -5,8 +5,8 @@ same core as the Kafka worker. This module holds the command line; the engine li
 Input: plain JSONL (one derender body per line: ``DerenderChatRequest`` /
 ``DerenderCompletionRequest``, told apart by shape; streaming chunk bodies; or a JSON array of
 one request's chunk bodies, see ``worker.offline.streams``), OpenAI Batch JSONL (``custom_id`` +
-``body``), or Parquet (one row per request, columns named as the body's fields); gzip JSONL by
-a ``.gz`` suffix; ``-`` reads standard input. Formats: ``worker.offline.formats``.
+``body``), or Parquet (one row per request, columns named as the body's fields); gzip JSONL told
+by its content (RFC 1952 magic bytes); ``-`` reads standard input. Formats: ``worker.offline.formats``.
 Output: one result per input record, in input order: the OpenAI response, or an OpenAI error
 object for a bad record (a bad record never stops the file); ``created`` in the output is the
 body's engine value, else 0 (never the clock: the same log always gives the same output bytes); JSONL (gzip when the name ends in
@@ -17,13 +17,16 @@ a half-written output and never destroys an earlier one (``worker.offline.commit
 Exit status: 0 when the input was processed and at least one record succeeded (or the input was
 empty); 1 when no record succeeded, or any failed with ``--fail-on-error`` (the output is
 written either way: failed records hold their error objects); 2 on a configuration or I/O error
-(no output written). A summary goes to standard error: counts, the distinct failures with their
+(no output written); 130 on Ctrl-C; 141 (128 + SIGPIPE), quietly, when the reader of ``-o -``
+went away (``| head``). A summary goes to standard error: counts, the distinct failures with their
 first record, and how to list the failed records.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import signal
 import sys
 
 from worker.config import models_from_args
@@ -34,7 +37,7 @@ from worker.offline.runner import DEFAULT_PART_SIZE, run_batch
 
 def add_batch_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``batch`` (the model flags are added by ``worker.config.add_model_args``)."""
-    ap.add_argument("input", help="generation log: JSONL (.gz ok; - for stdin), OpenAI Batch JSONL, or Parquet")
+    ap.add_argument("input", help="generation log: JSONL (gzip ok; - for stdin), OpenAI Batch JSONL, or Parquet")
     ap.add_argument("-o", "--output", required=True,
                     help="output: JSONL (.gz -> gzip), OpenAI Batch JSONL, or .parquet (- for stdout)")
     ap.add_argument("--input-format", choices=("auto",) + formats.INPUT_FORMATS, default="auto",
@@ -129,6 +132,12 @@ def main_batch(args: argparse.Namespace) -> int:
             summary = run_batch(service, args.input, args.output, args.workers, args.chunksize,
                                 progress=args.progress, part_size=args.part_size or None, resume=args.resume,
                                 max_in_flight=args.max_in_flight or None, keep_parts=args.keep_parts, **kw)
+    except BrokenPipeError:
+        # ``-o - | head``: the reader went away, as it may; quiet, like other filters (the status
+        # a shell reports for a process killed by SIGPIPE). stdout is pointed at /dev/null so the
+        # interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (ValueError, OSError, EOFError, RuntimeError, ImportError) as e:
         print(f"derender-worker batch: {e}", file=sys.stderr)
         return 2

@@ -57,14 +57,24 @@ def is_parquet_name(path: str) -> bool:
     return path.lower().endswith((".parquet", ".pq"))
 
 
+#: the first two bytes of every gzip member (RFC 1952, section 2.3.1: ID1 ID2)
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def open_input(path: str) -> tuple[IO[bytes], IO[bytes] | None]:
-    """(reader, raw file) of a JSONL input: gzip-decoded when the name ends in ``.gz``; ``-`` is
+    """(reader, raw file) of a JSONL input: gzip-decoded when it starts with the gzip magic bytes
+    (RFC 1952), whatever its name (so ``-`` fed by ``cat log.jsonl.gz`` works too; a ``.gz`` file
+    that is not gzip is refused by ``gzip`` with ``BadGzipFile``, an ``OSError``); ``-`` is
     standard input. ``raw`` is the underlying file (its ``tell()`` gives the compressed bytes read,
     for progress), None for standard input. Raises ``OSError`` when the file cannot be opened."""
     if path == "-":
-        return sys.stdin.buffer, None
+        stdin = sys.stdin.buffer
+        head = stdin.peek(2)[:2] if hasattr(stdin, "peek") else b""
+        if head == GZIP_MAGIC:
+            return gzip.GzipFile(fileobj=stdin, mode="rb"), None  # type: ignore[return-value]
+        return stdin, None
     raw = open(path, "rb")
-    if path.endswith(".gz"):
+    if raw.peek(2)[:2] == GZIP_MAGIC or path.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb"), raw  # type: ignore[return-value]
     return raw, raw
 
