@@ -160,6 +160,26 @@ def test_sigkilled_run_leaves_earlier_output_whole(tmp_path):
     assert out.read_text() == "earlier output\n"
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_removes_the_temporary_output_and_exits_143(tmp_path, workers):
+    """``kill PID`` (SIGTERM, what job schedulers send) cleans up as Ctrl-C does: no temporary
+    file left, earlier output untouched, one line, status 143, no pool process left behind."""
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies() * 60)
+    out = tmp_path / "out.jsonl"
+    out.write_text("earlier output\n")
+    proc = _spawn([str(src), "-o", str(out), "--workers", workers], tmp_path)
+
+    def writing() -> bool:
+        return any(p.name.startswith(".out.jsonl.") and p.stat().st_size > 0 for p in tmp_path.iterdir())
+    _wait_for(writing, proc)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 143, err
+    assert err.strip().splitlines() == ["derender-worker batch: terminated (SIGTERM); no output written"]
+    assert out.read_text() == "earlier output\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
+
+
 def _streamed_log() -> list[dict]:
     """Stream chunk bodies of several requests interleaved with non-streaming bodies (so requests
     span part boundaries), repeated to make a run of a few seconds."""

@@ -17,7 +17,8 @@ a half-written output and never destroys an earlier one (``worker.offline.commit
 Exit status: 0 when the input was processed and at least one record succeeded (or the input was
 empty); 1 when no record succeeded, or any failed with ``--fail-on-error`` (the output is
 written either way: failed records hold their error objects); 2 on a configuration or I/O error
-(no output written); 130 on Ctrl-C; 141 (128 + SIGPIPE), quietly, when the reader of ``-o -``
+(no output written); 130 on Ctrl-C, 143 on SIGTERM (the temporary output removed, completed
+parts kept); 141 (128 + SIGPIPE), quietly, when the reader of ``-o -``
 went away (``| head``). A summary goes to standard error: counts, the distinct failures with their
 first record, and how to list the failed records.
 """
@@ -28,6 +29,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 
 from worker.config import models_from_args
 from worker.core.service import DerenderService, error_body
@@ -114,8 +116,38 @@ def exit_status(summary: dict, fail_on_error: bool) -> int:
     return 0
 
 
+class Terminated(BaseException):
+    """Raised in the main process of ``batch`` by SIGTERM (``kill PID``, a job scheduler's stop),
+    so the output is cleaned up as on Ctrl-C instead of the process dying with its temporary file
+    in place. A ``BaseException`` like ``KeyboardInterrupt``: no ``except Exception`` swallows it."""
+
+
+def _on_sigterm(main_pid: int):
+    def handler(signum, frame):
+        if os.getpid() != main_pid:  # a forked pool process inherited the handler: die as by default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated()
+    return handler
+
+
 def main_batch(args: argparse.Namespace) -> int:
     """``derender-worker batch``: see the module docstring for the exit status."""
+    parts_note = " (completed parts kept: rerun with --resume)" if args.resume or args.part_size else ""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers: main thread only
+        return _main_batch(args, parts_note)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))
+    try:
+        return _main_batch(args, parts_note)
+    except Terminated:
+        print(f"derender-worker batch: terminated (SIGTERM); no output written{parts_note}", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main_batch(args: argparse.Namespace, parts_note: str) -> int:
     try:
         service = DerenderService(models_from_args(args))
         kw = dict(input_format=None if args.input_format == "auto" else args.input_format,
@@ -142,10 +174,8 @@ def main_batch(args: argparse.Namespace) -> int:
         print(f"derender-worker batch: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("derender-worker batch: interrupted; no output written"
-              + (" (completed parts kept: rerun with --resume)" if args.resume or args.part_size else ""),
-              file=sys.stderr)
-        return 130
+        print(f"derender-worker batch: interrupted; no output written{parts_note}", file=sys.stderr)
+        return 128 + signal.SIGINT
     for line in summary_lines(summary, args.output):
         print(line, file=sys.stderr)
     return exit_status(summary, args.fail_on_error)
