@@ -97,6 +97,20 @@ def test_parquet_struct_columns_equal_jsonl(tmp_path):
     assert got == ref
 
 
+def test_parquet_chat_and_completion_in_one_file_with_json_string_columns(tmp_path):
+    """Chat and completion bodies in one file: ``prompt_tokens`` / ``prompt_token_ids`` differ in
+    type between the kinds, so every field but ``model`` goes in as a JSON string (the README's
+    recipe) and is parsed back."""
+    bodies = corpus_bodies()
+    assert {"generate_response", "generate_responses"} <= {k for b in bodies for k in b}
+    keys = sorted({k for b in bodies for k in b})
+    table = pa.table({k: [b.get(k) if k == "model" or k not in b else json.dumps(b[k]) for b in bodies]
+                      for k in keys})
+    assert pa.types.is_string(table.schema.field("prompt_tokens").type)
+    got, _ = parquet_answers(tmp_path, table, "mixed")
+    assert got == jsonl_answers(tmp_path, bodies)
+
+
 def test_openai_batch_round_trip_equals_jsonl(tmp_path):
     bodies = corpus_bodies()
     ref = jsonl_answers(tmp_path, bodies)

@@ -48,6 +48,11 @@ OUTPUT_FORMATS = ("jsonl", "openai-batch", "parquet")
 #: derender body fields that hold JSON objects (a Parquet string column of them is parsed)
 OBJECT_FIELDS = ("generate_response", "generate_responses", "chat_request", "completion_request",
                  "generate_chunk", "stream_state")
+#: body fields a Parquet string column of which is parsed as JSON: every field but ``model``
+#: (``schemas/Derender*Request.schema.json``: none of these is ever a string), so a file can hold
+#: chat and completion bodies, whose ``prompt_tokens``/``prompt_token_ids`` differ in type (int
+#: and list of ids vs list of ints and list of lists), by writing them as JSON strings
+JSON_STRING_FIELDS = OBJECT_FIELDS + ("prompt_tokens", "prompt_token_ids", "stream")
 
 #: bytes of the input inspected to tell OpenAI Batch from plain JSONL
 SNIFF_BYTES = 1 << 20
@@ -181,7 +186,7 @@ def _row_body(row: dict[str, Any]) -> bytes:
     for k, v in row.items():
         if v is None:
             continue
-        if k in OBJECT_FIELDS and isinstance(v, (str, bytes)):
+        if k in JSON_STRING_FIELDS and isinstance(v, (str, bytes)):
             v = _json_any.decode(v)
         elif isinstance(v, (dict, list)):
             v = _drop_nulls(v)
