@@ -127,6 +127,16 @@ def test_progress_shows_total_and_eta_when_forced(tmp_path, capsys):
     assert "%|" not in err and "batch:" in err
 
 
+def test_progress_counts_records_in_plain_digits(tmp_path, capsys):
+    """The bar's record count is a number a person reads (``records=10000``), not tqdm's
+    ``format_num`` of an int postfix (``1e+4``)."""
+    src = tmp_path / "in.jsonl"  # 9,999 blank lines (instant 400s) and one body: 10,000 records
+    src.write_text("\n" * 9999 + json.dumps(qwen3_bodies()[0]) + "\n")
+    assert run_cli(str(src), "-o", str(tmp_path / "o.jsonl"), "--workers", "1", "--progress") == 0
+    err = capsys.readouterr().err
+    assert "records=10000]" in err and "e+" not in err
+
+
 def _spawn(args: list[str], cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", *args, "--config", QWEN3,

@@ -128,7 +128,8 @@ class _Progress:
         if self.bar is not None and self.pos != self._shown:
             self.bar.update(self.pos - self._shown)
             self._shown = self.pos
-            self.bar.set_postfix(lines=lines, refresh=False)
+            # a string: tqdm formats an int postfix as '2e+4'
+            self.bar.set_postfix_str(f"records={lines}", refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:
