@@ -72,6 +72,25 @@ def test_bad_flag_value_is_one_line():
     _one_error_line(_cli("batch", "-", "-o", "-", "--max-n", "many"), "--max-n", "derender-worker batch")
 
 
+@pytest.mark.parametrize("flag,value,bound", [("--chunksize", "0", ">= 1"), ("--workers", "-3", ">= 0"),
+                                              ("--part-size", "-1", ">= 0"), ("--row-group-size", "0", ">= 1"),
+                                              ("--max-in-flight", "-1", ">= 0")])
+def test_batch_numbers_out_of_range_are_one_line_with_the_bound(flag, value, bound):
+    """``--chunksize 0`` hung the pool forever and ``--workers -3`` printed multiprocessing's
+    message: now one line naming the flag and its bound, before anything runs."""
+    _one_error_line(_cli("batch", "-", "-o", "-", *QWEN_FLAGS, flag, value, timeout=60),
+                    f"argument {flag}: invalid int value: '{value}' (must be {bound})")
+
+
+def test_a_bounded_flag_says_its_bound():
+    """argparse alone says ``invalid int value: '0'`` for ``--max-in-flight 0``, as if 0 were no
+    integer; the bound's reason is kept (plain int() failures keep argparse's wording)."""
+    _one_error_line(_cli("run", "--max-in-flight", "0"), "invalid int value: '0' (must be >= 1)")
+    _one_error_line(_cli("batch", "-", "-o", "-", "--max-logprobs", "-2"), "(must be >= -1 (-1 = no limit))")
+    line = _one_error_line(_cli("batch", "-", "-o", "-", "--max-n", "many"))
+    assert line.split(" (usage")[0].endswith("argument --max-n: invalid int value: 'many'")
+
+
 @pytest.mark.parametrize("cmd", [["run"], ["batch", "-", "-o", "-"], ["bench"], ["demo"]])
 def test_malformed_env_value_names_the_variable(cmd):
     var = {"run": "DERENDER_MAX_IN_FLIGHT", "batch": "DERENDER_WORKERS", "bench": "DERENDER_TOKENS",

@@ -37,6 +37,18 @@ from worker.offline import formats
 from worker.offline.runner import DEFAULT_PART_SIZE, run_batch
 
 
+def _int_at_least(lo: int):
+    """An argparse type: an integer >= ``lo`` (a 0 chunk size hung the pool, a negative worker
+    count reached multiprocessing). Raises ``ValueError`` with the bound."""
+    def conv(text: str) -> int:
+        v = int(text)
+        if v < lo:
+            raise ValueError(f"must be >= {lo}")
+        return v
+    conv.__name__ = "int"
+    return conv
+
+
 def add_batch_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``batch`` (the model flags are added by ``worker.config.add_model_args``)."""
     ap.add_argument("input", help="generation log: JSONL (gzip ok; - for stdin), OpenAI Batch JSONL, or Parquet")
@@ -51,13 +63,13 @@ def add_batch_args(ap: argparse.ArgumentParser) -> None:
                     help="local: processes on this machine; ray: Ray Data actors (pip install 'derender-worker[ray]')")
     ap.add_argument("--ray-address", default=None,
                     help="Ray cluster address for --engine ray (default: RAY_ADDRESS, else a local Ray)")
-    ap.add_argument("--workers", type=int, default=0,
+    ap.add_argument("--workers", type=_int_at_least(0), default=0,
                     help="processes (local) or actors (ray); default: all cores; 1 = in-process")
-    ap.add_argument("--chunksize", type=int, default=16, help="records handed to a worker at a time")
-    ap.add_argument("--max-in-flight", type=int, default=0,
+    ap.add_argument("--chunksize", type=_int_at_least(1), default=16, help="records handed to a worker at a time")
+    ap.add_argument("--max-in-flight", type=_int_at_least(0), default=0,
                     help="records read ahead of the output at most (default: workers*chunksize*4, >= 64)")
-    ap.add_argument("--row-group-size", type=int, default=4096, help="Parquet output rows per row group")
-    ap.add_argument("--part-size", type=int, default=0,
+    ap.add_argument("--row-group-size", type=_int_at_least(1), default=4096, help="Parquet output rows per row group")
+    ap.add_argument("--part-size", type=_int_at_least(0), default=0,
                     help="write numbered part files of N records (OUT.parts/), each renamed when complete, "
                          "assembled into OUT at the end")
     ap.add_argument("--resume", action="store_true",

@@ -40,6 +40,21 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} [options]; "
                      f"{self.prog} --help lists them)\n")
 
+    def _get_value(self, action: argparse.Action, arg_string: str):
+        """argparse's conversion, but a bounded type's reason is kept: ``invalid int value: '0'
+        (must be >= 1)`` instead of argparse's bare ``invalid int value: '0'``, which reads as if
+        0 were not an integer. Plain ``int``/``float`` failures keep argparse's message."""
+        type_func = self._registry_get("type", action.type, action.type)
+        if callable(type_func) and type_func not in (int, float, str):
+            try:
+                return type_func(arg_string)
+            except (TypeError, ValueError) as e:
+                why = str(e)
+                if why and not why.startswith(("invalid literal", "could not convert")):
+                    name = getattr(type_func, "__name__", "value")
+                    raise argparse.ArgumentError(action, f"invalid {name} value: {arg_string!r} ({why})") from None
+        return super()._get_value(action, arg_string)
+
 
 class BadEnv:
     """Default standing for an environment value that did not convert (reported after parsing,
