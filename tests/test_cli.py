@@ -82,6 +82,18 @@ def test_batch_numbers_out_of_range_are_one_line_with_the_bound(flag, value, bou
                     f"argument {flag}: invalid int value: '{value}' (must be {bound})")
 
 
+def test_a_required_flag_reads_its_env_variable_too(tmp_path):
+    """``batch -o`` is required; ``DERENDER_OUTPUT`` gives it, as every flag reads its variable."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps(_bodies(1)[0]) + "\n")
+    out = tmp_path / "out.jsonl"
+    proc = _cli("batch", str(src), *QWEN_FLAGS, "--served-model-name", "qwen3", "--workers", "1",
+                env={"DERENDER_OUTPUT": str(out)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["object"] == "chat.completion"
+    _one_error_line(_cli("batch", str(src), *QWEN_FLAGS), "required: -o/--output")
+
+
 def test_a_bounded_flag_says_its_bound():
     """argparse alone says ``invalid int value: '0'`` for ``--max-in-flight 0``, as if 0 were no
     integer; the bound's reason is kept (plain int() failures keep argparse's wording)."""

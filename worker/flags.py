@@ -131,6 +131,7 @@ def apply_env(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None
             a.default = env_value(a, raw)
         except ValueError as e:
             a.default = BadEnv(var, raw, str(e))
+        a.required = False  # a required flag (batch's -o) is given by its variable
         if a.help and a.help is not argparse.SUPPRESS and var not in a.help:
             a.help = f"{a.help} [env {var}]"
 
