@@ -110,6 +110,9 @@ def summary_lines(summary: dict, output: str) -> list[str]:
         for f in summary["failures"]:
             first = f["first_index"] + (0 if where == "index" else 1)
             out.append(f"batch:   {f['count']} x {f['status']} {f['message']!r} (first at {where} {first})")
+        if any(f["status"] == 404 for f in summary["failures"]):
+            out.append("batch: 404 = the record's `model` is not a served name: serve it with --served-model-name "
+                       "NAME [ALIAS ...] (default: the --model path, as in vLLM) or a --config entry")
         shown = sum(f["count"] for f in summary["failures"])
         if shown < errs:
             out.append(f"batch:   {errs - shown} more failures of other kinds")
