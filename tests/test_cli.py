@@ -364,3 +364,9 @@ def test_return_tokens_as_token_ids_in_streams_and_completions():
     assert clp["tokens"] == ["token_id:9707", "token_id:13"]
     assert clp["text_offset"] == [0, len("token_id:9707")]
     assert clp["top_logprobs"][0] == {"token_id:9707": -0.5, "token_id:13": -2.0}
+
+
+def test_no_subcommand_names_the_command_not_an_internal_dest():
+    """``derender-worker`` alone says a COMMAND is required (was argparse's dest, ``cmd``)."""
+    line = _one_error_line(_cli(), "required: COMMAND", "derender-worker --help")
+    assert "cmd" not in line.split(" (usage")[0]

@@ -30,7 +30,8 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     ap = OneLineParser(prog="derender-worker", description=__doc__.splitlines()[0],
                        epilog="Every flag FOO-BAR of every subcommand also reads DERENDER_FOO_BAR; a flag wins.")
     add_log_args(ap, top=True)
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser, metavar="COMMAND",
+                            help="one of:")
     subs: dict[str, argparse.ArgumentParser] = {}
 
     from worker.transport import settings as transport_settings
