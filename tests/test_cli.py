@@ -148,6 +148,19 @@ def test_run_with_an_unknown_parser_is_one_line():
     _one_error_line(p, "no-such-parser")
 
 
+def test_run_with_an_unreachable_broker_exits_2_without_a_traceback():
+    """Nothing listens on port 1: one error line naming the address and the flag, status 2 (was a
+    KafkaConnectionError traceback and status 1). aiokafka's own connect error line comes first."""
+    from worker.transport.broker import free_port
+    addr = f"127.0.0.1:{free_port()}"
+    p = _cli("run", "--tokenizer", QWEN3, "--bootstrap-servers", addr, "--stream-state", "memory",
+             "--num-threads", "1")
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert f"Kafka broker unreachable at {addr}" in last and "--bootstrap-servers" in last
+
+
 def test_run_with_an_unknown_trace_exporter_is_one_line():
     p = _cli("run", "--tokenizer", QWEN3, "--bootstrap-servers", "127.0.0.1:1", "--stream-state", "memory",
              env={"OTEL_TRACES_EXPORTER": "carrier-pigeon"})

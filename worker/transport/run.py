@@ -60,7 +60,8 @@ async def _run_until_signal(worker: KafkaDerenderWorker) -> None:
 def main_run(args: argparse.Namespace) -> int:
     """``derender-worker run``: build the models from the flags, run the worker until
     SIGTERM/SIGINT. Returns 0 after a clean drain, 2 (one log line) on bad configuration (flags,
-    model files or parser names, unreachable state store), 1 on a fatal error."""
+    model files or parser names, unreachable state store or Kafka broker at start), 1 on a fatal
+    error."""
     from worker.config import models_from_args
     try:
         models = models_from_args(args)
@@ -100,8 +101,14 @@ def main_run(args: argparse.Namespace) -> int:
     else:
         del service  # each pool process builds its own
         worker = KafkaDerenderWorker(settings, models)
+    from aiokafka.errors import KafkaConnectionError
     try:
         asyncio.run(_run_until_signal(worker))
+    except KafkaConnectionError as e:  # raised by the clients' bootstrap, i.e. at start
+        log.error("Kafka broker unreachable at %s (%s): start it, or give a reachable one with "
+                  "--bootstrap-servers (env DERENDER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS)",
+                  settings.bootstrap_servers, e)
+        return 2
     except Exception:
         log.exception("worker failed")
         return 1
