@@ -54,12 +54,12 @@ def _lines() -> list:
 
 def test_cli_ray_engine_equals_local_engine(tmp_path, local_ray, qwen3_service):
     """Same bytes as the local engine, except that a single stream-chunk record is refused with a
-    clear reason (its neighbours unharmed)."""
+    clear reason (its neighbours unharmed). The input is gzip under a name without ``.gz``."""
     lines = _lines()
     chunk = to_requests.stream_bodies(next(c for c in corpus() if c["model"] == "qwen3"
                                            and (c.get("expected") or {}).get("stream") is not None))[0]
     lines.insert(30, chunk)
-    src = tmp_path / "in.jsonl.gz"
+    src = tmp_path / "in.log"  # gzip told by content in both engines, not by a .gz name
     src.write_bytes(gzip.compress("".join((json.dumps(x) if x != "" else "") + "\n" for x in lines).encode()))
     ref = tmp_path / "ref.jsonl"
     run_batch(qwen3_service, str(src), str(ref), workers=1, progress=False)

@@ -180,7 +180,11 @@ def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_siz
         if os.path.isfile(input_path):
             total = formats.parquet_num_rows(input_path)
     else:
-        args = {"compression": "gzip"} if input_path.endswith(".gz") else None
+        gzipped = input_path.endswith(".gz")
+        if not gzipped and os.path.isfile(input_path):  # as the local engine: by content (RFC 1952 magic)
+            with open(input_path, "rb") as fh:
+                gzipped = fh.read(2) == formats.GZIP_MAGIC
+        args = {"compression": "gzip"} if gzipped else None
         ds = ray.data.read_text(input_path, drop_empty_lines=False, arrow_open_stream_args=args)
         total = None
     workers = workers or max(1, int(ray.cluster_resources().get("CPU", 2) / actor_cpus) - 1)
