@@ -59,8 +59,16 @@ def test_cli_ray_engine_equals_local_engine(tmp_path, local_ray, qwen3_service):
     chunk = to_requests.stream_bodies(next(c for c in corpus() if c["model"] == "qwen3"
                                            and (c.get("expected") or {}).get("stream") is not None))[0]
     lines.insert(30, chunk)
+    # a body with raw U+2028 / U+0085 in a JSON string (one record, not three) and a line that
+    # is not UTF-8 (a 400 for that line, not a failed run)
+    base = next(x for x in lines if isinstance(x, dict) and x.get("chat_request"))
+    odd = dict(base, chat_request=dict(base["chat_request"], user="a\u2028b\u0085c"))
+    raw = [json.dumps(x, ensure_ascii=False).encode() if x != "" else b"" for x in lines]
+    raw[5:5] = [json.dumps(odd, ensure_ascii=False).encode(), b'{"model": "qwen3", "x": "\xff\xfe"}']
+    assert "\u2028".encode() in raw[5]
     src = tmp_path / "in.log"  # gzip told by content in both engines, not by a .gz name
-    src.write_bytes(gzip.compress("".join((json.dumps(x) if x != "" else "") + "\n" for x in lines).encode()))
+    src.write_bytes(gzip.compress(b"".join(x + b"\n" for x in raw)))
+    lines[5:5] = [odd, "not utf-8"]
     ref = tmp_path / "ref.jsonl"
     run_batch(qwen3_service, str(src), str(ref), workers=1, progress=False)
     out = tmp_path / "ray.jsonl"
@@ -68,8 +76,9 @@ def test_cli_ray_engine_equals_local_engine(tmp_path, local_ray, qwen3_service):
     assert summary["actors"] == 2 and summary["lines"] == len(lines)
     got, want = out.read_text().splitlines(), ref.read_text().splitlines()
     assert len(got) == len(want) == len(lines)
-    assert json.loads(got[30])["error"]["message"] == STREAM_CHUNK_REFUSED
-    assert got[:30] + got[31:] == want[:30] + want[31:]
+    assert json.loads(got[32])["error"]["message"] == STREAM_CHUNK_REFUSED  # line 30 before the 2 above
+    assert got[:32] + got[33:] == want[:32] + want[33:]
+    assert json.loads(got[6])["error"]["code"] == 400  # the non-UTF-8 line; got[5] is one record, as locally
 
 
 def test_derender_class_on_ray_data_parquet(tmp_path, local_ray, qwen3_service):

@@ -25,8 +25,9 @@ previous chunk); a record holding a JSON array of one request's chunk bodies (th
 ``to_requests.py --stream`` format) is derendered whole, in one actor.
 
 The CLI (``derender-worker batch --engine ray [--ray-address ADDR]``) reads the input with Ray
-Data (``read_parquet``, or ``read_text`` for JSONL: each JSONL file is read whole by one task, so
-shard big logs or use Parquet, which is read by row group), runs ``Derender`` on ``--workers``
+Data (``read_parquet``, or for JSONL ``read_binary_files`` split on ``\n`` into a ``line`` column,
+as the local engine splits: each JSONL file is read whole by one task, so shard big logs or use
+Parquet, which is read by row group), runs ``Derender`` on ``--workers``
 actors with Ray Data's ``preserve_order``, and writes the results in input order through the same
 committing writers as the local engine (one output file, atomic rename; the driver streams
 ``iter_batches``, so its memory is bounded by the batches in flight).
@@ -88,8 +89,13 @@ class Derender:
         return res.body, res.status
 
     def _items(self, table) -> Iterator[tuple[bytes | tuple[bytes, int], str | None]]:
-        if "text" in table.column_names and "generate_response" not in table.column_names:
+        if "line" in table.column_names and "generate_response" not in table.column_names:
+            lines = [x or b"" for x in table.column("line").to_pylist()]  # run_ray's JSONL reader
+        elif "text" in table.column_names and "generate_response" not in table.column_names:
             lines = [(x or "").encode() for x in table.column("text").to_pylist()]
+        else:
+            lines = None
+        if lines is not None:
             if self.input_format == "openai-batch":
                 yield from formats.read_openai_batch(lines)  # type: ignore[arg-type]
             else:
@@ -108,6 +114,15 @@ class Derender:
             for k, v in formats.flat_row(i, body, status, cid).items():  # type: ignore[arg-type]
                 cols[k].append(v)
         return cols
+
+
+def _split_lines(row: dict[str, Any]) -> list[dict[str, bytes]]:
+    """One file's bytes (``read_binary_files`` row) -> one ``line`` row per ``\n``-ended line
+    (a last line without ``\n`` counts; blank lines are kept, so output N answers line N)."""
+    lines = row["bytes"].split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [{"line": ln} for ln in lines]
 
 
 def _input_paths_format(path: str, input_format: str | None) -> str:
@@ -185,7 +200,10 @@ def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_siz
             with open(input_path, "rb") as fh:
                 gzipped = fh.read(2) == formats.GZIP_MAGIC
         args = {"compression": "gzip"} if gzipped else None
-        ds = ray.data.read_text(input_path, drop_empty_lines=False, arrow_open_stream_args=args)
+        # bytes split on b"\n" only, as the local engine reads: read_text would decode the whole
+        # file (one invalid UTF-8 record failed the run) and split on str.splitlines' separators
+        # too (a raw U+2028 / U+0085 inside a JSON string made two records of one)
+        ds = ray.data.read_binary_files(input_path, arrow_open_stream_args=args).flat_map(_split_lines)
         total = None
     workers = workers or max(1, int(ray.cluster_resources().get("CPU", 2) / actor_cpus) - 1)
     out = ds.map_batches(Derender, fn_constructor_kwargs={"models": cfgs, "input_format": in_fmt},
