@@ -224,7 +224,7 @@ async def test_real_worker_readyz_and_metrics(kafka_bootstrap, kafka_broker_kind
     task = asyncio.create_task(w.run())
     try:
         t0 = time.monotonic()
-        while (w.endpoints is None or w.endpoints._server is None) and time.monotonic() - t0 < 30:
+        while (w.endpoints is None or w.endpoints.port == 0) and time.monotonic() - t0 < 30:  # bound
             await asyncio.sleep(0.01)
         port = w.endpoints.port
         first = await asyncio.to_thread(_get, port, "/readyz")
@@ -279,3 +279,16 @@ async def test_real_worker_readyz_and_metrics(kafka_bootstrap, kafka_broker_kind
     assert {dict(k[1])["topic"] for k in lags} == {inp}
     assert val("derender_pool_restarts_total") == 0
     _check_against_table(fams)
+
+
+async def test_endpoints_port_errors_name_the_flag():
+    with pytest.raises(ValueError, match="--metrics-port 70000"):
+        Endpoints(HealthState(), PromMetrics().registry, 70000)
+    first = Endpoints(HealthState(), PromMetrics().registry, 0, host="127.0.0.1")
+    first.start()
+    try:
+        taken = Endpoints(HealthState(), PromMetrics().registry, first.port, host="127.0.0.1")
+        with pytest.raises(OSError, match=f"--metrics-port {first.port}: cannot listen"):
+            taken.start()
+    finally:
+        await first.close()

@@ -50,12 +50,14 @@ class Endpoints:
 
     ``health``: the worker's ``HealthState`` (read from the server threads; it is thread safe).
     ``registry``: the prometheus_client ``CollectorRegistry`` to expose. ``stall_s``: heartbeat age
-    in seconds above which ``/livez`` fails. Raises ``OSError`` from ``start()`` when the port is
-    taken."""
+    in seconds above which ``/livez`` fails. Raises ``ValueError`` for a port outside 0..65535 and
+    ``OSError`` (naming the port) from ``start()`` when it cannot be bound."""
 
     def __init__(self, health: HealthState, registry: Any, port: int, host: str = "0.0.0.0",
                  stall_s: float = 10.0):
         from prometheus_client import make_wsgi_app
+        if not 0 <= int(port) <= 65535:
+            raise ValueError(f"--metrics-port {port}: not a TCP port (0..65535)")
         self.health = health
         self.host = host
         self.port = int(port)
@@ -69,8 +71,12 @@ class Endpoints:
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         """Bind and serve on a daemon thread; start the heartbeat on the running event loop."""
-        self._server = make_server(self.host, self.port, self._app, server_class=_Server,
-                                   handler_class=_QuietHandler)
+        try:
+            self._server = make_server(self.host, self.port, self._app, server_class=_Server,
+                                       handler_class=_QuietHandler)
+        except OSError as e:
+            raise OSError(e.errno, f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port}: "
+                                   f"{e.strerror}") from e
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name=f"derender-http-{self.port}", daemon=True)
