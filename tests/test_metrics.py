@@ -15,8 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.opsutil import metrics_table
+from tests.test_kafka_stream import REDIS_URL, make_stream, redis_prefix  # noqa: F401 (fixture)
 from tests.test_kafka_worker import _collect, _produce, _qwen3, _settings, _tokenizer, chat_body
-from worker.state import StateWrite
+from worker.state import RedisSettings, StateWrite
 from worker.state.memory_store import MemoryStateStore
 from worker.transport.broker import free_port
 from worker.transport.consumer import KafkaDerenderWorker
@@ -213,13 +214,18 @@ def _scrape(port: int) -> tuple[list, dict]:
 
 
 @pytest.mark.kafka
-async def test_real_worker_readyz_and_metrics(kafka_bootstrap, kafka_broker_kind, qwen3_models):
+async def test_real_worker_readyz_and_metrics(kafka_bootstrap, kafka_broker_kind, qwen3_models,
+                                              redis_prefix):  # noqa: F811 (fixture)
+    """The flow an operator sees: /readyz 503 while starting, 200 once in the group; /metrics
+    counts unary records, an error, a dead letter and stream chunks (Redis state store)."""
     bs, u = kafka_bootstrap, uuid.uuid4().hex[:8]
     inp, reply, dlq = f"in-{u}", f"rep-{u}", f"dlq-{u}"
     await ensure_topics(bs, {inp: 2, reply: 1, dlq: 1})
     tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
     settings = _settings(bs, kafka_broker_kind, input_topic=inp, reply_topic=reply, dead_letter_topic=dlq,
-                         group_id=f"g-{u}", metrics_port=0)
+                         group_id=f"g-{u}", metrics_port=0,
+                         redis=RedisSettings(url=REDIS_URL, prefix=redis_prefix, ttl_s=120))
+    _, chunks = make_stream(tok, f"m-stream-{u}", 0)
     w = KafkaDerenderWorker(settings, qwen3_models)
     task = asyncio.create_task(w.run())
     try:
@@ -247,14 +253,15 @@ async def test_real_worker_readyz_and_metrics(kafka_bootstrap, kafka_broker_kind
             (None, json.dumps({"stream": True, "model": model, "generate_chunk": {"request_id": "m-kl",
                                                                                   "choices": []}}).encode(),
              [(HDR_REPLY_TOPIC, reply.encode()), (HDR_SEQ, b"0")], 1),  # keyless stream chunk: 400 reply
-        ])
-        got = await _collect(bs, [reply, dlq], 4, timeout=30)
-        assert (len(got[reply]), len(got[dlq])) == (3, 1)
+        ] + [(f"m-stream-{u}".encode(), chunks[k], [(HDR_SEQ, str(k).encode())], 0) for k in range(3)])
+        got = await _collect(bs, [reply, dlq], 7, timeout=30)
+        assert (len(got[reply]), len(got[dlq])) == (6, 1)
         deadline = time.monotonic() + 10
         while True:  # the gauges are sampled by the commit loop (100 ms here)
             fams, after = await asyncio.to_thread(_scrape, port)
             lags = {k: v for k, v in after.items() if k[0] == "derender_consumer_lag"}
-            if len(lags) == 2 and not any(lags.values()) and after[("derender_records_in_flight", ())] == 0:
+            if len(lags) == 2 and not any(lags.values()) and after[("derender_records_in_flight", ())] == 0 \
+                    and after[("derender_live_streams", ())] == 1:
                 break
             assert time.monotonic() < deadline, (lags, after[("derender_records_in_flight", ())])
             await asyncio.sleep(0.1)
@@ -265,15 +272,22 @@ async def test_real_worker_readyz_and_metrics(kafka_bootstrap, kafka_broker_kind
     def val(name, **labels):
         return after[(name, tuple(sorted(labels.items())))]
     assert val("derender_records_received_total", mode="unary") == 3
-    assert val("derender_records_received_total", mode="stream") == 1
+    assert val("derender_records_received_total", mode="stream") == 4
     assert val("derender_records_processed_total", mode="unary", kind="chat", outcome="ok") == 1
     assert val("derender_records_processed_total", mode="unary", kind="chat", outcome="error") == 1
     assert val("derender_records_processed_total", mode="unary", kind="unknown", outcome="dead_letter") == 1
     assert val("derender_records_processed_total", mode="stream", kind="unknown", outcome="error") == 1
+    assert val("derender_records_processed_total", mode="stream", kind="chat", outcome="ok") == 3
+    assert val("derender_processing_seconds_count", mode="stream") == 3  # chunks derendered
+    assert val("derender_live_streams") == 1  # 3 chunks of a longer stream: still in progress
+    for op in ("ping", "read", "write"):  # startup ping, stream load, checkpoints
+        assert val("derender_state_operations_total", op=op, outcome="ok") >= 1, op
+        assert val("derender_state_operations_total", op=op, outcome="error") == 0, op
+    assert val("derender_state_operation_seconds_count", op="write") >= 1
     assert val("derender_dead_letters_total", reason="unparseable-no-reply-topic") == 1
     assert val("derender_processing_seconds_count", mode="unary") == 3
     assert val("derender_end_to_end_seconds_count", mode="unary") == 3
-    assert val("derender_end_to_end_seconds_count", mode="stream") == 1
+    assert val("derender_end_to_end_seconds_count", mode="stream") == 4
     assert val("derender_assigned_partitions") == 2
     assert {dict(k[1])["partition"] for k in lags} == {"0", "1"}
     assert {dict(k[1])["topic"] for k in lags} == {inp}

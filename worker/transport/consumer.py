@@ -731,7 +731,8 @@ class KafkaDerenderWorker:
         while True:
             await asyncio.sleep(self.settings.commit_interval_ms / 1000)
             await self._commit()
-            self._prom.observe_consumer(self._consumer, self._parts, self.settings.input_topic)
+            live = self._prom.observe_consumer(self._consumer, self._parts, self.settings.input_topic)
+            self.health.set_live_streams(live)
 
     async def _commit(self) -> None:
         """Commit every partition's committable offset that moved. Commit failures (rebalance in

@@ -90,7 +90,7 @@ class PromMetrics:
                          "Records behind on an input partition held by this worker (high watermark - committed)",
                          ["topic", "partition"], registry=r)
         self.in_flight = Gauge("derender_records_in_flight", "Records fetched and not finished", registry=r)
-        self.live_streams = Gauge("derender_live_streams", "Streams whose state this worker holds in memory",
+        self.live_streams = Gauge("derender_live_streams", "Streams in progress whose state this worker holds",
                                   registry=r)
         self.assigned = Gauge("derender_assigned_partitions", "Input partitions held", registry=r)
         self.ready = Gauge("derender_ready", "1 when /readyz answers 200, else 0", registry=r)
@@ -135,10 +135,10 @@ class PromMetrics:
             self.end_to_end.labels(mode).observe(max(0.0, time.time() - timestamp_ms / 1000.0))
 
     # -- sampled by the worker (commit loop) ---------------------------------------------------
-    def observe_consumer(self, consumer: Any, parts: dict, topic: str) -> None:
-        """Set the gauges read from the consumer's state. ``consumer``: the AIOKafkaConsumer;
-        ``parts``: TopicPartition -> the worker's partition state (``committed``, ``committable``,
-        ``inflight``, ``streams``). Lag of a held partition = its high watermark (from the last
+    def observe_consumer(self, consumer: Any, parts: dict, topic: str) -> int:
+        """Set the gauges read from the consumer's state; returns the number of live streams (not
+        ended, state held in memory). ``consumer``: the AIOKafkaConsumer; ``parts``: TopicPartition
+        -> the worker's partition state (``committed``, ``committable``, ``inflight``, ``streams``). Lag of a held partition = its high watermark (from the last
         fetch) minus the offset committed by this worker (before the first commit: the next offset
         to commit); a held partition the worker fetched nothing from is caught up (0). Series of
         partitions no longer held are removed."""
@@ -161,7 +161,10 @@ class PromMetrics:
             self.lag.remove(*key)
         self._lag_series = seen
         self.in_flight.set(sum(len(st.inflight) for st in parts.values()))
-        self.live_streams.set(sum(len(getattr(st, "streams", None) or ()) for st in parts.values()))
+        live = sum(1 for st in parts.values() for s in (getattr(st, "streams", None) or {}).values()
+                   if not s.ended)
+        self.live_streams.set(live)
+        return live
 
     def wrap_store(self, store: Any) -> InstrumentedStore:
         """``store`` with every call counted and timed (``derender_state_operation*``)."""
