@@ -14,6 +14,7 @@ import sys
 import threading
 
 import pytest
+import yaml
 
 from tests.opsutil import REPO, run, tool
 
@@ -21,8 +22,7 @@ COMPOSE = REPO / "compose.yaml"
 
 
 def _load() -> dict:
-    import yaml  # PyYAML resolves the `<<: *worker` merge keys
-    return yaml.safe_load(COMPOSE.read_text())
+    return yaml.safe_load(COMPOSE.read_text())  # PyYAML resolves the `<<: *worker` merge keys
 
 
 def _check(path) -> subprocess.CompletedProcess:
@@ -138,3 +138,25 @@ def test_healthcheck_command_follows_readyz(http_server):
     assert run(argv, timeout=30).returncode != 0
     _Handler.status = 200
     assert run(argv, timeout=30).returncode == 0
+
+
+def test_monitoring_profile_scrapes_the_workers():
+    c = _load()
+    prom, graf = c["services"]["prometheus"], c["services"]["grafana"]
+    assert prom["profiles"] == ["monitoring"] and graf["profiles"] == ["monitoring"]
+    for svc in (prom, graf):  # every mounted file or folder is in the repository
+        for vol in svc["volumes"]:
+            src = vol.split(":")[0]
+            assert (REPO / src).exists(), src
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in prom["volumes"]}
+    cfg = yaml.safe_load((REPO / mounts["/etc/prometheus/prometheus.yml"]).read_text())
+    assert cfg["rule_files"] == ["alerts.yaml"] and "/etc/prometheus/alerts.yaml" in mounts
+    (job,) = cfg["scrape_configs"]
+    targets = {t for sc in job["static_configs"] for t in sc["targets"]}
+    assert targets == {f"{n}:{w['environment']['DERENDER_METRICS_PORT']}" for n, w in _workers(c).items()}
+    ds = yaml.safe_load((REPO / "ops/grafana/provisioning/datasources/prometheus.yaml").read_text())
+    assert ds["datasources"][0]["url"] == "http://prometheus:9090"
+    prov = yaml.safe_load((REPO / "ops/grafana/provisioning/dashboards/derender.yaml").read_text())
+    dash_dir = prov["providers"][0]["options"]["path"]
+    assert any(v.split(":")[1].startswith(dash_dir + "/") and v.split(":")[0].endswith(".json")
+               for v in graf["volumes"])

@@ -118,3 +118,9 @@ def test_dashboard_uses_only_table_metrics_and_covers_them():
 @pytest.mark.parametrize("bad", ["derender_messages_total", "derender_seconds_bucket", "up"])
 def test_unknown_metric_is_caught(bad):
     assert table_name(bad, TABLE) is None
+
+
+def test_promtool_check_config():
+    """The Compose pipeline's Prometheus config (its rule file is alerts.yaml, relative path)."""
+    p = run([tool("promtool"), "check", "config", str(PROM / "prometheus.yml")])
+    assert p.returncode == 0 and "1 rule files found" in p.stdout + p.stderr, p.stdout + p.stderr
