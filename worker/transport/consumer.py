@@ -369,11 +369,11 @@ class KafkaDerenderWorker:
                     st.inflight.add(msg.offset)
                     st.hi = max(st.hi or 0, msg.offset + 1)
                     if self._header(msg, HDR_SEQ) is not None:  # a stream chunk
-                        self._prom.received.labels("stream").inc()
+                        self._prom.received_stream.inc()
                         st.stream_inflight.add(msg.offset)
                         streamed.append((st, msg))
                         continue
-                    self._prom.received.labels("unary").inc()
+                    self._prom.received_unary.inc()
                     placeholder = asyncio.get_running_loop().create_future()
                     if isinstance(msg, UnreadableRecord):  # nothing to derender: dead-lettered by _plan
                         placeholder.set_result(JobOutcome(b"", 500, None, None, False))
@@ -650,7 +650,7 @@ class KafkaDerenderWorker:
                     log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
                               msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
                               extra=_fields(msg, out.request_id))
-                self._prom.processing.labels("unary").observe(out.seconds)
+                self._prom.processing_unary.observe(out.seconds)
                 plan, delivery = await self._publish(st, msg, self._safe_plan(msg, out))
                 st.acks.put_nowait((job, plan, out, delivery))
             except Exception as e:

@@ -114,6 +114,13 @@ class PromMetrics:
             for o in ("ok", "error"):
                 self.state_ops.labels(op, o)
         self._lag_series: set[tuple[str, str]] = set()
+        # label children looked up once (prometheus_client's labels() takes a lock and builds a key)
+        self._processed = {(m, k, o): self.processed.labels(m, k, o)
+                           for m in MODES for k in KIND_VALUES for o in OUTCOMES}
+        self._e2e = {m: self.end_to_end.labels(m) for m in MODES}
+        self.received_unary, self.received_stream = self.received.labels("unary"), self.received.labels("stream")
+        self.processing_unary = self.processing.labels("unary")
+        self.processing_stream = self.processing.labels("stream")
 
     # -- per record ----------------------------------------------------------------------------
     def finished(self, mode: str, kind: str | None, dlq_reason: str | None, status: int | None,
@@ -130,9 +137,9 @@ class PromMetrics:
         else:
             outcome = "ok" if status == 200 else "error"
         kind = kind.removesuffix("-stream") if isinstance(kind, str) else "unknown"
-        self.processed.labels(mode, kind if kind in KIND_VALUES else "unknown", outcome).inc()
+        self._processed[mode, kind if kind in KIND_VALUES else "unknown", outcome].inc()
         if timestamp_ms is not None and timestamp_ms >= 0:
-            self.end_to_end.labels(mode).observe(max(0.0, time.time() - timestamp_ms / 1000.0))
+            self._e2e[mode].observe(max(0.0, time.time() - timestamp_ms / 1000.0))
 
     # -- sampled by the worker (commit loop) ---------------------------------------------------
     def observe_consumer(self, consumer: Any, parts: dict, topic: str) -> int:

@@ -483,7 +483,7 @@ class StreamRouter:
     async def _derender_publish_one(self, st, s: _Stream, msg, seq: int) -> None:
         kind = self.w._kind_header(msg)
         out = await self.w._stream_submit(msg.value, s.state, seq, kind, record_created(msg))
-        self.w._prom.processing.labels("stream").observe(out.seconds)
+        self.w._prom.processing_stream.observe(out.seconds)
         if out.crash:
             self.w.stats.crashes += 1
             log.error("stream derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
