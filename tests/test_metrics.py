@@ -91,6 +91,12 @@ def test_dlq_reason_label_is_bounded():
     assert dlq_reason_label("derender-crashed") == "derender-crashed"
     assert dlq_reason_label("something new") == "other" and dlq_reason_label(None) == "other"
     assert set(DLQ_REASONS) == set(TABLE["derender_dead_letters_total"]["labels"]["reason"])
+    # every reason the record format documents has its own label value
+    import re
+
+    from worker.transport import records
+    documented = set(re.findall(r"^\d+\. ``([a-z-]+)", records.__doc__, re.M))
+    assert len(documented) >= 7 and documented <= set(DLQ_REASONS), documented - set(DLQ_REASONS)
 
 
 def test_finished_counts_outcomes_kinds_and_end_to_end():
