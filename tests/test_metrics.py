@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -14,14 +18,14 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.opsutil import metrics_table
+from tests.opsutil import REPO, metrics_table
 from tests.test_kafka_stream import REDIS_URL, make_stream, redis_prefix  # noqa: F401 (fixture)
 from tests.test_kafka_worker import _collect, _produce, _qwen3, _settings, _tokenizer, chat_body
 from worker.state import RedisSettings, StateWrite
 from worker.state.memory_store import MemoryStateStore
 from worker.transport.broker import free_port
 from worker.transport.consumer import KafkaDerenderWorker
-from worker.transport.endpoints import DependencyProbe, Endpoints
+from worker.transport.endpoints import DependencyProbe, EndpointError, Endpoints
 from worker.transport.health import HealthState
 from worker.transport.metrics import DLQ_REASONS, PromMetrics, dlq_reason_label
 from worker.transport.records import HDR_REPLY_TOPIC, HDR_SEQ
@@ -302,13 +306,32 @@ async def test_real_worker_readyz_and_metrics(kafka_bootstrap, kafka_broker_kind
 
 
 async def test_endpoints_port_errors_name_the_flag():
-    with pytest.raises(ValueError, match="--metrics-port 70000"):
+    with pytest.raises(EndpointError, match="--metrics-port 70000"):
         Endpoints(HealthState(), PromMetrics().registry, 70000)
     first = Endpoints(HealthState(), PromMetrics().registry, 0, host="127.0.0.1")
     first.start()
     try:
         taken = Endpoints(HealthState(), PromMetrics().registry, first.port, host="127.0.0.1")
-        with pytest.raises(OSError, match=f"--metrics-port {first.port}: cannot listen"):
+        with pytest.raises(EndpointError, match=f"--metrics-port {first.port}: cannot listen"):
             taken.start()
     finally:
         await first.close()
+
+
+def test_run_with_a_taken_metrics_port_is_one_line_exit_2(tmp_path):
+    """``derender-worker run --metrics-port P`` with P taken: one error line naming the flag, exit 2."""
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "worker.transport.run", "--tokenizer", str(REPO / "worker/demo_data/qwen3"),
+             "--served-model-name", "qwen3", "--bootstrap-servers", "127.0.0.1:1", "--stream-state", "memory",
+             "--executor", "thread", "--metrics-port", str(port)],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out, out
+    errors = [ln for ln in out.splitlines() if "ERROR" in ln]
+    assert len(errors) == 1 and f"--metrics-port {port}: cannot listen" in errors[0], out

@@ -176,8 +176,15 @@ class KafkaDerenderWorker:
                     request_timeout_ms=s.request_timeout_ms, **s.security)
 
     async def start(self) -> None:
-        """Create the pool, producer and consumer and join the group. Raises ``KafkaError`` when
-        the broker is unreachable, ``BrokenProcessPool`` when the derender processes cannot start."""
+        """Serve the health/metrics port (``--metrics-port``), create the pool, producer and
+        consumer and join the group. Raises ``EndpointError`` when the port cannot be served (nothing
+        else started yet), ``KafkaError`` when the broker is unreachable, ``BrokenProcessPool`` when
+        the derender processes cannot start."""
+        if self.settings.metrics_port is not None and self.endpoints is None:
+            # first, so that probes get "starting" while the models load
+            endpoints = Endpoints(self.health, self._prom.registry, int(self.settings.metrics_port))
+            endpoints.start()
+            self.endpoints = endpoints
         try:
             await self._start()
         except BaseException:
@@ -190,9 +197,6 @@ class KafkaDerenderWorker:
         self._sem = asyncio.Semaphore(max(1, s.max_in_flight))
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()
-        if s.metrics_port is not None:  # first: probes get "starting" while the models load
-            self.endpoints = Endpoints(self.health, self._prom.registry, int(s.metrics_port))
-            self.endpoints.start()
         self.health.set_reason("consumer-group", f"not a member of group {s.group_id} yet")
         if s.redis is not None:  # checked before the (slow) pool start
             from worker.state.redis_store import RedisStateStore

@@ -31,7 +31,12 @@ from worker.transport.health import HealthState
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Endpoints", "DependencyProbe"]
+__all__ = ["Endpoints", "EndpointError", "DependencyProbe"]
+
+
+class EndpointError(OSError):
+    """The health/metrics port cannot be served: ``--metrics-port`` outside 0..65535, or taken /
+    not allowed. A startup configuration error (``derender-worker run`` exits 2 with this line)."""
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
@@ -50,14 +55,14 @@ class Endpoints:
 
     ``health``: the worker's ``HealthState`` (read from the server threads; it is thread safe).
     ``registry``: the prometheus_client ``CollectorRegistry`` to expose. ``stall_s``: heartbeat age
-    in seconds above which ``/livez`` fails. Raises ``ValueError`` for a port outside 0..65535 and
-    ``OSError`` (naming the port) from ``start()`` when it cannot be bound."""
+    in seconds above which ``/livez`` fails. Raises ``EndpointError`` (naming the flag) for a port
+    outside 0..65535, and from ``start()`` when the port cannot be bound."""
 
     def __init__(self, health: HealthState, registry: Any, port: int, host: str = "0.0.0.0",
                  stall_s: float = 10.0):
         from prometheus_client import make_wsgi_app
         if not 0 <= int(port) <= 65535:
-            raise ValueError(f"--metrics-port {port}: not a TCP port (0..65535)")
+            raise EndpointError(f"--metrics-port {port}: not a TCP port (0..65535)")
         self.health = health
         self.host = host
         self.port = int(port)
@@ -75,8 +80,8 @@ class Endpoints:
             self._server = make_server(self.host, self.port, self._app, server_class=_Server,
                                        handler_class=_QuietHandler)
         except OSError as e:
-            raise OSError(e.errno, f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port}: "
-                                   f"{e.strerror}") from e
+            raise EndpointError(f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port}: "
+                                f"{e.strerror or e}") from e
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name=f"derender-http-{self.port}", daemon=True)

@@ -100,8 +100,12 @@ def main_run(args: argparse.Namespace) -> int:
     else:
         del service  # each pool process builds its own
         worker = KafkaDerenderWorker(settings, models)
+    from worker.transport.endpoints import EndpointError
     try:
         asyncio.run(_run_until_signal(worker))
+    except EndpointError as e:  # raised before anything else started
+        log.error("bad configuration: %s", e)
+        return 2
     except Exception:
         log.exception("worker failed")
         return 1
