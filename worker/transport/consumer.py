@@ -33,6 +33,7 @@ from worker.logs import record_fields
 from worker.state.memory_store import MemoryStateStore
 from worker.tracing import TRACEPARENT, TRACESTATE, Tracer, trace_headers
 from worker.transport.deadletter import DeadLetterError, dead_letter
+from worker.transport.endpoints import DependencyProbe, Endpoints
 from worker.transport.health import HealthState
 from worker.transport.jobs import JobOutcome
 from worker.transport.metrics import PromMetrics, WorkerStats
@@ -99,6 +100,7 @@ class _Rebalance(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned):
         self.worker._assigned.set()
+        self.worker.health.clear_reason("consumer-group")  # a member now (with or without partitions)
         log.info("assigned partitions: %s", sorted((tp.topic, tp.partition) for tp in assigned))
 
 
@@ -131,7 +133,11 @@ class KafkaDerenderWorker:
         self._stopping: asyncio.Event | None = None
         self._fatal: BaseException | None = None
         self._task: asyncio.Task | None = None
-        self._prom = PromMetrics.get() if settings.metrics_port is not None else None
+        self._prom = PromMetrics()  # this worker's registry (served with --metrics-port)
+        self._prom.ready.set_function(lambda: 1.0 if self.health.ready else 0.0)
+        self.pool.on_restart = self._prom.pool_restarts.inc
+        self.endpoints: Endpoints | None = None  # /livez /readyz /metrics when settings.metrics_port is set
+        self._probe: DependencyProbe | None = None
         self._assigned = asyncio.Event()
         self._router: StreamRouter | None = None  # created by start()
         self._unknown_topics: dict[str, float] = {}  # reply topic -> monotonic time until it counts as unknown
@@ -170,8 +176,15 @@ class KafkaDerenderWorker:
                     request_timeout_ms=s.request_timeout_ms, **s.security)
 
     async def start(self) -> None:
-        """Create the pool, producer and consumer and join the group. Raises ``KafkaError`` when
-        the broker is unreachable, ``BrokenProcessPool`` when the derender processes cannot start."""
+        """Serve the health/metrics port (``--metrics-port``), create the pool, producer and
+        consumer and join the group. Raises ``EndpointError`` when the port cannot be served (nothing
+        else started yet), ``KafkaError`` when the broker is unreachable, ``BrokenProcessPool`` when
+        the derender processes cannot start."""
+        if self.settings.metrics_port is not None and self.endpoints is None:
+            # first, so that probes get "starting" while the models load
+            endpoints = Endpoints(self.health, self._prom.registry, int(self.settings.metrics_port))
+            endpoints.start()
+            self.endpoints = endpoints
         try:
             await self._start()
         except BaseException:
@@ -184,13 +197,10 @@ class KafkaDerenderWorker:
         self._sem = asyncio.Semaphore(max(1, s.max_in_flight))
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()
-        if s.metrics_port is not None:
-            from prometheus_client import start_http_server
-            start_http_server(int(s.metrics_port))
-            log.info("metrics on :%s/metrics", s.metrics_port)
+        self.health.set_reason("consumer-group", f"not a member of group {s.group_id} yet")
         if s.redis is not None:  # checked before the (slow) pool start
             from worker.state.redis_store import RedisStateStore
-            store = RedisStateStore.from_settings(s.redis)
+            store = self._prom.wrap_store(RedisStateStore.from_settings(s.redis))
             try:
                 await store.ping()  # StoreConnectError: no stream state store
             except BaseException:
@@ -218,6 +228,11 @@ class KafkaDerenderWorker:
             fetch_max_wait_ms=s.fetch_max_wait_ms)
         self._consumer.subscribe([s.input_topic], listener=_Rebalance(self))
         await self._consumer.start()
+        checks = {"broker": self._producer.client.force_metadata_update}
+        if s.redis is not None:
+            checks["state-store"] = store.ping
+        self._probe = DependencyProbe(self.health, checks)
+        self._probe.start()
         self.health.mark_started()
         log.info("worker consuming %s (group %s) on %s; replies -> %s, dead letters -> %s",
                  s.input_topic, s.group_id, s.bootstrap_servers, s.reply_topic, s.dead_letter_topic)
@@ -303,6 +318,8 @@ class KafkaDerenderWorker:
         if self._router is not None:
             await self._router.close()
             self._router = None
+        if self._probe is not None:
+            await self._probe.close()
         for client in (self._consumer, self._producer):
             if client is not None:
                 try:
@@ -310,6 +327,8 @@ class KafkaDerenderWorker:
                 except Exception:
                     log.exception("closing %s failed", type(client).__name__)
         self.pool.shutdown()
+        if self.endpoints is not None:
+            await self.endpoints.close()
 
     # -- fetching ------------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
@@ -354,9 +373,11 @@ class KafkaDerenderWorker:
                     st.inflight.add(msg.offset)
                     st.hi = max(st.hi or 0, msg.offset + 1)
                     if self._header(msg, HDR_SEQ) is not None:  # a stream chunk
+                        self._prom.received_stream.inc()
                         st.stream_inflight.add(msg.offset)
                         streamed.append((st, msg))
                         continue
+                    self._prom.received_unary.inc()
                     placeholder = asyncio.get_running_loop().create_future()
                     if isinstance(msg, UnreadableRecord):  # nothing to derender: dead-lettered by _plan
                         placeholder.set_result(JobOutcome(b"", 500, None, None, False))
@@ -633,8 +654,7 @@ class KafkaDerenderWorker:
                     log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
                               msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
                               extra=_fields(msg, out.request_id))
-                if self._prom is not None:
-                    self._prom.latency.observe(out.seconds)
+                self._prom.processing_unary.observe(out.seconds)
                 plan, delivery = await self._publish(st, msg, self._safe_plan(msg, out))
                 st.acks.put_nowait((job, plan, out, delivery))
             except Exception as e:
@@ -680,7 +700,7 @@ class KafkaDerenderWorker:
                                     msg.offset, plan[4], refused,
                                     extra=_fields(msg, out.request_id if out else None))
                     await self._dead_letter_until_acked(st, msg, plan)  # retried until acked
-                self._count(plan, out)
+                self._count(plan, out, msg)
                 if not st.failed:
                     st.inflight.discard(msg.offset)
             except DeadLetterError as e:  # revoked / drain given up while retrying: redelivered later
@@ -698,25 +718,25 @@ class KafkaDerenderWorker:
                 self._sem.release()
                 st.acks.task_done()
 
-    def _count(self, plan, out: JobOutcome) -> None:
+    def _count(self, plan, out: JobOutcome, msg, mode: str = "unary") -> None:
+        """A record finished (its reply or dead letter acked): stats and metrics. ``out``: needs
+        ``status`` and ``kind``; ``mode``: ``unary`` or ``stream``."""
         self.stats.processed += 1
         if plan[4] is not None:
             self.stats.dead_lettered += 1
-            outcome = "dead_lettered"
         elif out.status == 200:
             self.stats.replied_ok += 1
-            outcome = "ok"
         else:
             self.stats.errors += 1
-            outcome = f"error_{out.status}"
-        if self._prom is not None:
-            self._prom.messages.labels(outcome).inc()
+        self._prom.finished(mode, out.kind, plan[4], out.status, getattr(msg, "timestamp", None))
 
     # -- commits -------------------------------------------------------------------------------
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.commit_interval_ms / 1000)
             await self._commit()
+            live = self._prom.observe_consumer(self._consumer, self._parts, self.settings.input_topic)
+            self.health.set_live_streams(live)
 
     async def _commit(self) -> None:
         """Commit every partition's committable offset that moved. Commit failures (rebalance in

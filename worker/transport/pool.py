@@ -64,6 +64,7 @@ class DerenderPool:
         self._jobs_fn: Callable[..., list[JobOutcome]] | None = None
         self._stream_fn: Callable[..., Any] | None = None
         self._qpool: cf.ProcessPoolExecutor | None = None  # quarantine for crash retries
+        self.on_restart: Callable[[], Any] | None = None  # called after each restart() (metrics)
         self._qlock: asyncio.Lock | None = None
 
     @property
@@ -129,6 +130,8 @@ class DerenderPool:
         self.make()
         if old is not None:
             old.shutdown(wait=False, cancel_futures=True)
+        if self.on_restart is not None:
+            self.on_restart()
 
     def _restart_if_broken(self) -> None:
         if self.is_process and getattr(self.executor, "_broken", False):

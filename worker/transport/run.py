@@ -102,8 +102,13 @@ def main_run(args: argparse.Namespace) -> int:
         del service  # each pool process builds its own
         worker = KafkaDerenderWorker(settings, models)
     from aiokafka.errors import KafkaConnectionError
+
+    from worker.transport.endpoints import EndpointError
     try:
         asyncio.run(_run_until_signal(worker))
+    except EndpointError as e:  # raised before anything else started
+        log.error("bad configuration: %s", e)
+        return 2
     except KafkaConnectionError as e:  # raised by the clients' bootstrap, i.e. at start
         log.error("Kafka broker unreachable at %s (%s): start it, or give a reachable one with "
                   "--bootstrap-servers (env DERENDER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS)",

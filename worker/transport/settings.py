@@ -210,7 +210,7 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                    help="longest a fetch waits at the broker for new records (Kafka fetch.max.wait.ms): "
                         "lower = less latency at low load, more fetch requests")
     g.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics on this port")
+                   help="serve /livez, /readyz and /metrics (Prometheus) on this port (ops/README.md)")
     s = ap.add_argument_group("kafka security (aiokafka)")
     s.add_argument("--security-protocol", choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
                    default="PLAINTEXT")

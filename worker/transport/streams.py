@@ -452,6 +452,7 @@ class StreamRouter:
             await self._publish(st, s, msg, hit[0])
         elif seq < s.next_seq:
             self.w.stats.stream_skipped += 1
+            self.w._prom.finished("stream", self.w._kind_header(msg), None, None, msg.timestamp, duplicate=True)
             log.info("stream %r: duplicate %s %d older than the replay window: skipped (its reply was acked)",
                      s.rid, HDR_SEQ, seq)
             self.w._stream_done(st, msg.offset)
@@ -482,6 +483,7 @@ class StreamRouter:
     async def _derender_publish_one(self, st, s: _Stream, msg, seq: int) -> None:
         kind = self.w._kind_header(msg)
         out = await self.w._stream_submit(msg.value, s.state, seq, kind, record_created(msg))
+        self.w._prom.processing_stream.observe(out.seconds)
         if out.crash:
             self.w.stats.crashes += 1
             log.error("stream derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
@@ -546,7 +548,7 @@ class StreamRouter:
                                     msg.offset, plan[4], refused,
                                     extra=record_fields(msg.topic, msg.partition, msg.offset))
                     await self.w._dead_letter_until_acked(st, msg, plan)  # retried until acked
-                self.w._count(plan, _Counted(entry.status))
+                self.w._count(plan, _Counted(entry.status, entry.kind), msg, "stream")
                 if wr is None:
                     self.w._stream_done(st, msg.offset)
                 else:
@@ -649,7 +651,8 @@ class StreamRouter:
 
 
 class _Counted:
-    """Adapter for ``KafkaDerenderWorker._count`` (reads ``status``)."""
+    """Adapter for ``KafkaDerenderWorker._count`` (reads ``status`` and ``kind``)."""
 
-    def __init__(self, status: int):
+    def __init__(self, status: int, kind: str | None = None):
         self.status = status
+        self.kind = kind
