@@ -36,9 +36,10 @@ class PromMetrics:
     _inst: PromMetrics | None = None
 
     def __init__(self) -> None:
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
         self.messages = Counter("derender_messages_total", "Messages finished, by outcome", ["outcome"])
         self.latency = Histogram("derender_seconds", "Derender wall time per message (seconds)")
+        self.live_streams = Gauge("derender_live_streams", "Streams whose state is held in this worker's memory")
 
     @classmethod
     def get(cls) -> PromMetrics:
