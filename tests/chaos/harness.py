@@ -38,6 +38,9 @@ REPO = Path(__file__).resolve().parents[2]
 MODELS_JSON = REPO / "tests" / "chaos" / "models.json"  # the corpus' Qwen3 models (fast worker start)
 SEQ, END, STATUS, CORR = "derender-seq", "derender-stream-end", "derender-status", "correlation-id"
 MAX_BYTES = 16 * 1024 * 1024  # client-side record size limit of the chaos producer/collector
+#: every record is produced with this Kafka timestamp (CreateTime): the worker answers with it as
+#: ``created`` (``records.record_created``), so the expected answers use it too
+CREATED_S = 1_750_000_000
 _SPAWNED: list[subprocess.Popen] = []  # every process the suite started (killed at exit)
 
 
@@ -331,7 +334,7 @@ def _single_answers() -> list[tuple[bytes, bytes, int]]:
     out = []
     for b in singles:
         v = json.dumps(b).encode()
-        r = service().derender(v)
+        r = service().derender(v, created=CREATED_S)
         out.append((v, r.body, int(r.status)))
     return out
 
@@ -356,7 +359,7 @@ def make_streams(n: int, tag: str) -> list[Stream]:
         for seq, body in enumerate(streams[i % len(streams)]):
             b = dict(body, generate_chunk=dict(body["generate_chunk"], request_id=rid))
             v = json.dumps(b).encode()
-            res, state = svc.derender_stream(v, state, seq=seq)
+            res, state = svc.derender_stream(v, state, seq=seq, created=CREATED_S)
             chunks.append(v)
             want.append(res.body)
             status.append(int(res.status))
@@ -379,7 +382,8 @@ async def produce(bs: str, topic: str, records: list[tuple], *, pace: float = 0.
     futs = []
     try:
         for i, r in enumerate(records):
-            futs.append(await p.send(topic, r[1], key=r[0], headers=r[2], partition=r[3] if len(r) > 3 else None))
+            futs.append(await p.send(topic, r[1], key=r[0], headers=r[2], partition=r[3] if len(r) > 3 else None,
+                                     timestamp_ms=CREATED_S * 1000))
             if (i + 1) % 100 == 0:
                 if on_progress is not None:
                     on_progress(i + 1)
