@@ -41,6 +41,7 @@ from worker.transport.health import HealthState
 from worker.transport.jobs import JobOutcome
 from worker.transport.metrics import PromMetrics, WorkerStats
 from worker.transport.outage import DependencyOutage, OutageClock
+from worker.transport.pauses import PartitionPauses
 from worker.transport.pool import DerenderPool
 from worker.transport.records import (
     HDR_CONTENT_TYPE,
@@ -156,7 +157,7 @@ class KafkaDerenderWorker:
         self._hurry: asyncio.Event | None = None  # a second stop(): give up the drain
         self._tracer = Tracer()  # OpenTelemetry spans when the [otel] extra is installed, else no-ops
         self._committed_hw: dict[TopicPartition, int] = {}  # highest offset committed (broker watchdog)
-        self._pauses: dict[TopicPartition, set[str]] = {}  # paused partitions -> why (window, dead letter)
+        self._pauses = PartitionPauses(settings.max_in_flight)  # by reason: window, dead letter
         self.store_outage = state_store_outage_clock(settings, self.health)
 
     # -- executor ------------------------------------------------------------------------------
@@ -239,6 +240,7 @@ class KafkaDerenderWorker:
             auto_offset_reset=s.auto_offset_reset, session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=s.max_in_flight,
             fetch_max_wait_ms=s.fetch_max_wait_ms)
+        self._pauses.consumer = self._consumer
         self._consumer.subscribe([s.input_topic], listener=_Rebalance(self))
         await self._consumer.start()
         self.health.mark_started()
@@ -381,7 +383,7 @@ class KafkaDerenderWorker:
                         continue
                     st.inflight.add(msg.offset)
                     st.hi = max(st.hi or 0, msg.offset + 1)
-                    self._window(st)
+                    self._pauses.window(st)
                     if self._header(msg, HDR_SEQ) is not None:  # a stream chunk
                         st.stream_inflight.add(msg.offset)
                         self._sem.release()  # bounded by the partition window, not by permits
@@ -414,50 +416,6 @@ class KafkaDerenderWorker:
                     self._stream_abandon(st, m.offset)
                 continue
             self._router.intake(st, msgs)
-
-    def _pause(self, tp: TopicPartition, why: str) -> bool:
-        """Pause fetching ``tp`` for reason ``why`` (until every reason is lifted); False when the
-        partition is not assigned."""
-        if self._consumer is None or tp not in self._consumer.assignment():
-            return False
-        whys = self._pauses.setdefault(tp, set())
-        if not whys:
-            self._consumer.pause(tp)
-        whys.add(why)
-        return True
-
-    def _unpause(self, tp: TopicPartition, why: str) -> None:
-        """Lift reason ``why``; fetching ``tp`` resumes when no reason is left."""
-        whys = self._pauses.get(tp)
-        if whys is None:
-            return
-        whys.discard(why)
-        if not whys:
-            del self._pauses[tp]
-            if self._consumer is not None and tp in self._consumer.assignment():
-                self._consumer.resume(tp)
-
-    def _window(self, st: _Partition) -> None:
-        """Pause the partition once ``--max-in-flight`` records past its oldest unfinished one are
-        read while that one is a stream record (it may wait: state store outage, stream gap; resumed
-        by ``_resume_windows``): bounds memory and the replies a crash can repeat. Non-streaming
-        records alone are bounded by their ``--max-in-flight`` permits."""
-        if "window" in self._pauses.get(st.tp, ()) or not st.stream_inflight:
-            return
-        oldest = min(st.inflight)
-        if st.hi - oldest < self.settings.max_in_flight or oldest not in st.stream_inflight:
-            return
-        if self._pause(st.tp, "window"):
-            log.debug("pausing %s[%d]: %d records read past its oldest unfinished offset %d", st.tp.topic,
-                      st.tp.partition, st.hi - oldest, oldest)
-
-    def _resume_windows(self) -> None:
-        for tp, whys in list(self._pauses.items()):
-            if "window" not in whys:
-                continue
-            st = self._parts.get(tp)
-            if st is None or not st.inflight or st.hi - min(st.inflight) < self.settings.max_in_flight // 2 + 1:
-                self._unpause(tp, "window")
 
     def _flush(self, chunk: list[tuple[Any, asyncio.Future]]) -> None:
         """Submit ``chunk`` (message, placeholder future) as one executor call; resolve each
@@ -510,7 +468,7 @@ class KafkaDerenderWorker:
             log.error("revoke drain timed out; uncommitted messages will be redelivered")
         await self._commit()
         for tp in revoked:
-            self._pauses.pop(tp, None)  # a new assignment starts unpaused
+            self._pauses.forget(tp)
             st = self._parts.pop(tp)
             if self._router is not None:
                 self._router.drop_partition(st)  # in-memory stream states of the partition
@@ -677,7 +635,7 @@ class KafkaDerenderWorker:
                         raise DeadLetterError(why) from e
                     log.error("%s; retrying in %.1fs (attempt %d)", why, delay, attempt)
                     if not paused:
-                        paused = self._pause(st.tp, "dead-letter")
+                        paused = self._pauses.pause(st.tp, "dead-letter")
                     try:  # the backoff, cut short by a stop request
                         await asyncio.wait_for(self._stopping.wait(), delay)
                     except asyncio.TimeoutError:
@@ -686,7 +644,7 @@ class KafkaDerenderWorker:
         finally:
             self.health.clear_reason(key)
             if paused and not st.closed:
-                self._unpause(st.tp, "dead-letter")
+                self._pauses.unpause(st.tp, "dead-letter")
 
     async def _sequencer(self, st: _Partition) -> None:
         """Take the partition's jobs in offset order, await each derender, hand its record to the
@@ -784,7 +742,7 @@ class KafkaDerenderWorker:
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.commit_interval_ms / 1000)
-            self._resume_windows()
+            self._pauses.resume_windows(self._parts)
             await self._commit()
 
     async def _commit(self) -> None:
