@@ -172,7 +172,8 @@ def test_stream_job_kind_message_lists_every_accepted_value():
 
 
 def test_redis_unreachable_fails_fast_with_one_line(qwen3_models, tmp_path):
-    """Default ``--stream-state redis`` and no Redis: exit 2 with one clear line, before the pool."""
+    """Default ``--stream-state redis`` and no Redis: waits ``--state-store-outage-deadline``, then
+    exits 2 with one clear line, before the pool."""
     cfg = tmp_path / "models.json"
     cfg.write_text(json.dumps({m.name: msgspec.to_builtins(m) for m in qwen3_models}))
     with socket.socket() as s:
@@ -183,7 +184,8 @@ def test_redis_unreachable_fails_fast_with_one_line(qwen3_models, tmp_path):
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "worker.transport.run", "--config", str(cfg), "--bootstrap-servers",
-         "127.0.0.1:1", "--redis-url", f"redis://127.0.0.1:{port}/0", "--redis-timeout", "2"],
+         "127.0.0.1:1", "--redis-url", f"redis://127.0.0.1:{port}/0", "--redis-timeout", "2",
+         "--state-store-outage-deadline", "1.5"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out

@@ -1,19 +1,29 @@
 """In-process stream state store (``--stream-state memory``): the ``RedisStateStore`` API for a
-single worker, state lost with the process."""
+single worker, state lost with the process.
+
+Bounded like the Redis store: every entry expires ``ttl_s`` seconds after its last read or write
+(the Redis key TTL), and beyond ``max_entries`` the least recently used entry is dropped
+(nothing of it is kept: a later chunk of that stream finds no state, like after a Redis TTL)."""
 from __future__ import annotations
 
-from worker.state.redis_store import StoredState
+import time
+from collections import OrderedDict
+
+from worker.state.redis_store import DEFAULT_TTL_S, StoredState
 
 __all__ = ["MemoryStateStore"]
 
 
 class MemoryStateStore:
-    """In-process stand-in for ``RedisStateStore`` (same async API, same fencing, no TTL): one
-    worker only, state lost with the process. Default of ``WorkerSettings`` (tests, demo).
-    ``data``: request id -> (checkpoint bytes, seq)."""
+    """In-process stand-in for ``RedisStateStore`` (same async API, same fencing): one worker only,
+    state lost with the process. ``data``: request id -> (checkpoint bytes, seq), least recently
+    used first. ``ttl_s``: seconds an entry lives without use; ``max_entries``: most entries kept."""
 
-    def __init__(self) -> None:
-        self.data: dict[str, tuple[bytes, int]] = {}
+    def __init__(self, ttl_s: float = DEFAULT_TTL_S, max_entries: int = 20000) -> None:
+        self.data: OrderedDict[str, tuple[bytes, int]] = OrderedDict()
+        self._used: dict[str, float] = {}  # request id -> time.monotonic() of the last use
+        self.ttl_s = float(ttl_s)
+        self.max_entries = max(1, int(max_entries))
 
     async def ping(self) -> None:
         """Always reachable."""
@@ -23,17 +33,44 @@ class MemoryStateStore:
         """Nothing to release."""
         return None
 
+    def _touch(self, rid: str, now: float) -> None:
+        self.data.move_to_end(rid)
+        self._used[rid] = now
+
+    def _drop(self, rid: str) -> None:
+        self.data.pop(rid, None)
+        self._used.pop(rid, None)
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop the entries unused for ``ttl_s`` seconds; returns how many."""
+        now = time.monotonic() if now is None else now
+        n = 0
+        while self.data:
+            rid = next(iter(self.data))
+            if now - self._used.get(rid, now) < self.ttl_s:
+                break
+            self._drop(rid)
+            n += 1
+        return n
+
     async def get_many(self, request_ids: list[str]) -> dict:
-        """``{request_id: StoredState | None}`` for each id (like ``RedisStateStore.get_many``)."""
+        """``{request_id: StoredState | None}`` for each id (like ``RedisStateStore.get_many``;
+        reading refreshes an entry's time, as the Redis TTL)."""
+        now = time.monotonic()
+        self.expire(now)
         out = {}
         for rid in request_ids:
             v = self.data.get(rid)
             out[rid] = StoredState(v[0], v[1]) if v else None
+            if v:
+                self._touch(rid, now)
         return out
 
     async def commit(self, writes: list) -> list[bool]:
         """Apply ``StateWrite``s fenced on seq (a write older than the stored seq is refused:
         False); ``state`` None deletes. Same rules as ``RedisStateStore.commit``."""
+        now = time.monotonic()
+        self.expire(now)
         res = []
         for w in writes:
             cur = self.data.get(w.request_id)
@@ -42,10 +79,14 @@ class MemoryStateStore:
                     res.append(False)
                 else:
                     self.data.pop(w.request_id, None)
+                    self._used.pop(w.request_id, None)
                     res.append(True)
             elif cur and cur[1] >= w.seq:
                 res.append(False)
             else:
                 self.data[w.request_id] = (w.state, w.seq)
+                self._touch(w.request_id, now)
                 res.append(True)
+        while len(self.data) > self.max_entries:
+            self._drop(next(iter(self.data)))
         return res

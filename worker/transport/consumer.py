@@ -6,10 +6,13 @@ Record format: ``worker.transport.records``; streams (records with a ``derender-
 Delivery guarantees
 -------------------
 At-least-once: offsets are committed (consumer group ``--group-id``, auto-commit off) only after
-the broker acknowledged the reply or dead letter, up to the highest *contiguous* completed
-offset of each partition. A partition's messages are derendered in parallel but their replies
-are published in offset order. A crash can therefore repeat replies of uncommitted messages,
-never lose them. SIGTERM/SIGINT stop fetching, finish and publish in-flight work (at most
+the broker acknowledged the reply or dead letter (and, for a stream chunk, after its checkpoint
+was written), up to the oldest unfinished offset of each partition. Order is kept per key, not
+per partition: a partition's non-streaming replies are published in offset order, stream chunks
+in order per stream, and replies of other keys may overtake a stream chunk that waits (for its
+state, for a missing chunk). A crash can therefore repeat replies of uncommitted messages, never
+lose them; a partition is paused while ``--max-in-flight`` records past its oldest unfinished one
+are read, which bounds those repeats. SIGTERM/SIGINT stop fetching, finish and publish in-flight work (at most
 ``--drain-timeout`` seconds), commit, exit; a second signal gives up the drain. After a fatal
 error (a reply and its dead letter both lost, a checkpoint write failed) the worker stops by
 itself: the drain then waits only for work that can still finish, never for the lost records.
@@ -32,11 +35,14 @@ from worker.config import ServedModelConfig
 from worker.logs import record_fields
 from worker.state.memory_store import MemoryStateStore
 from worker.tracing import TRACEPARENT, TRACESTATE, Tracer, trace_headers
+from worker.transport.broker_watch import BrokerWatch
 from worker.transport.deadletter import DeadLetterError, dead_letter
 from worker.transport.endpoints import DependencyProbe, Endpoints
 from worker.transport.health import HealthState
 from worker.transport.jobs import JobOutcome
 from worker.transport.metrics import PromMetrics, WorkerStats
+from worker.transport.outage import DependencyOutage, OutageClock
+from worker.transport.pauses import PartitionPauses
 from worker.transport.pool import DerenderPool
 from worker.transport.records import (
     HDR_CONTENT_TYPE,
@@ -52,12 +58,13 @@ from worker.transport.records import (
     reply_topic_problem,
 )
 from worker.transport.settings import WorkerSettings, redact_url
+from worker.transport.stream_memory import StreamMemory
 from worker.transport.streams import OffsetCommitError, StreamRouter
 from worker.transport.unreadable import UNREADABLE_ERRORS, UnreadableRecord, isolate_unreadable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KafkaDerenderWorker", "UNKNOWN_TOPIC_MEMORY_S"]
+__all__ = ["KafkaDerenderWorker", "UNKNOWN_TOPIC_MEMORY_S", "state_store_outage_clock"]
 
 #: seconds a reply topic that did not appear within ``reply_topic_wait_ms`` counts as unknown
 UNKNOWN_TOPIC_MEMORY_S = 10.0
@@ -104,6 +111,16 @@ class _Rebalance(ConsumerRebalanceListener):
         log.info("assigned partitions: %s", sorted((tp.topic, tp.partition) for tp in assigned))
 
 
+def state_store_outage_clock(settings: WorkerSettings, health: HealthState | None = None) -> OutageClock:
+    """The ``OutageClock`` of the stream state store (``--state-store-outage-deadline``, not-ready
+    reason ``state-store``, give-up line naming the Redis URL and what to do)."""
+    what = f"stream state store {redact_url(settings.redis.url)}" if settings.redis is not None else "stream state"
+    return OutageClock(what, "state-store", settings.state_store_outage_deadline_s, health,
+                       hint="start Redis there, give a reachable one with --redis-url (env DERENDER_REDIS_URL), or "
+                            "use --stream-state memory if this worker never receives stream chunks (records with a "
+                            f"{HDR_SEQ} header)")
+
+
 class KafkaDerenderWorker:
     """One consumer-group member: fetch, derender off the event loop, publish replies in
     partition order, commit after acknowledgement (record format: ``worker.transport.records``).
@@ -145,6 +162,9 @@ class KafkaDerenderWorker:
         self._stop_requested = False
         self._hurry: asyncio.Event | None = None  # a second stop(): give up the drain
         self._tracer = Tracer()  # OpenTelemetry spans when the [otel] extra is installed, else no-ops
+        self._committed_hw: dict[TopicPartition, int] = {}  # highest offset committed (broker watchdog)
+        self._pauses = PartitionPauses(settings.max_in_flight)  # by reason: window, dead letter
+        self.store_outage = state_store_outage_clock(settings, self.health)
 
     # -- executor ------------------------------------------------------------------------------
     async def _stream_submit(self, value, state, seq, kind, created: int | None = None):
@@ -152,19 +172,18 @@ class KafkaDerenderWorker:
         return await self.pool.stream(value, state, seq, kind, created)
 
     def _stream_done(self, st: _Partition, offset: int) -> None:
-        """A stream record is finished (reply acked, checkpoint written): committable."""
+        """A stream record is finished (reply acked, checkpoint written): committable. (Stream
+        records hold no ``--max-in-flight`` permit: they are bounded by the partition window.)"""
         st.inflight.discard(offset)
-        if offset in st.stream_inflight:
-            st.stream_inflight.discard(offset)
-            self._sem.release()
+        st.stream_inflight.discard(offset)
 
     def _stream_abandon(self, st: _Partition, offset: int) -> None:
-        """A held stream record is given up (revoke/stop): not committed, capacity released."""
-        if offset in st.stream_inflight:
-            st.stream_inflight.discard(offset)
-            self._sem.release()
+        """A held stream record is given up (revoke/stop): not committed."""
+        st.stream_inflight.discard(offset)
 
     def _stream_fatal(self, e: BaseException) -> None:
+        if isinstance(e, DependencyOutage) and self._fatal is None:
+            log.error("%s", e)  # the one line; main_run exits 2 without repeating it
         self._fatal = self._fatal or e
         if self._stopping is not None:
             self._stopping.set()
@@ -187,8 +206,9 @@ class KafkaDerenderWorker:
             self.endpoints = endpoints
         try:
             await self._start()
-        except BaseException:
-            log.error("worker start failed; releasing what was started")
+        except BaseException as e:
+            (log.info if isinstance(e, DependencyOutage) else log.error)(
+                "worker start failed; releasing what was started")
             await self._close()
             raise
 
@@ -198,25 +218,29 @@ class KafkaDerenderWorker:
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()
         self.health.set_reason("consumer-group", f"not a member of group {s.group_id} yet")
-        if s.redis is not None:  # checked before the (slow) pool start
+        if s.redis is not None:  # checked before the (slow) pool start; waited for (not ready meanwhile)
+            from worker.state import StoreConnectError
             from worker.state.redis_store import RedisStateStore
             store = self._prom.wrap_store(RedisStateStore.from_settings(s.redis))
             try:
-                await store.ping()  # StoreConnectError: no stream state store
+                await self.store_outage.retry(store.ping, (StoreConnectError,))  # DependencyOutage: gave up
             except BaseException:
                 await store.close()
                 raise
             log.info("stream state in Redis %s (prefix %r, ttl %.0fs)", redact_url(s.redis.url), s.redis.prefix,
                      s.redis.ttl_s)
         else:
-            store = MemoryStateStore()
+            store = MemoryStateStore(s.idle_timeout_s, s.max_live_streams)
         try:
             self.pool.make()
             await self.pool.warm_up()
         except BaseException:
             await store.close()
             raise
-        self._router = StreamRouter(self, store, s.stream_gap_timeout_s, s.stream_replay_window)
+        memory = StreamMemory(s.idle_timeout_s, s.max_live_streams, self.health,
+                              self._prom.live_streams)
+        self._router = StreamRouter(self, store, s.stream_gap_timeout_s, s.stream_replay_window,
+                                    outage=self.store_outage, memory=memory)
         self._router.start()
         self._producer = AIOKafkaProducer(**self._client_kwargs(), acks="all", enable_idempotence=False,
                                           linger_ms=2, max_request_size=s.max_request_size)
@@ -226,9 +250,12 @@ class KafkaDerenderWorker:
             auto_offset_reset=s.auto_offset_reset, session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=s.max_in_flight,
             fetch_max_wait_ms=s.fetch_max_wait_ms)
+        self._pauses.consumer = self._consumer
         self._consumer.subscribe([s.input_topic], listener=_Rebalance(self))
         await self._consumer.start()
-        checks = {"broker": self._producer.client.force_metadata_update}
+        # the broker's reachability (and lost topics/offsets) is the broker watchdog's reason
+        # ``broker``; Redis is pinged here too so that an outage shows while no stream needs it
+        checks = {}
         if s.redis is not None:
             checks["state-store"] = store.ping
         self._probe = DependencyProbe(self.health, checks)
@@ -268,6 +295,13 @@ class KafkaDerenderWorker:
         if self._consumer is None:
             await self.start()
         commit_task = asyncio.create_task(self._commit_loop(), name="derender-commit")
+        s = self.settings
+        watch = BrokerWatch(self._consumer, s.input_topic, self._committed_hw,
+                            OutageClock(f"Kafka broker {s.bootstrap_servers}", "broker", s.broker_outage_deadline_s,
+                                        self.health, hint="check the broker (a restarted broker without its data "
+                                        "needs its topics recreated; offsets are gone)"),
+                            self._stream_fatal, period_s=min(2.0, max(0.2, s.broker_outage_deadline_s / 10)))
+        watch_task = asyncio.create_task(watch.run(), name="derender-broker-watch")
         try:
             await self._fetch_loop()
         except Exception as e:
@@ -290,7 +324,8 @@ class KafkaDerenderWorker:
                               self.settings.drain_timeout_s)
             await asyncio.gather(drain, hurry, return_exceptions=True)
             commit_task.cancel()
-            await asyncio.gather(commit_task, return_exceptions=True)
+            watch_task.cancel()
+            await asyncio.gather(commit_task, watch_task, return_exceptions=True)
             await self._commit()
             await self._close()
             log.info("worker stopped: %s", self.stats)
@@ -357,9 +392,6 @@ class KafkaDerenderWorker:
                     if self._sem.locked() and chunk:
                         self._flush(chunk)  # never hold unsubmitted work while waiting for capacity
                         chunk = []
-                    if self._sem.locked() and streamed:
-                        await self._dispatch_streams(streamed)
-                        streamed = []
                     await self._sem.acquire()
                     st = self._parts.get(tp)
                     if st is None:
@@ -372,9 +404,11 @@ class KafkaDerenderWorker:
                         continue
                     st.inflight.add(msg.offset)
                     st.hi = max(st.hi or 0, msg.offset + 1)
+                    self._pauses.window(st)
                     if self._header(msg, HDR_SEQ) is not None:  # a stream chunk
                         self._prom.received_stream.inc()
                         st.stream_inflight.add(msg.offset)
+                        self._sem.release()  # bounded by the partition window, not by permits
                         streamed.append((st, msg))
                         continue
                     self._prom.received_unary.inc()
@@ -391,11 +425,11 @@ class KafkaDerenderWorker:
             if chunk:
                 self._flush(chunk)
             if streamed:
-                await self._dispatch_streams(streamed)
+                self._dispatch_streams(streamed)
 
-    async def _dispatch_streams(self, items: list[tuple[_Partition, Any]]) -> None:
-        """Load the unknown streams of a poll from the store (one read per partition), then hand
-        each record to its stream. Raises ``StateStoreError`` when the store cannot be read."""
+    def _dispatch_streams(self, items: list[tuple[_Partition, Any]]) -> None:
+        """Hand a poll's stream records to the router, per partition, in order (never waits: the
+        router loads unknown streams from the store in the background)."""
         by_part: dict[int, list] = {}
         for st, msg in items:
             by_part.setdefault(id(st), [st, []])[1].append(msg)
@@ -404,13 +438,7 @@ class KafkaDerenderWorker:
                 for m in msgs:
                     self._stream_abandon(st, m.offset)
                 continue
-            await self._router.load(st, msgs)
-            if st.closed or self._parts.get(st.tp) is not st:  # revoked while reading the store
-                for m in msgs:
-                    self._stream_abandon(st, m.offset)
-                continue
-            for m in msgs:
-                self._router.dispatch(st, m)
+            self._router.intake(st, msgs)
 
     def _flush(self, chunk: list[tuple[Any, asyncio.Future]]) -> None:
         """Submit ``chunk`` (message, placeholder future) as one executor call; resolve each
@@ -463,6 +491,7 @@ class KafkaDerenderWorker:
             log.error("revoke drain timed out; uncommitted messages will be redelivered")
         await self._commit()
         for tp in revoked:
+            self._pauses.forget(tp)
             st = self._parts.pop(tp)
             if self._router is not None:
                 self._router.drop_partition(st)  # in-memory stream states of the partition
@@ -628,9 +657,8 @@ class KafkaDerenderWorker:
                     if st.closed or (self._stopping is not None and self._stopping.is_set()):
                         raise DeadLetterError(why) from e
                     log.error("%s; retrying in %.1fs (attempt %d)", why, delay, attempt)
-                    if not paused and self._consumer is not None and st.tp in self._consumer.assignment():
-                        self._consumer.pause(st.tp)
-                        paused = True
+                    if not paused:
+                        paused = self._pauses.pause(st.tp, "dead-letter")
                     try:  # the backoff, cut short by a stop request
                         await asyncio.wait_for(self._stopping.wait(), delay)
                     except asyncio.TimeoutError:
@@ -638,8 +666,8 @@ class KafkaDerenderWorker:
                     delay = min(delay * 2, 30.0)
         finally:
             self.health.clear_reason(key)
-            if paused and not st.closed and self._consumer is not None and st.tp in self._consumer.assignment():
-                self._consumer.resume(st.tp)
+            if paused and not st.closed:
+                self._pauses.unpause(st.tp, "dead-letter")
 
     async def _sequencer(self, st: _Partition) -> None:
         """Take the partition's jobs in offset order, await each derender, hand its record to the
@@ -734,9 +762,9 @@ class KafkaDerenderWorker:
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.commit_interval_ms / 1000)
+            self._pauses.resume_windows(self._parts)
             await self._commit()
-            live = self._prom.observe_consumer(self._consumer, self._parts, self.settings.input_topic)
-            self.health.set_live_streams(live)
+            self._prom.observe_consumer(self._consumer, self._parts, self.settings.input_topic)
 
     async def _commit(self) -> None:
         """Commit every partition's committable offset that moved. Commit failures (rebalance in
@@ -756,6 +784,7 @@ class KafkaDerenderWorker:
             return
         self.stats.commits += 1
         for tp, off in offsets.items():
+            self._committed_hw[tp] = max(self._committed_hw.get(tp, 0), off)
             if tp in self._parts:
                 self._parts[tp].committed = off
                 if self._router is not None:

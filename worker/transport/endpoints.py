@@ -148,8 +148,9 @@ class DependencyProbe:
     of ``checks`` (key -> coroutine function) runs with a ``timeout_s`` limit; a check that raises,
     times out or returns False sets the reason ``key`` in ``health`` (the text names the error), a
     check that passes clears it. Transitions are logged (warning when a dependency goes away, info
-    when it is back). Keys used by the worker: ``broker`` (a metadata request answered) and
-    ``state-store`` (Redis PING)."""
+    when it is back). Key used by the worker: ``state-store`` (Redis PING; the same key as the
+    state store's ``OutageClock``: both mean "Redis does not answer"). The broker is watched by
+    ``worker.transport.broker_watch`` (reason ``broker``)."""
 
     def __init__(self, health: HealthState, checks: dict[str, Any], interval_s: float = 5.0,
                  timeout_s: float = 5.0):

@@ -143,9 +143,9 @@ class PromMetrics:
             self._e2e[mode].observe(max(0.0, time.time() - timestamp_ms / 1000.0))
 
     # -- sampled by the worker (commit loop) ---------------------------------------------------
-    def observe_consumer(self, consumer: Any, parts: dict, topic: str) -> int:
-        """Set the gauges read from the consumer's state; returns the number of live streams (not
-        ended, state held in memory). ``consumer``: the AIOKafkaConsumer; ``parts``: TopicPartition
+    def observe_consumer(self, consumer: Any, parts: dict, topic: str) -> None:
+        """Set the gauges read from the consumer's state (the live-streams gauge is set by
+        ``worker.transport.stream_memory.StreamMemory``). ``consumer``: the AIOKafkaConsumer; ``parts``: TopicPartition
         -> the worker's partition state (``committed``, ``committable``, ``inflight``, ``streams``). Lag of a held partition = its high watermark (from the last
         fetch) minus the offset committed by this worker (before the first commit: the next offset
         to commit); a held partition the worker fetched nothing from is caught up (0). Series of
@@ -169,10 +169,6 @@ class PromMetrics:
             self.lag.remove(*key)
         self._lag_series = seen
         self.in_flight.set(sum(len(st.inflight) for st in parts.values()))
-        live = sum(1 for st in parts.values() for s in (getattr(st, "streams", None) or {}).values()
-                   if not s.ended)
-        self.live_streams.set(live)
-        return live
 
     def wrap_store(self, store: Any) -> InstrumentedStore:
         """``store`` with every call counted and timed (``derender_state_operation*``)."""

@@ -10,13 +10,13 @@ import signal
 import sys
 from typing import Any
 
-from worker.transport.consumer import KafkaDerenderWorker
-from worker.transport.records import HDR_SEQ
+from worker.transport.consumer import KafkaDerenderWorker, state_store_outage_clock
+from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.settings import WorkerSettings, redact_url
 
 log = logging.getLogger(__name__)
 
-__all__ = ["main_run", "ensure_topics", "check_state_store"]
+__all__ = ["main_run", "ensure_topics", "check_state_store", "wait_for_state_store"]
 
 
 async def ensure_topics(bootstrap_servers: str, topics: dict[str, int], **client_kwargs: Any) -> None:
@@ -49,6 +49,14 @@ async def check_state_store(redis_settings: Any) -> None:
         await store.close()
 
 
+async def wait_for_state_store(redis_settings: Any, clock: OutageClock) -> None:
+    """Ping the Redis stream state store until it answers, with backoff, for at most
+    ``clock.deadline_s`` seconds (``--state-store-outage-deadline``; not ready meanwhile).
+    Raises ``DependencyOutage`` (its message is the one line to log) when it never answered."""
+    from worker.state import StoreConnectError
+    await clock.retry(lambda: check_state_store(redis_settings), (StoreConnectError,))
+
+
 async def _run_until_signal(worker: KafkaDerenderWorker) -> None:
     loop = asyncio.get_running_loop()
     await worker.start()
@@ -60,8 +68,8 @@ async def _run_until_signal(worker: KafkaDerenderWorker) -> None:
 def main_run(args: argparse.Namespace) -> int:
     """``derender-worker run``: build the models from the flags, run the worker until
     SIGTERM/SIGINT. Returns 0 after a clean drain, 2 (one log line) on bad configuration (flags,
-    model files or parser names, unreachable state store or Kafka broker at start), 1 on a fatal
-    error."""
+    model files or parser names, unreachable Kafka broker at start) or when a dependency (Redis,
+    the broker) stayed unavailable past its outage deadline, 1 on another fatal error."""
     from worker.config import models_from_args
     try:
         models = models_from_args(args)
@@ -70,14 +78,14 @@ def main_run(args: argparse.Namespace) -> int:
         log.error("bad configuration: %s", e)
         return 2
     if settings.redis is not None:  # before the derender pool is built (seconds to minutes)
-        from worker.state import StateStoreError
+        clock = state_store_outage_clock(settings)
         try:
-            asyncio.run(check_state_store(settings.redis))
-        except (StateStoreError, ValueError, OSError) as e:
-            log.error("stream state store unreachable at %s (%s): start Redis there, give a reachable one with "
-                      "--redis-url (env DERENDER_REDIS_URL), or use --stream-state memory if this worker never "
-                      "receives stream chunks (records with a %s header)", redact_url(settings.redis.url), e,
-                      HDR_SEQ)
+            asyncio.run(wait_for_state_store(settings.redis, clock))
+        except DependencyOutage as e:
+            log.error("%s", e)
+            return 2
+        except (ValueError, OSError) as e:
+            log.error("stream state store %s unusable (%s): %s", redact_url(settings.redis.url), e, clock.hint)
             return 2
     # load every tokenizer and parser here, before any pool process exists: a bad path or parser
     # name is one error line and exit 2, not a pool initializer traceback + BrokenProcessPool
@@ -113,6 +121,10 @@ def main_run(args: argparse.Namespace) -> int:
         log.error("Kafka broker unreachable at %s (%s): start it, or give a reachable one with "
                   "--bootstrap-servers (env DERENDER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS)",
                   settings.bootstrap_servers, e)
+        return 2
+    except DependencyOutage as e:
+        if worker._fatal is not e:  # given up during start(): not logged yet
+            log.error("%s", e)
         return 2
     except Exception:
         log.exception("worker failed")

@@ -57,8 +57,10 @@ class WorkerSettings:
     ``executor``: ``process`` (a ``ProcessPoolExecutor`` of ``num_workers`` processes, each with
     its own ``DerenderService`` built once: real parallelism for the CPU-bound core) or
     ``thread`` (a thread pool sharing one service; no fork/spawn cost, but the GIL limits it to
-    about one core). ``max_in_flight``: most messages fetched but not yet acknowledged, over all
-    partitions (backpressure). ``security``: extra aiokafka client kwargs (SASL/TLS)."""
+    about one core). ``max_in_flight``: most non-streaming messages fetched but not yet
+    acknowledged, over all partitions (backpressure); also the most records of one partition fetched
+    beyond its oldest unfinished one (the partition is paused until that one finishes), which bounds
+    the replies a crash can repeat. ``security``: extra aiokafka client kwargs (SASL/TLS)."""
 
     bootstrap_servers: str = "localhost:9092"
     input_topic: str = "engine-outputs"
@@ -95,6 +97,22 @@ class WorkerSettings:
     #: how long a reply waits for the metadata of a reply topic the producer does not know yet
     #: before it is dead-lettered as unknown (the answer is remembered ``UNKNOWN_TOPIC_MEMORY_S``)
     reply_topic_wait_ms: int = 2000
+    #: streams held in memory: evicted after ``stream_idle_timeout_s`` without a chunk (None = the
+    #: Redis key TTL, ``redis.ttl_s``, else 900 s) and, least recently used first, beyond
+    #: ``max_live_streams``; in memory mode the evicted state is gone (later chunks: 409)
+    stream_idle_timeout_s: float | None = None
+    max_live_streams: int = 20000
+    #: outages (``worker.transport.outage``): seconds the state store / the broker may be
+    #: unavailable (or the broker without the data it had) before the worker exits with status 2
+    state_store_outage_deadline_s: float = 300.0
+    broker_outage_deadline_s: float = 300.0
+
+    @property
+    def idle_timeout_s(self) -> float:
+        """Idle eviction time of in-memory streams (seconds): the flag, else the Redis TTL, else 900."""
+        if self.stream_idle_timeout_s is not None:
+            return float(self.stream_idle_timeout_s)
+        return float(getattr(self.redis, "ttl_s", 900.0) or 900.0)
 
     def __post_init__(self) -> None:
         """Check the reliability settings. Raises ``ValueError`` (a bad regular expression, a
@@ -131,7 +149,10 @@ class WorkerSettings:
             redis=_redis_settings(args), stream_gap_timeout_s=args.stream_gap_timeout,
             stream_replay_window=args.stream_replay_window,
             dead_letter_max_bytes=args.dead_letter_max_bytes, allowed_reply_topics=args.allowed_reply_topics or None,
-            reply_topic_wait_ms=args.reply_topic_wait_ms,
+            reply_topic_wait_ms=args.reply_topic_wait_ms, stream_idle_timeout_s=args.stream_idle_timeout,
+            max_live_streams=args.max_live_streams,
+            state_store_outage_deadline_s=args.state_store_outage_deadline,
+            broker_outage_deadline_s=args.broker_outage_deadline,
         )
 
 
@@ -186,7 +207,8 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--group-id", default="derender-workers")
     g.add_argument("--client-id", default="derender-worker")
     g.add_argument("--max-in-flight", type=_positive_int, default=64,
-                   help="most unacknowledged messages at once (backpressure)")
+                   help="most unacknowledged messages at once (backpressure), and most records of one "
+                        "partition read past its oldest unfinished one (bounds the replies a crash repeats)")
     g.add_argument("--num-threads", "--num-workers", dest="num_threads",
                    type=_positive_int, default=_default_workers(),
                    help="derender pool size (default: usable CPU cores)")
@@ -231,6 +253,18 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                     help="seconds a chunk beyond a missing one is held before the stream ends with an error")
     st.add_argument("--stream-replay-window", type=_positive_int, default=32,
                     help="replies per stream kept (memory and store) to answer redelivered chunks identically")
+    st.add_argument("--stream-idle-timeout", type=_positive_float, default=None,
+                    help="seconds without a chunk after which a stream's in-memory state is evicted "
+                         "(default: --redis-state-ttl; with --stream-state memory the state is then gone)")
+    st.add_argument("--max-live-streams", type=_positive_int, default=20000,
+                    help="most streams held in memory; beyond it the least recently used idle ones are evicted")
+    o = ap.add_argument_group("outages (not ready meanwhile; exit status 2 after the deadline)")
+    o.add_argument("--state-store-outage-deadline", type=_positive_float, default=300.0,
+                   help="seconds streams wait for an unreachable state store (Redis), at startup too, "
+                        "before the worker exits; non-streaming records are answered meanwhile")
+    o.add_argument("--broker-outage-deadline", type=_positive_float, default=300.0,
+                   help="seconds the broker may stay unreachable, or without the data this worker already "
+                        "read from it (a broker restarted without its data), before the worker exits")
     from worker.state.redis_store import add_redis_args
     add_redis_args(ap)
 

@@ -19,8 +19,14 @@ Design
   ``worker.state.redis_store``), batched: every write waiting when the writer wakes goes into one
   ``commit([...])`` pipeline, coalesced per request id (latest seq wins; fenced on seq). A worker
   that meets a stream it does not hold (new partition owner after a rebalance or a crash) loads
-  it from the store (one ``get_many`` per poll) and continues. On partition revoke the in-memory
-  streams of the partition are dropped.
+  it from the store (one ``get_many`` per poll, in a background task: the fetch loop never waits
+  for the store) and continues. On partition revoke the in-memory streams of the partition are
+  dropped. Idle streams are evicted from memory (``worker.transport.stream_memory``).
+* **State store outage.** Reads and checkpoint writes wait for the store (backoff, coalescing
+  the writes that pile up) for at most ``--state-store-outage-deadline`` seconds
+  (``worker.transport.outage``); then one line and ``DependencyOutage`` (exit status 2). Streams
+  held in memory keep being derendered and answered meanwhile (their offsets commit once their
+  checkpoints are written); streams that must be loaded wait; non-streaming records never wait.
 * **Checkpoint** (the stored value, msgpack ``Checkpoint``): the state after chunk ``q`` (stored
   with seq ``q``; None once the stream ended) plus the *replay window*: the reply values of the
   stream's recent chunks (every chunk whose input offset is not known committed, and at least the
@@ -29,8 +35,8 @@ Design
   (``ReplyProduceError``), (2) broker ack, ``acks=all`` (``ReplyAckError``), (3) state write of
   the checkpoint covering the chunk (``StateCommitError``), (4) offset commit up to the lowest
   offset not through step 3 (``OffsetCommitError``; logged and retried, like the non-streaming
-  path). A failure of 1-3 (after a dead-letter attempt for 1-2, after retries for 3) stops the
-  worker without committing: the chunk is redelivered.
+  path). A failure of 1-2 (after a dead-letter attempt) or of 3 (after the outage deadline) stops
+  the worker without committing: the chunk is redelivered.
 * **Redelivery / duplicates.** A chunk with ``seq`` < next expected is a duplicate: when its reply
   is in the replay window, the identical value (and headers) is published again; otherwise it is
   skipped (it is older than the window and its offset was committed, i.e. its reply was acked
@@ -63,6 +69,7 @@ import msgspec
 from worker.logs import record_fields
 from worker.transport.deadletter import DeadLetterError
 from worker.transport.jobs import JobOutcome, body_request_id, error_body, is_object_value
+from worker.transport.outage import OutageClock
 from worker.transport.records import (
     HDR_SEQ,
     HDR_STREAM_END,
@@ -72,6 +79,7 @@ from worker.transport.records import (
     record_created,
     stream_id,
 )
+from worker.transport.stream_memory import StreamMemory
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +172,9 @@ class _Stream:
     end_offset: int = -1  # highest input offset handled after the stream ended
     deleted: bool = False
     ended_at: float = 0.0
+    loading: bool = False  # being read from the store: its queue waits
+    last_used: float = field(default_factory=time.monotonic)  # last chunk handed to it (idle eviction)
+    pending_writes: int = 0  # checkpoints produced and not yet written (never evicted meanwhile)
 
 
 @dataclass
@@ -173,6 +184,7 @@ class _Write:
     seq: int
     value: bytes  # encoded checkpoint
     offsets: list
+    s: Any = None  # the _Stream (pending_writes)
 
 
 def _bad_chunk(msg, seq: int | None) -> str | None:
@@ -190,15 +202,20 @@ class StreamRouter:
     """The streaming half of a ``KafkaDerenderWorker`` (see the module docstring). ``worker``
     supplies the producer (``_send``, ``_publish``, ``_dead_letter_until_acked``), the reply planning
     (``_safe_plan``/``_dlq``), the executor
-    (``_stream_submit``), stats and ``_stream_done(st, offset)`` (offset finished)."""
+    (``_stream_submit``), stats and ``_stream_done(st, offset)`` (offset finished). ``store``: a
+    ``RedisStateStore`` or ``MemoryStateStore``; ``outage``: the ``OutageClock`` reads and writes
+    wait on (default: give up at the first failure); ``memory``: the ``StreamMemory`` eviction
+    policy (default: 900 s idle, 20,000 streams)."""
 
     def __init__(self, worker: Any, store: Any, gap_timeout_s: float, replay_window: int,
-                 write_retries: int = 3):
+                 outage: OutageClock | None = None, memory: StreamMemory | None = None):
         self.w = worker
         self.store = store
         self.gap_timeout_s = gap_timeout_s
         self.replay_window = max(0, replay_window)
-        self.write_retries = write_retries
+        self.outage = outage or OutageClock("stream state store", "state-store", 0.0)
+        self.memory = memory or StreamMemory(900.0, 20000)
+        self.parts: dict[int, Any] = {}  # id(partition) -> open partition (eviction, gauge)
         self._pending: list[_Write] = []
         self._wake = asyncio.Event()
         self._writer: asyncio.Task | None = None
@@ -210,6 +227,9 @@ class StreamRouter:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         self._writer = asyncio.create_task(self._write_loop(), name="derender-state-writer")
+        sweeper = asyncio.create_task(self.memory.run(self), name="derender-stream-sweeper")
+        self._bg.add(sweeper)
+        sweeper.add_done_callback(self._bg.discard)
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -225,6 +245,7 @@ class StreamRouter:
 
     def open_partition(self, st) -> None:
         st.streams = {}
+        self.parts[id(st)] = st
         st.sacks = asyncio.Queue()
         st.tasks.append(asyncio.create_task(self._acker(st), name=f"derender-sack-{st.tp.topic}-{st.tp.partition}"))
 
@@ -237,7 +258,7 @@ class StreamRouter:
         stopping and nothing past that record is committed), wait only for the work still running,
         not for records that can no longer finish."""
         while True:
-            busy = any(s.task is not None for s in st.streams.values()) \
+            busy = any(s.task is not None or s.loading for s in st.streams.values()) \
                 or any(not t.done() for t in self._answers.get(id(st), ()))
             if not busy and st.sacks.empty() and id(st) not in self._acking \
                     and not any(w.st is st for w in self._pending) and self._inflight_writes == 0 \
@@ -263,25 +284,58 @@ class StreamRouter:
             s.held_dups.clear()
         st.streams.clear()
         self._answers.pop(id(st), None)
+        self.parts.pop(id(st), None)
 
     # -- intake ----------------------------------------------------------------------------
     parse_seq = staticmethod(parse_seq)
 
-    async def load(self, st, msgs: list) -> None:
-        """Make sure every stream named by ``msgs`` is in memory, reading the unknown ones from
-        the store in one ``get_many``. Raises ``StateStoreError`` after retries."""
-        rids = []
+    def intake(self, st, msgs: list) -> None:
+        """Hand a poll's stream records of partition ``st`` to their streams, in order, without
+        waiting: streams held in memory run at once; unknown ones are read from the store in one
+        background ``get_many`` (their records queue meanwhile, and so do later ones of the same
+        stream: order is kept per stream, never across streams)."""
+        now = time.monotonic()
+        new: list[str] = []
         for m in msgs:
-            if _bad_chunk(m, 0) is not None:
+            if _bad_chunk(m, self.parse_seq(m)) is not None:
+                self.dispatch(st, m)
                 continue
             rid = stream_id(m.key)
-            if rid not in st.streams and rid not in rids:
-                rids.append(rid)
-        if not rids:
+            s = st.streams.get(rid)
+            if s is None:
+                s = st.streams[rid] = _Stream(rid, loading=True)
+                new.append(rid)
+            s.last_used = now
+            s.queue.append(m)
+            if not s.loading:
+                self._kick(st, s)
+        if new:
+            task = asyncio.create_task(self._load(st, new), name=f"derender-stream-load-{st.tp.partition}")
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+        self.memory.enforce_cap(self)
+
+    async def _load(self, st, rids: list[str]) -> None:
+        """Read the streams ``rids`` of ``st`` from the store (waiting out an outage), then run them."""
+        from worker.state import StoreConnectError
+        from worker.transport.outage import DependencyOutage
+        try:
+            stored = await self.outage.retry(lambda: self.store.get_many(rids), (StoreConnectError,))
+        except Exception as e:  # DependencyOutage (deadline), StoreReadError (malformed state)
+            if not isinstance(e, DependencyOutage):
+                log.error("reading %d stream state(s) failed: %s: %s; stopping (they will be redelivered)",
+                          len(rids), type(e).__name__, e)
+            for rid in rids:
+                s = st.streams.get(rid)
+                if s is not None and s.loading:
+                    self._fail(st, [m.offset for m in s.queue if m is not _GAP])
+                    s.queue.clear()
+            self.w._stream_fatal(e)
             return
-        stored = await self._retry(lambda: self.store.get_many(rids), "read")
         for rid in rids:
-            s = _Stream(rid)
+            s = st.streams.get(rid)
+            if s is None or not s.loading:  # the partition was dropped meanwhile
+                continue
             got = stored.get(rid)
             if got is not None:
                 try:
@@ -299,7 +353,14 @@ class StreamRouter:
                     for e in ck.replies:
                         s.window[e.seq] = (e, -1)
                     log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
-            st.streams[rid] = s
+            s.loading = False
+            if st.closed:
+                for m in s.queue:
+                    if m is not _GAP:
+                        self.w._stream_abandon(st, m.offset)
+                s.queue.clear()
+                continue
+            self._kick(st, s)
 
     def dispatch(self, st, msg) -> None:
         """Hand one stream record to its stream's runner (``load`` must have run for it)."""
@@ -337,7 +398,7 @@ class StreamRouter:
         self._kick(st, s)
 
     def _kick(self, st, s: _Stream) -> None:
-        if s.task is None and s.queue:
+        if s.task is None and s.queue and not s.loading:
             s.task = asyncio.create_task(self._run(st, s), name=f"derender-stream-{s.rid}")
 
     async def _run(self, st, s: _Stream) -> None:
@@ -517,7 +578,7 @@ class StreamRouter:
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
             wr = _Write(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
-                        [msg.offset, *(extra_offsets or ())])
+                        [msg.offset, *(extra_offsets or ())], s)
         try:
             # a reply refused for a reason of its own is dead-lettered; a dead letter is retried
             # until acked (partition paused, not ready) unless the partition goes away meanwhile
@@ -527,6 +588,8 @@ class StreamRouter:
         except Exception as e:
             raise ReplyProduceError(f"producing the reply of {msg.topic}[{msg.partition}]@{msg.offset} failed: "
                                     f"{type(e).__name__}: {e}") from e
+        if wr is not None:
+            s.pending_writes += 1  # (its runner task keeps it from eviction until here)
         if s is not None and s.ended:
             s.end_offset = max(s.end_offset, msg.offset, *(extra_offsets or ()))
         st.sacks.put_nowait((msg, plan, entry, delivery, wr))
@@ -569,29 +632,51 @@ class StreamRouter:
 
     # -- step 3: batched checkpoint writes -------------------------------------------------
     async def _write_loop(self) -> None:
-        from worker.state import StateWrite
+        """Step 3: write every checkpoint waiting (coalesced per stream, latest seq wins) in one
+        pipeline. While the store is unavailable, keep the batch, merge the writes that arrive and
+        retry with backoff; after the outage deadline, stop the worker (exit status 2)."""
+        from worker.state import StateStoreError, StateWrite
+        from worker.transport.outage import DependencyOutage
         while True:
             await self._wake.wait()
             self._wake.clear()
             if not self._pending:
                 continue
             batch, self._pending = self._pending, []
-            self._inflight_writes = len(batch)
-            latest: dict[str, _Write] = {}
-            for wr in batch:
-                cur = latest.get(wr.rid)
-                if cur is None or wr.seq >= cur.seq:
-                    latest[wr.rid] = wr
-            writes = [StateWrite(w.rid, w.value, w.seq) for w in latest.values()]
-            try:
-                res = await self._retry(lambda w=writes: self.store.commit(w), "write")
-            except Exception as e:
-                err = StateCommitError(f"checkpoint write of {len(writes)} stream(s) failed: {type(e).__name__}: {e}")
-                log.error("%s; stopping (the chunks will be redelivered)", err)
+            delay = 0.1
+            while True:
+                self._inflight_writes = len(batch)
+                latest: dict[str, _Write] = {}
+                for wr in batch:
+                    cur = latest.get(wr.rid)
+                    if cur is None or wr.seq >= cur.seq:
+                        latest[wr.rid] = wr
+                writes = [StateWrite(w.rid, w.value, w.seq) for w in latest.values()]
+                try:
+                    res = await self.store.commit(writes)
+                    self.outage.up()
+                    break
+                except StateStoreError as e:
+                    self.outage.down(f"checkpoint write of {len(writes)} stream(s): {type(e).__name__}: {e}")
+                    if not self.outage.expired:
+                        await asyncio.sleep(min(delay, max(0.01, self.outage.deadline_s - self.outage.down_for)))
+                        delay = min(2.0, delay * 2)
+                        batch += self._pending  # what piled up meanwhile joins the retry
+                        self._pending = []
+                        continue
+                    err = DependencyOutage(self.outage.give_up_line())
+                    err.__cause__ = StateCommitError(f"checkpoint write failed: {type(e).__name__}: {e}")
+                except Exception as e:  # not a store error: a bug; stop without committing
+                    err = StateCommitError(f"checkpoint write of {len(writes)} stream(s) failed: "
+                                           f"{type(e).__name__}: {e}")
+                    log.error("%s; stopping (the chunks will be redelivered)", err)
                 for wr in batch:
                     self._fail(wr.st, wr.offsets)
                 self._inflight_writes = 0
                 self.w._stream_fatal(err)
+                res = None
+                break
+            if res is None:
                 continue
             self.w.stats.state_writes += 1
             for w, ok in zip(latest.values(), res, strict=False):
@@ -599,25 +684,14 @@ class StreamRouter:
                     log.warning("stream %r: checkpoint at seq %d fenced off (a newer one is stored: another "
                                 "worker advanced the stream)", w.rid, w.seq)
             for wr in batch:
+                if wr.s is not None:
+                    wr.s.pending_writes -= 1
                 for off in wr.offsets:
                     if wr.st.failed:  # a record before it was lost: never commit past that one
                         self.w._stream_abandon(wr.st, off)
                     else:
                         self.w._stream_done(wr.st, off)
             self._inflight_writes = 0
-
-    async def _retry(self, fn, what: str):
-        from worker.state import StateStoreError
-        delay = 0.1
-        for attempt in range(self.write_retries + 1):
-            try:
-                return await fn()
-            except StateStoreError as e:
-                if attempt >= self.write_retries:
-                    raise
-                log.warning("state store %s failed (%s: %s); retrying in %.1fs", what, type(e).__name__, e, delay)
-                await asyncio.sleep(delay)
-                delay *= 3
 
     # -- after an offset commit ------------------------------------------------------------
     def on_committed(self, st, offset: int) -> None:

@@ -1,0 +1,461 @@
+"""The chaos scenarios. Each one starts its own embedded broker, its own Redis server(s) and
+``derender-worker run`` subprocesses, injects one kind of fault, checks the invariants
+(``harness.Ledger``) and returns its figures (printed by the caller, never asserted as speeds).
+
+Sizes: ``SIZES["reduced"]`` (the pytest run, ``tests/test_chaos.py``) and ``SIZES["full"]``
+(``python -m tests.chaos --full``, the figures in the README)."""
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+import urllib.request
+import uuid
+from typing import Any
+
+from tests.chaos.fuzz import make_bad
+from tests.chaos.harness import (
+    CORR,
+    MODELS_JSON,
+    SEQ,
+    Broker,
+    Collector,
+    Ledger,
+    RedisServer,
+    WorkerProc,
+    create_topics,
+    free_port,
+    h,
+    make_singles,
+    make_streams,
+    produce,
+    rss_kb,
+    session_pids,
+    stream_records,
+)
+
+SIZES: dict[str, dict[str, int]] = {
+    "reduced": dict(batch=600, streams=16, outage_singles=200, fuzz_bad=1500, fuzz_valid=500, fuzz_huge=2,
+                    overload=4000, abandoned=600, partitions=4),
+    "full": dict(batch=10_000, streams=60, outage_singles=2000, fuzz_bad=30_000, fuzz_valid=10_000, fuzz_huge=10,
+                 overload=100_000, abandoned=6000, partitions=8),
+}
+GAP_S = 3.0  # --stream-gap-timeout of the chaos workers
+STATE_DEADLINE_S = 60.0  # --state-store-outage-deadline
+BROKER_DEADLINE_S = 8.0  # --broker-outage-deadline
+IDLE_S = {"reduced": 5.0, "full": 30.0}  # --stream-idle-timeout of the abandoned-streams scenario
+# (longer than the backlog of a full-size burst: a stream's next chunk may wait that long in Kafka)
+
+
+class Rig:
+    """One scenario's world: broker, Redis (``persist``: none/aof/rdb, or None for memory state),
+    topics, a collector over the reply, alternative reply and dead-letter topics, workers, and a
+    sampler of the workers' RSS."""
+
+    def __init__(self, name: str, *, persist: str | None = "none", partitions: int = 4):
+        self.name = name
+        self.t0 = time.monotonic()
+        u = uuid.uuid4().hex[:6]
+        self.inp, self.rep, self.dlq, self.alt, self.group = (f"{name}-in-{u}", f"{name}-rep-{u}",
+                                                              f"{name}-dlq-{u}", f"{name}-alt-{u}", f"{name}-g-{u}")
+        self.broker = Broker(port=free_port()).start()
+        self.bs = self.broker.bootstrap_servers
+        self.redis = RedisServer(persist).start() if persist is not None else None
+        self.partitions = partitions
+        asyncio.run(create_topics(self.bs, {self.inp: partitions, self.rep: 2, self.dlq: 1, self.alt: 1}))
+        self.collector = Collector(self.bs, [self.rep, self.dlq, self.alt])
+        self.workers: list[WorkerProc] = []
+        self.phases: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.5):
+            for w in list(self.workers):
+                if w.alive:
+                    w.rss_kb()
+
+    def args(self, extra: list[str] | None = None, *, metrics_port: int | None = None) -> list[str]:
+        a = ["--config", str(MODELS_JSON), "--bootstrap-servers", self.bs, "--input-topic", self.inp,
+             "--reply-topic", self.rep, "--dead-letter-topic", self.dlq, "--group-id", self.group,
+             "--executor", "process", "--num-threads", "1", "--commit-interval-ms", "100",
+             "--session-timeout-ms", "2000", "--heartbeat-interval-ms", "300", "--max-in-flight", "64",
+             "--stream-gap-timeout", str(GAP_S), "--max-request-size", str(16 * 1024 * 1024),
+             "--state-store-outage-deadline", str(STATE_DEADLINE_S),
+             "--broker-outage-deadline", str(BROKER_DEADLINE_S), "--drain-timeout", "10"]
+        if self.redis is not None:
+            a += ["--redis-url", self.redis.url, "--redis-state-ttl", "300"]
+        else:
+            a += ["--stream-state", "memory"]
+        if metrics_port is not None:
+            a += ["--metrics-port", str(metrics_port)]
+        return a + list(extra or [])
+
+    def worker(self, extra: list[str] | None = None, **kw) -> WorkerProc:
+        w = WorkerProc(f"{self.name}-w{len(self.workers)}", self.args(extra, **kw))
+        self.workers.append(w)
+        return w
+
+    def wait_ready(self, ws: list[WorkerProc], timeout: float = 120.0) -> None:
+        """Until every worker has an assignment and, when partitions allow, owns partitions."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for w in ws:
+                assert w.alive, f"{w.name} exited ({w.p.returncode}) before it was ready:\n{w.text()}"
+            if all(w.assigned() for w in ws) and (len(ws) > self.partitions or all(w.owns_partitions() for w in ws)):
+                self.phase("ready")
+                return
+            assert time.monotonic() < deadline, "workers not ready:\n" + "\n".join(w.text(10) for w in ws)
+            time.sleep(0.2)
+
+    def phase(self, name: str) -> None:
+        """Record the seconds since the rig started at this point (figures: ``t_<name>``)."""
+        self.phases[f"t_{name}"] = round(time.monotonic() - self.t0, 1)
+
+    def wait_answers(self, n: int, timeout: float) -> bool:
+        """Until ``n`` records were collected, ``timeout`` seconds passed, or no worker is alive."""
+        return self.collector.wait(lambda: self.collector.count() >= n or not any(w.alive for w in self.workers),
+                                   timeout)
+
+    def unexpected_exits(self) -> list[str]:
+        return [f"{w.name}: exit {w.p.returncode}\n{w.text(15)}" for w in self.workers if not w.killed and not w.alive]
+
+    def figures(self, **kw: Any) -> dict[str, Any]:
+        peak = max((w.peak_kb for w in self.workers), default=0)
+        return {"scenario": self.name, "wall_s": round(time.monotonic() - self.t0, 1),
+                "workers": len(self.workers), "peak_rss_mb": round(peak / 1024, 1), **self.phases, **kw}
+
+    def close(self) -> dict[str, int | None]:
+        """Stop everything; returns each worker's exit status (SIGTERM drain = 0)."""
+        self._stop.set()
+        codes = {w.name: w.stop() for w in self.workers if not w.killed}
+        for w in self.workers:  # killed ones: their sessions too (orphans are checked before)
+            w.stop(timeout=0)
+        self.collector.close()
+        if self.redis is not None:
+            self.redis.close()
+        self.broker.stop()
+        return codes
+
+
+def _finish(rig: Rig, ledger: Ledger, expected: int, timeout: float, **figs) -> dict[str, Any]:
+    t = time.monotonic()
+    if ledger.lost_ok:  # lost streams end with one 409 for their held chunks: fewer replies than chunks
+
+        def passes() -> bool:
+            try:
+                ledger.check([r for _, r in list(rig.collector.records)], rig.dlq)
+                return True
+            except AssertionError:
+                return not any(w.alive for w in rig.workers)
+
+        rig.collector.wait(passes, timeout)
+    else:
+        rig.wait_answers(expected, timeout)
+    rig.collector.wait(lambda: False, 1.0)  # settle: late duplicates
+    drain_s = time.monotonic() - t
+    exits = rig.unexpected_exits()
+    counts = ledger.check([r for _, r in rig.collector.records], rig.dlq)
+    assert not exits, "worker(s) exited:\n" + "\n".join(exits)
+    assert rig.collector.error is None, f"collector failed: {rig.collector.error!r}"
+    return rig.figures(**counts, drain_s=round(drain_s, 1), **figs)
+
+
+def _orphans_after_kill(w: WorkerProc, wait_s: float = 8.0) -> int:
+    """Processes of a kill -9'd worker's session still alive after ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and session_pids(w.sid):
+        time.sleep(0.2)
+    return len(session_pids(w.sid))
+
+
+# -------------------------------------------------------------------------------- scenarios ----
+def kill9_batch(size: str = "reduced") -> dict[str, Any]:
+    """Two workers; kill -9 of one worker's main process at 40% of the non-streaming records; a
+    replacement joins. Every record answered correctly, duplicates identical, no orphan left."""
+    sz = SIZES[size]
+    rig = Rig("kill9-batch", partitions=sz["partitions"])
+    try:
+        a, b = rig.worker(), rig.worker()
+        rig.wait_ready([a, b])
+        ledger = Ledger(singles=make_singles(sz["batch"], "kb"))
+        recs = ledger.single_records()
+        killed = {}
+
+        def at(i: int) -> None:
+            if i >= len(recs) * 0.4 and not killed:
+                killed["at"] = i
+                a.kill9()
+
+        rig.phase("produce")
+        asyncio.run(produce(rig.bs, rig.inp, recs, pace=0.02, on_progress=at))
+        rig.phase("produced")
+        if not killed:
+            a.kill9()
+        orphans = _orphans_after_kill(a)
+        c = rig.worker()
+        rig.wait_ready([b, c])
+        figs = _finish(rig, ledger, len(recs), 180, orphans=orphans)
+        assert orphans == 0, f"{orphans} process(es) of the kill -9'd worker still alive: {figs}"
+        return figs
+    finally:
+        rig.close()
+
+
+def kill9_stream(size: str = "reduced") -> dict[str, Any]:
+    """Streams over two workers; kill -9 of one mid-stream (after 40% of the chunks): every stream
+    completes on the survivor with byte-identical duplicates only."""
+    sz = SIZES[size]
+    rig = Rig("kill9-stream", partitions=sz["partitions"])
+    try:
+        a, b = rig.worker(), rig.worker()
+        rig.wait_ready([a, b])
+        ledger = Ledger(streams=make_streams(sz["streams"], "ks"))
+        recs = [r for rnd in stream_records(ledger.streams) for r in rnd]
+        total = len(recs)
+
+        def at(i: int) -> None:
+            if i >= total * 0.4 and a.alive:
+                a.kill9()
+
+        asyncio.run(produce(rig.bs, rig.inp, recs, pace=0.05, on_progress=at))
+        figs = _finish(rig, ledger, total, 180, chunks=total)
+        return {**figs, "orphans": _orphans_after_kill(a, 0)}
+    finally:
+        rig.close()
+
+
+def redis_outage(size: str = "reduced", persist: str = "aof", outage_s: float = 6.0,
+                 lose_worker: bool = False, flush: bool = False, name: str = "redis-outage") -> dict[str, Any]:
+    """Streams in flight, then Redis goes away for ``outage_s`` seconds (kill -9; ``persist``
+    aof/rdb: restarted with its data, ``rdb`` stopped gracefully so it snapshots; none: restarted
+    empty) or, with ``flush``, loses its data without going away. Non-streaming records are
+    published during the outage and must be answered during it; no worker exits; streams complete
+    (with persistence) or end with a 409 saying the state was lost (without, when their owner
+    changed: ``lose_worker`` kill -9s one worker meanwhile)."""
+    sz = SIZES[size]
+    rig = Rig(name, persist=persist, partitions=sz["partitions"])
+    try:
+        ws = [rig.worker(), rig.worker()]
+        rig.wait_ready(ws)
+        ledger = Ledger(streams=make_streams(sz["streams"], "ro"), lost_ok=(persist == "none" or flush))
+        rounds = stream_records(ledger.streams)
+        total = sum(map(len, rounds))
+        half = len(rounds) // 2
+        asyncio.run(produce(rig.bs, rig.inp, [r for rnd in rounds[:max(1, half // 2)] for r in rnd]))
+        rig.wait_answers(sum(map(len, rounds[:max(1, half // 2)])), 60)
+        singles = make_singles(sz["outage_singles"], "out", small=True)  # (before: it takes seconds)
+        ledger.singles = singles
+        outage_recs = ledger.single_records() + [r for rnd in rounds[max(1, half // 2):half] for r in rnd]
+        # the outage
+        t_out = time.monotonic()
+        if flush:
+            rig.redis.flush()
+        elif persist == "rdb":
+            rig.redis.stop()
+        else:
+            rig.redis.kill()
+        asyncio.run(produce(rig.bs, rig.inp, outage_recs))
+        rig.phase("outage_produced")
+        if lose_worker:
+            ws[0].kill9()
+            ws.append(rig.worker())
+        ids = {s.id.encode() for s in singles}
+
+        def answered_singles() -> list[float]:
+            return [t - t_out for t, r in list(rig.collector.records) if dict(r.headers or ()).get("correlation-id") in ids]
+
+        rig.collector.wait(lambda: len(answered_singles()) >= len(ids), max(0.0, outage_s - (time.monotonic() - t_out)))
+        during = sum(1 for t in answered_singles() if t <= outage_s)
+        time.sleep(max(0.0, outage_s - (time.monotonic() - t_out)))
+        if not flush:
+            rig.redis.start()
+        t_back = time.monotonic() - t_out
+        asyncio.run(produce(rig.bs, rig.inp, [r for rnd in rounds[half:] for r in rnd]))
+        figs = _finish(rig, ledger, total + len(singles), 180, chunks=total, outage_s=round(t_back, 1),
+                       singles_answered_during_outage=during)
+        if not flush and not lose_worker:  # (a killed worker's partitions wait for the rebalance)
+            assert during == len(singles), (f"only {during}/{len(singles)} non-streaming records answered "
+                                            f"during the {outage_s:g}s Redis outage")
+        return figs
+    finally:
+        rig.close()
+
+
+def broker_restart(size: str = "reduced") -> dict[str, Any]:
+    """The embedded broker restarts (loses every topic, record and offset) under load: each worker
+    must notice, report it, and exit with one clear line within ``--broker-outage-deadline``
+    (plus slack) instead of spinning; figures: seconds to exit, error lines logged meanwhile."""
+    sz = SIZES[size]
+    rig = Rig("broker-restart", partitions=sz["partitions"])
+    try:
+        ws = [rig.worker(), rig.worker()]
+        rig.wait_ready(ws)
+        ledger = Ledger(singles=make_singles(200, "br", small=True))
+        asyncio.run(produce(rig.bs, rig.inp, ledger.single_records()))
+        rig.wait_answers(200, 60)
+        n_before = [len(w.lines) for w in ws]
+        t = time.monotonic()
+        rig.broker.restart()
+        deadline = t + BROKER_DEADLINE_S + 40
+        while time.monotonic() < deadline and any(w.alive for w in ws):
+            time.sleep(0.2)
+        took = time.monotonic() - t
+        for w in ws:
+            if not w.alive:
+                w.drain_output()
+        lines = [[x for _, x in w.lines[n0:]] for w, n0 in zip(ws, n_before, strict=True)]
+        alive = [w.name for w in ws if w.alive]
+        assert not alive, f"still running {took:.0f}s after the broker lost its topics: {alive}\n" + ws[0].text()
+        for w, ls in zip(ws, lines, strict=True):
+            assert w.p.returncode == 2, f"{w.name} exit {w.p.returncode}, expected 2\n{w.text()}"
+            clear = [x for x in ls if " ERROR " in x and re.search(r"Kafka broker .*(gone|lost|unreachable).*giving up", x)]
+            assert clear, f"{w.name}: no clear error line\n{w.text()}"
+        errors = sum(1 for ls in lines for x in ls if " ERROR " in x or " WARNING " in x)
+        for w in ws:
+            w.killed = True  # exited on purpose
+        return rig.figures(exit_s=round(took, 1), warn_error_lines=errors)
+    finally:
+        rig.close()
+
+
+def fuzz(size: str = "reduced") -> dict[str, Any]:
+    """Hostile records (``tests.chaos.fuzz``) interleaved with valid ones over two workers: every
+    hostile record answered or dead-lettered, every valid one answered correctly, no worker exit."""
+    sz = SIZES[size]
+    rig = Rig("fuzz", partitions=sz["partitions"])
+    try:
+        ws = [rig.worker(), rig.worker()]
+        rig.wait_ready(ws)
+        bad = make_bad(sz["fuzz_bad"], huge=sz["fuzz_huge"], alt_topic=rig.alt)
+        ledger = Ledger(singles=make_singles(sz["fuzz_valid"], "fz"))
+        ledger.bad = [(b.id, b.key, b.rid, b.what, dict(b.headers).get(CORR)) for b in bad]
+        good = ledger.single_records()
+        recs, kinds = [], []
+        gi = 0
+        step = max(1, len(bad) // max(1, len(good)))
+        for i, b in enumerate(bad):
+            recs.append((b.key, b.value, b.headers))
+            kinds.append(b.id)
+            if i % step == 0 and gi < len(good):
+                recs.append(good[gi])
+                kinds.append(None)
+                gi += 1
+        recs += good[gi:]
+        kinds += [None] * (len(good) - gi)
+        t = time.monotonic()
+        pos = asyncio.run(produce(rig.bs, rig.inp, recs))
+        ledger.bad_pos = {k: p for k, p in zip(kinds, pos, strict=True) if k is not None}
+        figs = _finish(rig, ledger, len(recs), 600, produce_s=round(time.monotonic() - t, 1),
+                       huge_values=sz["fuzz_huge"])
+        return figs
+    finally:
+        rig.close()
+
+
+def overload(size: str = "reduced") -> dict[str, Any]:
+    """``SIZES[size]["overload"]`` small valid records published at once to two workers: all
+    answered correctly; figures: drain rate, peak RSS."""
+    sz = SIZES[size]
+    rig = Rig("overload", partitions=sz["partitions"])
+    try:
+        ws = [rig.worker(), rig.worker()]
+        rig.wait_ready(ws)
+        ledger = Ledger(singles=make_singles(sz["overload"], "ov", small=True))
+        t = time.monotonic()
+        asyncio.run(produce(rig.bs, rig.inp, ledger.single_records()))
+        produced = time.monotonic() - t
+        rig.wait_answers(sz["overload"], 900)
+        took = time.monotonic() - t
+        figs = _finish(rig, ledger, sz["overload"], 60, produce_s=round(produced, 1))
+        return {**figs, "answered_in_s": round(took, 1), "msg_per_s": round(sz["overload"] / took)}
+    finally:
+        rig.close()
+
+
+def _gauge(port: int, name: str = "derender_live_streams") -> float | None:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3).read().decode()
+    except OSError:
+        return None
+    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, Any]:
+    """``SIZES[size]["abandoned"]`` streams that send their first chunk(s) and never finish, to one
+    worker (``state``: redis or memory): every chunk answered; the live-streams gauge returns to 0
+    after the idle timeout and the worker's RSS ends within 5 MB of where it started; a later chunk of
+    an evicted stream continues from Redis, or (memory mode) gets the 409 "lost or expired"."""
+    sz = SIZES[size]
+    idle = IDLE_S[size]
+    rig = Rig(f"abandoned-{state}", persist="none" if state == "redis" else None, partitions=sz["partitions"])
+    try:
+        port = free_port()
+        w = rig.worker(["--stream-idle-timeout", str(idle)], metrics_port=port)
+        rig.wait_ready([w])
+        warm = make_streams(20, "warm")  # warm-up: allocations that stay (caches, pool, imports)
+        asyncio.run(produce(rig.bs, rig.inp, [r for rnd in stream_records(warm) for r in rnd]))
+        rig.wait_answers(sum(len(s.chunks) for s in warm), 60)
+        time.sleep(idle + 3)
+        rss0 = rss_kb(w.p.pid)
+        streams = make_streams(sz["abandoned"], "ab")
+        later = []  # (stream id, chunk 2 record, the core's reply to it) of some long streams
+        for s in streams:  # the first two chunks only (or one when the stream ends at chunk 1)
+            keep = 2 if len(s.chunks) > 2 else 1
+            if keep == 2 and len(later) < 20:
+                later.append((s.id, (s.id.encode(), s.chunks[2], [(SEQ, b"2")]), s.want[2]))
+            s.chunks, s.want, s.status = s.chunks[:keep], s.want[:keep], s.status[:keep]
+        ledger = Ledger(streams=streams)
+        recs = [r for rnd in stream_records(streams) for r in rnd]
+        already = rig.collector.count()
+        asyncio.run(produce(rig.bs, rig.inp, recs))
+        rig.wait_answers(already + len(recs), 300)
+        live_peak = _gauge(port)
+        rss_peak = rss_kb(w.p.pid)
+        deadline = time.monotonic() + idle + 30
+        while time.monotonic() < deadline and _gauge(port) != 0:
+            time.sleep(0.5)
+        live_end = _gauge(port)
+        time.sleep(1.0)
+        rss1 = rss_kb(w.p.pid)
+        figs = _finish(rig, ledger, already + len(recs), 30)
+        # a chunk after eviction: continues from Redis (its TTL is longer), or one clear 409 (memory)
+        n0 = rig.collector.count()
+        asyncio.run(produce(rig.bs, rig.inp, [r for _, r, _ in later]))
+        rig.wait_answers(n0 + len(later), 60)
+        got = {h(r).get("correlation-id"): r for _, r in rig.collector.records[n0:]}
+        for sid, _, want in later:
+            r = got.get(sid.encode())
+            assert r is not None, f"no reply to chunk 2 of evicted stream {sid}"
+            if state == "redis":
+                assert r.value == want, f"{sid}: chunk 2 after eviction differs: {r.value[:200]!r}"
+            else:
+                assert h(r).get("derender-status") == b"409" and re.search(rb"lost or expired", r.value), r.value[:300]
+        figs.update(live_streams_peak=live_peak, live_streams_end=live_end, rss_start_mb=round(rss0 / 1024, 1),
+                    rss_peak_mb=round(rss_peak / 1024, 1), rss_end_mb=round(rss1 / 1024, 1),
+                    after_eviction="continued from Redis" if state == "redis" else "409 state lost or expired")
+        assert live_end == 0, f"live-streams gauge {live_end} after the idle timeout: {figs}"
+        assert rss1 - rss0 <= 5 * 1024, f"RSS grew by {(rss1 - rss0) / 1024:.1f} MB: {figs}"
+        return figs
+    finally:
+        rig.close()
+
+
+SCENARIOS = {
+    "kill9-batch": kill9_batch,
+    "kill9-stream": kill9_stream,
+    "redis-outage-aof": lambda size="reduced": redis_outage(size, "aof", name="redis-outage-aof"),
+    "redis-restart-rdb": lambda size="reduced": redis_outage(size, "rdb", name="redis-restart-rdb"),
+    "redis-restart-empty": lambda size="reduced": redis_outage(size, "none", lose_worker=True,
+                                                               name="redis-restart-empty"),
+    "redis-flush": lambda size="reduced": redis_outage(size, "none", flush=True, lose_worker=True, outage_s=2.0,
+                                                       name="redis-flush"),
+    "broker-restart": broker_restart,
+    "fuzz": fuzz,
+    "overload": overload,
+    "abandoned-redis": lambda size="reduced": abandoned_streams(size, "redis"),
+    "abandoned-memory": lambda size="reduced": abandoned_streams(size, "memory"),
+}
