@@ -164,3 +164,10 @@ def setup_tracing(environ: dict[str, str] | None = None) -> str | None:
     provider.add_span_processor(BatchSpanProcessor(exp))
     _otel_trace.set_tracer_provider(provider)
     return exporter
+
+
+def kafka_span_attrs(msg: Any) -> dict[str, Any]:
+    """OpenTelemetry messaging attributes (semantic conventions ``messaging.*``) of Kafka record
+    ``msg`` (anything with ``topic``, ``partition``, ``offset``)."""
+    return {"messaging.system": "kafka", "messaging.source.name": msg.topic,
+            "messaging.kafka.partition": msg.partition, "messaging.kafka.offset": msg.offset}

@@ -32,9 +32,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 
 from worker.config import ServedModelConfig
-from worker.logs import record_fields
 from worker.state.memory_store import MemoryStateStore
-from worker.tracing import TRACEPARENT, TRACESTATE, Tracer, trace_headers
+from worker.tracing import TRACEPARENT, TRACESTATE, Tracer, kafka_span_attrs, trace_headers
 from worker.transport.broker_watch import BrokerWatch
 from worker.transport.deadletter import DeadLetterError, dead_letter
 from worker.transport.endpoints import DependencyProbe, Endpoints
@@ -54,6 +53,7 @@ from worker.transport.records import (
     JSON_CT,
     header,
     kind_header,
+    log_fields,
     record_created,
     reply_topic_problem,
 )
@@ -512,7 +512,7 @@ class KafkaDerenderWorker:
     async def _outcome(self, job: _Job) -> JobOutcome:
         """Await a job's derender (see ``DerenderPool.outcome``: pool crashes, quarantine)."""
         msg = job.msg
-        with self._tracer.span("derender.derender", trace_headers(msg.headers), **_span_attrs(msg)):
+        with self._tracer.span("derender.derender", trace_headers(msg.headers), **kafka_span_attrs(msg)):
             return await self.pool.outcome(job.future, msg.value, self._kind_header(msg),
                                            f"{msg.topic}[{msg.partition}]@{msg.offset}", record_created(msg))
 
@@ -559,7 +559,7 @@ class KafkaDerenderWorker:
             return self._plan(msg, out)
         except Exception as e:
             log.exception("planning the reply of %s[%d]@%d failed", msg.topic, msg.partition, msg.offset,
-                          extra=_fields(msg))
+                          extra=log_fields(msg))
             return self._dlq(msg, f"internal-error: {type(e).__name__}: {e}")
 
     async def _reply_topic_known(self, topic: str) -> bool:
@@ -619,10 +619,10 @@ class KafkaDerenderWorker:
                 refused = plan[0]
                 plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
                 log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                            msg.offset, plan[4], refused, extra=_fields(msg))
+                            msg.offset, plan[4], refused, extra=log_fields(msg))
         else:
             log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4],
-                        extra=_fields(msg))
+                        extra=log_fields(msg))
         try:
             return plan, await self._send(plan)
         except KafkaError:
@@ -681,13 +681,13 @@ class KafkaDerenderWorker:
                     self.stats.crashes += 1
                     log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
                               msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
-                              extra=_fields(msg, out.request_id))
+                              extra=log_fields(msg, out.request_id))
                 self._prom.processing_unary.observe(out.seconds)
                 plan, delivery = await self._publish(st, msg, self._safe_plan(msg, out))
                 st.acks.put_nowait((job, plan, out, delivery))
             except Exception as e:
                 log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset,
-                              extra=_fields(job.msg))
+                              extra=log_fields(job.msg))
                 fut = asyncio.get_running_loop().create_future()
                 fut.set_exception(e)
                 st.acks.put_nowait((job, None, None, fut))
@@ -726,7 +726,7 @@ class KafkaDerenderWorker:
                         plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
                         log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
                                     msg.offset, plan[4], refused,
-                                    extra=_fields(msg, out.request_id if out else None))
+                                    extra=log_fields(msg, out.request_id if out else None))
                     await self._dead_letter_until_acked(st, msg, plan)  # retried until acked
                 self._count(plan, out, msg)
                 if not st.failed:
@@ -734,11 +734,11 @@ class KafkaDerenderWorker:
             except DeadLetterError as e:  # revoked / drain given up while retrying: redelivered later
                 st.failed = True  # never commit past an undelivered message
                 log.warning("%s; %s[%d]@%d left uncommitted", e, msg.topic, msg.partition, msg.offset,
-                            extra=_fields(msg))
+                            extra=log_fields(msg))
             except Exception as e:
                 st.failed = True  # never commit past an undelivered message
                 log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
-                              msg.partition, msg.offset, extra=_fields(msg))
+                              msg.partition, msg.offset, extra=log_fields(msg))
                 self._fatal = self._fatal or e
                 if self._stopping is not None:
                     self._stopping.set()
@@ -790,13 +790,3 @@ class KafkaDerenderWorker:
                 if self._router is not None:
                     self._router.on_committed(self._parts[tp], off)
 
-
-def _fields(msg, request_id: str | None = None) -> dict[str, Any]:
-    """Log ``extra`` naming record ``msg`` (``worker.logs``: JSON fields topic/partition/offset/request_id)."""
-    return record_fields(msg.topic, msg.partition, msg.offset, request_id)
-
-
-def _span_attrs(msg) -> dict[str, Any]:
-    """OpenTelemetry messaging attributes of record ``msg``."""
-    return {"messaging.system": "kafka", "messaging.source.name": msg.topic,
-            "messaging.kafka.partition": msg.partition, "messaging.kafka.offset": msg.offset}

@@ -85,6 +85,7 @@ Where each part lives: ``worker.transport.AGENTS.md``.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 __all__ = ["HDR_REPLY_TOPIC", "HDR_CORRELATION_ID", "HDR_KIND", "HDR_STATUS", "HDR_CONTENT_TYPE",
            "HDR_DLQ_REASON", "HDR_SEQ", "HDR_STREAM_END", "JSON_CT", "KINDS", "STREAM_KINDS", "TOPIC_RE",
@@ -206,3 +207,10 @@ def record_created(msg) -> int | None:
     if not isinstance(ts, int) or ts <= 0:
         return None
     return ts // 1000
+
+
+def log_fields(msg: Any, request_id: str | None = None) -> dict[str, Any]:
+    """Log ``extra`` naming Kafka record ``msg`` (``worker.logs.record_fields``: the JSON log fields
+    topic/partition/offset/request_id)."""
+    from worker.logs import record_fields
+    return record_fields(msg.topic, msg.partition, msg.offset, request_id)
