@@ -105,8 +105,9 @@ def _read_ranks(p: Path) -> tuple[dict[bytes, int], str]:
     return ranks, hashlib.sha256(raw).hexdigest()
 
 
-def _byte_chars() -> dict[int, str]:
-    # GPT-2 byte -> printable char table (the byte-level BPE alphabet of tokenizer.json files)
+def byte_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (256 entries): the byte-level BPE alphabet of
+    ``tokenizer.json`` files (HF ``tokenizers`` ByteLevel; OpenAI's GPT-2 ``bytes_to_unicode``)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
@@ -125,7 +126,7 @@ def _tokenizer_json(ranks: dict[bytes, int]) -> str:
     ``ignore_merges`` so a pre-token in the vocabulary is one token, as in tiktoken."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    bc = _byte_chars()
+    bc = byte_chars()
 
     def s(b: bytes) -> str:
         return "".join(bc[x] for x in b)

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from worker.core.tiktoken_vocab import BUILTIN_NAME, harmony_tokenizer_dir, tiktoken_file
+from worker.core.tiktoken_vocab import BUILTIN_NAME, byte_chars, harmony_tokenizer_dir, tiktoken_file
 
 __all__ = ["Tokenizer", "load_tokenizer", "TOKENIZER_MODES"]
 
@@ -331,15 +331,7 @@ def _init_from_fast(tok: Tokenizer, d: Path, fast: Any) -> None:
 
 def _byte_table(tok: Tokenizer) -> list[bytes]:
     """id -> bytes for a byte-level fast tokenizer (see ``Tokenizer.token_bytes``)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    char_byte = {chr(c): b for b, c in zip(bs, cs)}
+    char_byte = {c: b for b, c in byte_chars().items()}
     fast = tok._fast
     out: list[bytes] = []
     for i in range(tok.vocab_size):
