@@ -71,8 +71,8 @@ def _json_calls(text: str, mode: str, named: str | None) -> list[ToolCallDelta] 
         return None
     calls = []
     for i, item in enumerate(obj):
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            return None
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"].strip():
+            return None  # a nameless call is not a call (``base.names_ok``)
         args = item.get("parameters", item.get("arguments", {}))
         calls.append(ToolCallDelta(index=i, name=item["name"],
                                    arguments=args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
