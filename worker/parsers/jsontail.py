@@ -31,7 +31,15 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back, names_ok
+from worker.parsers.base import (
+    Delta,
+    RequestContext,
+    ToolCallDelta,
+    ToolParser,
+    find_first,
+    hold_back,
+    names_ok,
+)
 from worker.parsers.incremental import ArgStream, JsonArgs, advance, settle
 
 

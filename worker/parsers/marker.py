@@ -32,7 +32,15 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back, names_ok
+from worker.parsers.base import (
+    Delta,
+    RequestContext,
+    ToolCallDelta,
+    ToolParser,
+    find_first,
+    hold_back,
+    names_ok,
+)
 
 
 def _args_json(args: Any) -> str:

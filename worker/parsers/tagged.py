@@ -39,7 +39,15 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back, names_ok
+from worker.parsers.base import (
+    Delta,
+    RequestContext,
+    ToolCallDelta,
+    ToolParser,
+    find_first,
+    hold_back,
+    names_ok,
+)
 from worker.parsers.incremental import LIST_ARGS, NAME_ARGS, ArgStream, JsonArgs, XmlArgs, advance, settle
 from worker.parsers.marker import json_call_list
 from worker.parsers.values import is_string_param
