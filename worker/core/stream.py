@@ -209,11 +209,14 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
     if st.v != STATE_VERSION:
         raise BadRequest(f"stored stream state has version {st.v}, expected {STATE_VERSION}")
     if rt.stack is not None:
-        if st.seed_parser is not None:
-            st.seed_parser = rt.stack.load_state(st.seed_parser)
-        for c in st.choices.values():
-            if c.parser is not None:
-                c.parser = rt.stack.load_state(c.parser)
+        try:  # the parser sub-states are typed here (a corrupted or foreign state fails here)
+            if st.seed_parser is not None:
+                st.seed_parser = rt.stack.load_state(st.seed_parser)
+            for c in st.choices.values():
+                if c.parser is not None:
+                    c.parser = rt.stack.load_state(c.parser)
+        except msgspec.ValidationError as e:
+            raise BadRequest(f"stored stream state is unreadable: {e}") from None
     return st
 
 
