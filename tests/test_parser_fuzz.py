@@ -362,7 +362,7 @@ def test_mutated_ids_stream_equals_nonstream(k, ops, finish, how):
     chs = body["generate_response"]["choices"] if case["endpoint"] == "chat" else [
         c for g in body["generate_responses"] for c in g["choices"]]
     pool = [t for c in chs for t in c["token_ids"]]
-    for ci, c in enumerate(chs):
+    for c in chs:
         ids = list(c["token_ids"])
         for op, a, b in ops:
             i = a % (len(ids) + 1)
