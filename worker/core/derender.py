@@ -124,6 +124,13 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
                                  param=f"{where}.logprobs")
 
 
+#: most ``stop`` strings, and most characters over all of them, a request may carry: every
+#: streamed chunk is checked against each of them and the stream state keeps them (OpenAI's API
+#: takes at most 4; vLLM sets no limit)
+MAX_STOP_STRINGS = 1024
+MAX_STOP_CHARS = 65536
+
+
 def check_prompt_ids(rt: ModelRuntime, ids: list[int] | None, where: str) -> None:
     """Every prompt token id inside the tokenizer's vocabulary ``[0, vocab_size)``, as vLLM's
     input processor requires of a prompt ("Token id ... is out of vocabulary"). ``ids`` None
@@ -142,7 +149,8 @@ INT64_MAX = 2**63 - 1
 
 
 def check_request_numbers(rt: ModelRuntime, *, n: int | None, top_logprobs: int | None, min_tokens: int | None,
-                          prompt_tokens: list[int | None], logprobs_param: str) -> None:
+                          prompt_tokens: list[int | None], logprobs_param: str,
+                          stop: str | list[str] | None = None) -> None:
     """Bound the numbers of an OpenAI request (and the body's ``prompt_tokens``) before use, as
     vLLM's request validation does: ``n`` in [1, ``max_n``] (``n must be at least 1``; more
     choices than ``max_n`` can never arrive, so a stream would never end); ``top_logprobs``
@@ -150,8 +158,9 @@ def check_request_numbers(rt: ModelRuntime, *, n: int | None, top_logprobs: int 
     logprobs of N, which is greater than max allowed``; ``max_logprobs`` -1: no limit but
     ``INT64_MAX``); ``min_tokens`` in [0, ``max_model_len``] (vLLM: ``min_tokens`` <=
     ``max_tokens`` <= ``max_model_len``); ``prompt_tokens`` in [0, ``max_model_len``]. Without
-    ``max_model_len`` the bound is ``INT64_MAX``. ``logprobs_param``: the field name to report.
-    Raises ``BadRequest``."""
+    ``max_model_len`` the bound is ``INT64_MAX``. ``stop``: at most ``MAX_STOP_STRINGS`` strings
+    of ``MAX_STOP_CHARS`` chars in all. ``logprobs_param``: the field name to report. Raises
+    ``BadRequest``."""
     cfg = rt.config
     max_len = cfg.max_model_len if cfg.max_model_len is not None else INT64_MAX
     max_lp = cfg.max_logprobs if cfg.max_logprobs >= 0 else INT64_MAX
@@ -165,6 +174,10 @@ def check_request_numbers(rt: ModelRuntime, *, n: int | None, top_logprobs: int 
     for v in prompt_tokens:
         if v is not None and not 0 <= v <= max_len:
             raise BadRequest(f"prompt_tokens ({v}) must be between 0 and {max_len}", param="prompt_tokens")
+    stops = [stop] if isinstance(stop, str) else (stop or [])
+    if len(stops) > MAX_STOP_STRINGS or sum(len(s) for s in stops if isinstance(s, str)) > MAX_STOP_CHARS:
+        raise BadRequest(f"stop: at most {MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters in all",
+                         param="stop")
 
 
 def check_choice_index(rt: ModelRuntime, index: int, seen: set[int], where: str) -> None:
@@ -201,7 +214,7 @@ def validate_chat(rt: ModelRuntime, body: DerenderChatRequest) -> None:
     req = body.chat_request
     check_request_numbers(rt, n=req.n if req else None, top_logprobs=req.top_logprobs if req else None,
                           min_tokens=req.min_tokens if req else None, prompt_tokens=[body.prompt_tokens],
-                          logprobs_param="top_logprobs")
+                          logprobs_param="top_logprobs", stop=req.stop if req else None)
     check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
     check_prompt_ids(rt, body.generate_response.prompt_token_ids, "generate_response.prompt_token_ids")
     seen: set[int] = set()

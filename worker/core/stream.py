@@ -250,7 +250,7 @@ def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: st
     if req is not None:
         check_request_numbers(rt, n=req.n, top_logprobs=req.top_logprobs if kind == "chat" else req.logprobs,
                               min_tokens=req.min_tokens, prompt_tokens=[body.prompt_tokens],
-                              logprobs_param="top_logprobs" if kind == "chat" else "logprobs")
+                              logprobs_param="top_logprobs" if kind == "chat" else "logprobs", stop=req.stop)
     else:
         check_request_numbers(rt, n=None, top_logprobs=None, min_tokens=None, prompt_tokens=[body.prompt_tokens],
                               logprobs_param="")
