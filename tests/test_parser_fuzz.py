@@ -20,8 +20,9 @@ Findings pinned here (each fixed where its kind lives):
 3. stop lists of 10k strings or 1M characters cost O(#stops) per streamed chunk (4.7 ms per
    1-token chunk for 10k stops) and were stored in every stream state write: bounded to
    ``MAX_STOP_STRINGS`` / ``MAX_STOP_CHARS`` (400 beyond);
-4. integers past 64 bits or out of range (``n``, ``top_logprobs``/``logprobs``, ``min_tokens``,
-   ``prompt_tokens``, choice ``index``) made the stream state unencodable (500) and ``n`` above
+4. integers out of range (``n``, ``top_logprobs``/``logprobs``, ``min_tokens``, ``prompt_tokens``,
+   choice ``index``): past 64 bits they made the stream state unencodable (500; the schemas now
+   reject them at decode), negative or huge ones were used as they came, and ``n`` above
    ``max_n`` made a stream that could never finish: bounded in ``derender.check_request_numbers``
    / ``check_choice_index`` (duplicate choice indexes are now a 400 in non-streaming bodies too,
    as in streams);
@@ -108,25 +109,25 @@ def _deep_tools(n: int):
     return mutate
 
 
-BIG = 2**64
+BIG = 2**63 - 1  # the largest int a body may spell (the schemas reject more: see "int-past-64-bits")
 # (id, mutation of a chat body, mutation of its first stream body, message fragment)
 BAD_CHAT = [
     ("prompt-id-neg", _set("prompt_token_ids.0", -1), _set("prompt_token_ids.0", -1), "prompt token id -1"),
-    ("prompt-id-2^64", _set("prompt_token_ids.0", BIG), _set("prompt_token_ids.0", BIG), "outside the vocabulary"),
+    ("prompt-id-int64-max", _set("prompt_token_ids.0", BIG), _set("prompt_token_ids.0", BIG), "outside the vocabulary"),
     ("prompt-id-vocab", _set("prompt_token_ids.0", VOCAB), _set("prompt_token_ids.0", VOCAB), "outside the vocab"),
     ("engine-prompt-id", _set("generate_response.prompt_token_ids", [1, -5]),
      _set("generate_chunk.prompt_token_ids", [1, -5]), "prompt token id -5"),
     ("json-too-deep", _deep_tools(100_000), _deep_tools(100_000), "nested too deeply"),
-    ("n-2^64", _set("chat_request.n", BIG), _set("chat_request.n", BIG), "n ("),
+    ("n-int64-max", _set("chat_request.n", BIG), _set("chat_request.n", BIG), "n ("),
     ("n-zero", _set("chat_request.n", 0), _set("chat_request.n", 0), "n (0)"),
     ("n-over-max", _set("chat_request.n", 16385), _set("chat_request.n", 16385), "maximum n"),
     ("top-logprobs-neg", _set("chat_request.top_logprobs", -1), _set("chat_request.top_logprobs", -1), "top_logprobs"),
     ("top-logprobs-21", _set("chat_request.top_logprobs", 21), _set("chat_request.top_logprobs", 21), "max_logprobs"),
-    ("top-logprobs-2^64", _set("chat_request.top_logprobs", BIG), _set("chat_request.top_logprobs", BIG),
+    ("top-logprobs-int64-max", _set("chat_request.top_logprobs", BIG), _set("chat_request.top_logprobs", BIG),
      "max_logprobs"),
     ("min-tokens-neg", _set("chat_request.min_tokens", -1), _set("chat_request.min_tokens", -1), "min_tokens"),
-    ("min-tokens-2^64", _set("chat_request.min_tokens", BIG), _set("chat_request.min_tokens", BIG), "min_tokens"),
-    ("choice-index-2^64", _set("generate_response.choices.0.index", BIG),
+    ("min-tokens-int64-max", _set("chat_request.min_tokens", BIG), _set("chat_request.min_tokens", BIG), "min_tokens"),
+    ("choice-index-int64-max", _set("generate_response.choices.0.index", BIG),
      _set("generate_chunk.choices.0.index", BIG), "choice index"),
     ("choice-index-neg", _set("generate_response.choices.0.index", -1),
      _set("generate_chunk.choices.0.index", -1), "choice index"),
@@ -134,8 +135,9 @@ BAD_CHAT = [
      _set("generate_chunk.choices.0.token_ids", [1.5]), "invalid request body"),
     ("token-id-bool", _set("generate_response.choices.0.token_ids", [True]),
      _set("generate_chunk.choices.0.token_ids", [True]), "invalid request body"),
-    ("token-id-2^64", _set("generate_response.choices.0.token_ids", [BIG]),
+    ("token-id-int64-max", _set("generate_response.choices.0.token_ids", [BIG]),
      _set("generate_chunk.choices.0.token_ids", [BIG]), "outside the vocabulary"),
+    ("int-past-64-bits", _set("chat_request.n", 2**64), _set("chat_request.n", 2**64), "invalid request body"),
     ("lone-surrogate", lambda b: json.dumps(b).replace('"qwen3"', '"\\ud800"', 1).encode(),
      lambda b: json.dumps(b).replace('"qwen3"', '"\\ud800"', 1).encode(), "invalid request body"),
     ("invalid-utf8", lambda b: json.dumps(b).replace('"qwen3"', '"q\udcff"', 1).encode("utf-8", "surrogateescape"),
@@ -160,7 +162,7 @@ def _prompt_tokens_only(v):
 
 BAD_CHAT += [
     ("prompt-tokens-neg", _prompt_tokens_only(-1), _prompt_tokens_only(-1), "prompt_tokens"),
-    ("prompt-tokens-2^64", _prompt_tokens_only(BIG), _prompt_tokens_only(BIG), "prompt_tokens"),
+    ("prompt-tokens-int64-max", _prompt_tokens_only(BIG), _prompt_tokens_only(BIG), "prompt_tokens"),
 ]
 
 

@@ -251,7 +251,7 @@ def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> No
     req = body.completion_request
     check_request_numbers(rt, n=req.n if req else None, top_logprobs=req.logprobs if req else None,
                           min_tokens=req.min_tokens if req else None, prompt_tokens=list(body.prompt_tokens or []),
-                          logprobs_param="logprobs")
+                          logprobs_param="logprobs", stop=req.stop if req else None)
     total = sum(len(g.choices) for g in grs)
     if total > rt.config.max_n:
         raise BadRequest(f"{total} choices exceed the maximum n ({rt.config.max_n})", param="generate_responses")
