@@ -166,9 +166,11 @@ def check_request_numbers(rt: ModelRuntime, *, n: int | None, top_logprobs: int 
     max_lp = cfg.max_logprobs if cfg.max_logprobs >= 0 else INT64_MAX
     if n is not None and not 1 <= n <= cfg.max_n:
         raise BadRequest(f"n ({n}) must be between 1 and the maximum n ({cfg.max_n})", param="n")
-    if top_logprobs is not None and not 0 <= top_logprobs <= max_lp:
-        raise BadRequest(f"{logprobs_param} ({top_logprobs}) must be between 0 and max_logprobs "
-                         f"({cfg.max_logprobs})", param=logprobs_param)
+    if top_logprobs is not None and top_logprobs < 0:
+        raise BadRequest(f"{logprobs_param} ({top_logprobs}) must not be negative", param=logprobs_param)
+    if top_logprobs is not None and top_logprobs > max_lp:
+        raise BadRequest(f"{logprobs_param} ({top_logprobs}) exceeds max_logprobs ({cfg.max_logprobs})",
+                         param=logprobs_param)
     if min_tokens is not None and not 0 <= min_tokens <= max_len:
         raise BadRequest(f"min_tokens ({min_tokens}) must be between 0 and {max_len}", param="min_tokens")
     for v in prompt_tokens:
