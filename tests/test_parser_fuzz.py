@@ -229,9 +229,10 @@ def test_heavy_but_valid_request_stream_equals_nonstream(label, mutate):
 
 
 # ------------------------------------------------------------- nameless tool calls (4) ---
-def _text_stack(reasoning: str | None, tool: str, markers: tuple[str, ...]) -> ParserStack:
+def _text_stack(reasoning: str | None, tool: str, markers: tuple[str, ...], streaming: str = "whole") -> ParserStack:
     tok = family_tokenizer(markers, str(TOK_JSON))
-    return ParserStack(make_reasoning_parser(reasoning, tok), make_tool_parser(tool, tok), enable_auto_tool_choice=True)
+    return ParserStack(make_reasoning_parser(reasoning, tok), make_tool_parser(tool, tok), enable_auto_tool_choice=True,
+                       tool_call_streaming=streaming)
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -278,12 +279,15 @@ def _split_runs(stack: ParserStack, ctx: RequestContext, text: str, rng: random.
     return outs
 
 
+@pytest.mark.parametrize("streaming", ["whole", "incremental"])
 @pytest.mark.parametrize("tool,markers,text", NAMELESS, ids=[f"{t}-{i}" for i, (t, _, _) in enumerate(NAMELESS)])
-def test_nameless_call_stays_content(tool, markers, text):
-    stack = _text_stack(None, tool, markers)
+def test_nameless_call_stays_content(tool, markers, text, streaming):
+    """Also with ``--tool-call-streaming incremental``: a blank name is never announced."""
+    stack = _text_stack(None, tool, markers, streaming)
     ctx = RequestContext(tools=TOOLS, tool_choice="auto")
     outs = _split_runs(stack, ctx, text, random.Random(0))
     assert all(o == outs[0] for o in outs)
+    assert outs[0] == _split_runs(_text_stack(None, tool, markers), ctx, text, random.Random(0))[0]
     _, content, calls = outs[0]
     for name, _ in calls:
         assert name and name[0].strip(), calls
