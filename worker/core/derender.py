@@ -124,6 +124,13 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
                                  param=f"{where}.logprobs")
 
 
+#: most ``stop`` strings, and most characters over all of them, a request may carry: every
+#: streamed chunk is checked against each of them and the stream state keeps them (OpenAI's API
+#: takes at most 4; vLLM sets no limit)
+MAX_STOP_STRINGS = 1024
+MAX_STOP_CHARS = 65536
+
+
 def check_prompt_ids(rt: ModelRuntime, ids: list[int] | None, where: str) -> None:
     """Every prompt token id inside the tokenizer's vocabulary ``[0, vocab_size)``, as vLLM's
     input processor requires of a prompt ("Token id ... is out of vocabulary"). ``ids`` None
@@ -135,6 +142,54 @@ def check_prompt_ids(rt: ModelRuntime, ids: list[int] | None, where: str) -> Non
     if lo < 0 or hi >= vocab:
         bad = lo if lo < 0 else hi
         raise BadRequest(f"prompt token id {bad} in {where} is outside the vocabulary [0, {vocab})", param=where)
+
+
+#: the largest integer the core keeps from a body (the stream state is msgpack: 64-bit ints)
+INT64_MAX = 2**63 - 1
+
+
+def check_request_numbers(rt: ModelRuntime, *, n: int | None, top_logprobs: int | None, min_tokens: int | None,
+                          prompt_tokens: list[int | None], logprobs_param: str,
+                          stop: str | list[str] | None = None) -> None:
+    """Bound the numbers of an OpenAI request (and the body's ``prompt_tokens``) before use, as
+    vLLM's request validation does: ``n`` in [1, ``max_n``] (``n must be at least 1``; more
+    choices than ``max_n`` can never arrive, so a stream would never end); ``top_logprobs``
+    (chat) / ``logprobs`` (completion) in [0, ``max_logprobs``] (vLLM: ``Requested sample
+    logprobs of N, which is greater than max allowed``; ``max_logprobs`` -1: no limit but
+    ``INT64_MAX``); ``min_tokens`` in [0, ``max_model_len``] (vLLM: ``min_tokens`` <=
+    ``max_tokens`` <= ``max_model_len``); ``prompt_tokens`` in [0, ``max_model_len``]. Without
+    ``max_model_len`` the bound is ``INT64_MAX``. ``stop``: at most ``MAX_STOP_STRINGS`` strings
+    of ``MAX_STOP_CHARS`` chars in all. ``logprobs_param``: the field name to report. Raises
+    ``BadRequest``."""
+    cfg = rt.config
+    max_len = cfg.max_model_len if cfg.max_model_len is not None else INT64_MAX
+    max_lp = cfg.max_logprobs if cfg.max_logprobs >= 0 else INT64_MAX
+    if n is not None and not 1 <= n <= cfg.max_n:
+        raise BadRequest(f"n ({n}) must be between 1 and the maximum n ({cfg.max_n})", param="n")
+    if top_logprobs is not None and top_logprobs < 0:
+        raise BadRequest(f"{logprobs_param} ({top_logprobs}) must not be negative", param=logprobs_param)
+    if top_logprobs is not None and top_logprobs > max_lp:
+        raise BadRequest(f"{logprobs_param} ({top_logprobs}) exceeds max_logprobs ({cfg.max_logprobs})",
+                         param=logprobs_param)
+    if min_tokens is not None and not 0 <= min_tokens <= max_len:
+        raise BadRequest(f"min_tokens ({min_tokens}) must be between 0 and {max_len}", param="min_tokens")
+    for v in prompt_tokens:
+        if v is not None and not 0 <= v <= max_len:
+            raise BadRequest(f"prompt_tokens ({v}) must be between 0 and {max_len}", param="prompt_tokens")
+    stops = [stop] if isinstance(stop, str) else (stop or [])
+    if len(stops) > MAX_STOP_STRINGS or sum(len(s) for s in stops if isinstance(s, str)) > MAX_STOP_CHARS:
+        raise BadRequest(f"stop: at most {MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters in all",
+                         param="stop")
+
+
+def check_choice_index(rt: ModelRuntime, index: int, seen: set[int], where: str) -> None:
+    """A choice index in [0, ``max_n``) (vLLM's indexes are 0..n-1) and not repeated within one
+    response (``seen``: the indexes so far, updated). Raises ``BadRequest``."""
+    if not 0 <= index < rt.config.max_n:
+        raise BadRequest(f"choice index {index} in {where} is outside [0, {rt.config.max_n})", param=where)
+    if index in seen:
+        raise BadRequest(f"choice index {index} appears twice in {where}", param=where)
+    seen.add(index)
 
 
 def validate_chat(rt: ModelRuntime, body: DerenderChatRequest) -> None:
@@ -158,9 +213,15 @@ def validate_chat(rt: ModelRuntime, body: DerenderChatRequest) -> None:
             and body.prompt_tokens != len(body.prompt_token_ids):
         raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
                          f"({len(body.prompt_token_ids)})", param="prompt_tokens")
+    req = body.chat_request
+    check_request_numbers(rt, n=req.n if req else None, top_logprobs=req.top_logprobs if req else None,
+                          min_tokens=req.min_tokens if req else None, prompt_tokens=[body.prompt_tokens],
+                          logprobs_param="top_logprobs", stop=req.stop if req else None)
     check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
     check_prompt_ids(rt, body.generate_response.prompt_token_ids, "generate_response.prompt_token_ids")
+    seen: set[int] = set()
     for i, c in enumerate(choices):
+        check_choice_index(rt, c.index, seen, "generate_response.choices")
         _check_choice(rt, c, f"choice {c.index if c.index is not None else i}")
 
 
@@ -186,6 +247,13 @@ def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> No
         check_prompt_ids(rt, p, f"prompt_token_ids[{i}]")
     for i, g in enumerate(grs):
         check_prompt_ids(rt, g.prompt_token_ids, f"generate_responses[{i}].prompt_token_ids")
+        seen: set[int] = set()
+        for c in g.choices:
+            check_choice_index(rt, c.index, seen, f"generate_responses[{i}].choices")
+    req = body.completion_request
+    check_request_numbers(rt, n=req.n if req else None, top_logprobs=req.logprobs if req else None,
+                          min_tokens=req.min_tokens if req else None, prompt_tokens=list(body.prompt_tokens or []),
+                          logprobs_param="logprobs", stop=req.stop if req else None)
     total = sum(len(g.choices) for g in grs)
     if total > rt.config.max_n:
         raise BadRequest(f"{total} choices exceed the maximum n ({rt.config.max_n})", param="generate_responses")

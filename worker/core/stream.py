@@ -96,6 +96,7 @@ from worker.core.derender import (
     ModelRuntime,
     check_ids_and_logprobs,
     check_prompt_ids,
+    check_request_numbers,
     effective_skip_special_tokens,
     final_finish_reason,
     request_context,
@@ -208,11 +209,14 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
     if st.v != STATE_VERSION:
         raise BadRequest(f"stored stream state has version {st.v}, expected {STATE_VERSION}")
     if rt.stack is not None:
-        if st.seed_parser is not None:
-            st.seed_parser = rt.stack.load_state(st.seed_parser)
-        for c in st.choices.values():
-            if c.parser is not None:
-                c.parser = rt.stack.load_state(c.parser)
+        try:  # the parser sub-states are typed here (a corrupted or foreign state fails here)
+            if st.seed_parser is not None:
+                st.seed_parser = rt.stack.load_state(st.seed_parser)
+            for c in st.choices.values():
+                if c.parser is not None:
+                    c.parser = rt.stack.load_state(c.parser)
+        except msgspec.ValidationError as e:
+            raise BadRequest(f"stored stream state is unreadable: {e}") from None
     return st
 
 
@@ -242,6 +246,14 @@ def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: st
             and body.prompt_tokens != len(body.prompt_token_ids):
         raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
                          f"({len(body.prompt_token_ids)})", param="prompt_tokens")
+    req = body.chat_request if kind == "chat" else body.completion_request
+    if req is not None:
+        check_request_numbers(rt, n=req.n, top_logprobs=req.top_logprobs if kind == "chat" else req.logprobs,
+                              min_tokens=req.min_tokens, prompt_tokens=[body.prompt_tokens],
+                              logprobs_param="top_logprobs" if kind == "chat" else "logprobs", stop=req.stop)
+    else:
+        check_request_numbers(rt, n=None, top_logprobs=None, min_tokens=None, prompt_tokens=[body.prompt_tokens],
+                              logprobs_param="")
     check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
     check_prompt_ids(rt, body.generate_chunk.prompt_token_ids, "generate_chunk.prompt_token_ids")
     seen: set[int] = set()
@@ -253,6 +265,9 @@ def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: st
         seen.add(c.index)
         if c.index < 0:
             raise BadRequest(f"negative choice index {c.index}", param="generate_chunk.choices")
+        if c.index >= rt.config.max_n:
+            raise BadRequest(f"choice index {c.index} is outside [0, {rt.config.max_n})",
+                             param="generate_chunk.choices")
         cs = state.choices.get(c.index) if state is not None else None
         if cs is not None and cs.finished:
             raise BadRequest(f"{where} already finished; no chunk may follow its finish_reason",
@@ -572,6 +587,9 @@ def _new_completion_state(rt: ModelRuntime, body: DerenderCompletionStreamReques
     so = req.stream_options
     n = req.n if req.n and req.n > 0 else 1
     prompts = _prompt_count(req.prompt) if body.completion_request is not None else None
+    if prompts is not None and n * prompts > rt.config.max_n:
+        # more choices than can ever arrive: the stream would never end
+        raise BadRequest(f"n ({n}) x {prompts} prompts exceed the maximum n ({rt.config.max_n})", param="n")
     opts = StreamOpts(
         skip_special=req.skip_special_tokens, spaces=req.spaces_between_special_tokens,
         include_stop=req.include_stop_str_in_output, logprobs=req.logprobs is not None,

@@ -131,6 +131,15 @@ class ToolParser(Parser):
         raise NotImplementedError
 
 
+def names_ok(calls: list[tuple[str, str]] | None) -> bool:
+    """True when every ``(name, arguments)`` of a parsed block has a usable function name: a
+    string with a non-space character. A call named ``""`` or ``" "`` is malformed markup (the
+    OpenAI API requires a function name, and a streaming client takes a tool-call delta without
+    a name for a continuation of the previous call), so its block stays content, verbatim, like
+    any malformed block. Every engine applies it to what its ``parse_*`` returned."""
+    return calls is not None and all(isinstance(n, str) and n.strip() for n, _ in calls)
+
+
 def partial_suffix_len(text: str, marker: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``marker`` (0 if none).
 

@@ -149,8 +149,9 @@ def _send(out: Delta, index: int, text: str) -> None:
 
 def _start(st: Any, a: ArgStream, out: Delta, name: str) -> bool:
     """Announce a new call (its first fragment: name, empty arguments); False when
-    ``parallel_tool_calls=false`` already let one call out (the rest of the block is off)."""
-    if not st.parallel and st.calls > 0:
+    ``parallel_tool_calls=false`` already let one call out (the rest of the block is off), or
+    when the name is blank (``base.names_ok``: such a block is malformed, never announced)."""
+    if (not st.parallel and st.calls > 0) or not name.strip():
         return False
     out.tool_calls.append(ToolCallDelta(index=st.calls, name=name, arguments=""))
     st.calls += 1

@@ -31,7 +31,15 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back
+from worker.parsers.base import (
+    Delta,
+    RequestContext,
+    ToolCallDelta,
+    ToolParser,
+    find_first,
+    hold_back,
+    names_ok,
+)
 from worker.parsers.incremental import ArgStream, JsonArgs, advance, settle
 
 
@@ -140,6 +148,8 @@ class JsonTailToolParser(ToolParser):
             calls, rest = self.parse_calls(body)
         except Exception:  # noqa: BLE001 - bad markup never raises
             calls, rest = None, ""
+        if not names_ok(calls):  # a nameless call is malformed markup
+            calls = None
         if state.inc is not None and state.inc.n:  # calls started streaming: settle them
             advance(self, state, out, body, len(body))
             settle(self, state, out, calls)

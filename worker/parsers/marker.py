@@ -32,7 +32,15 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back
+from worker.parsers.base import (
+    Delta,
+    RequestContext,
+    ToolCallDelta,
+    ToolParser,
+    find_first,
+    hold_back,
+    names_ok,
+)
 
 
 def _args_json(args: Any) -> str:
@@ -272,7 +280,7 @@ class MarkerToolParser(ToolParser):
             parsed = self.parse(st.marker, rest)
         except Exception:  # noqa: BLE001  (bad markup never raises)
             parsed = None
-        if not parsed:
+        if not parsed or not names_ok(parsed):
             out.content = st.ws + st.marker + rest
             st.ws = ""
             return out

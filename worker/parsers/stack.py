@@ -71,8 +71,8 @@ def _json_calls(text: str, mode: str, named: str | None) -> list[ToolCallDelta] 
         return None
     calls = []
     for i, item in enumerate(obj):
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            return None
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"].strip():
+            return None  # a nameless call is not a call (``base.names_ok``)
         args = item.get("parameters", item.get("arguments", {}))
         calls.append(ToolCallDelta(index=i, name=item["name"],
                                    arguments=args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
@@ -144,8 +144,13 @@ class ParserStack:
         return st
 
     def load_state(self, raw: Any) -> StackState:
-        """Rebuild a StackState from its msgspec-decoded plain form (sub-states typed again)."""
+        """Rebuild a StackState from its msgspec-decoded plain form (sub-states typed again).
+        Raises ``msgspec.ValidationError`` for a state that does not fit this stack (a parser's
+        sub-state missing or of the wrong shape: a corrupted or foreign checkpoint)."""
         st = msgspec.convert(raw, StackState) if not isinstance(raw, StackState) else raw
+        if (self.reasoning is not None and st.reasoning is None) or \
+                (self.tool is not None and st.mode != "off" and st.tool is None):
+            raise msgspec.ValidationError("parser state missing for this parser stack")
         if self.reasoning is not None and st.reasoning is not None and not isinstance(st.reasoning, msgspec.Struct):
             st.reasoning = msgspec.convert(st.reasoning, type(self.reasoning.initial_state(RequestContext())))
         if self.tool is not None and st.tool is not None and not isinstance(st.tool, msgspec.Struct):

@@ -39,7 +39,15 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from worker.parsers.base import Delta, RequestContext, ToolCallDelta, ToolParser, find_first, hold_back
+from worker.parsers.base import (
+    Delta,
+    RequestContext,
+    ToolCallDelta,
+    ToolParser,
+    find_first,
+    hold_back,
+    names_ok,
+)
 from worker.parsers.incremental import LIST_ARGS, NAME_ARGS, ArgStream, JsonArgs, XmlArgs, advance, settle
 from worker.parsers.marker import json_call_list
 from worker.parsers.values import is_string_param
@@ -289,6 +297,8 @@ class TaggedToolParser(ToolParser):
             parsed = self.parse_call(st, body)
         except Exception:  # noqa: BLE001 - bad markup never raises
             parsed = None
+        if not names_ok(parsed):  # a nameless call is malformed markup
+            parsed = None
         if st.inc is not None and st.inc.n:
             self._settle(st, out, body, parsed)
             st.after_end = end
@@ -363,6 +373,8 @@ class TaggedToolParser(ToolParser):
             try:
                 parsed = self.parse_partial(st, rest)
             except Exception:  # noqa: BLE001
+                parsed = None
+            if not names_ok(parsed):
                 parsed = None
             if st.inc is not None and st.inc.n:
                 self._settle(st, out, rest, parsed)
