@@ -63,6 +63,7 @@ import msgspec
 import regex
 
 from worker.parsers.base import Delta, ToolCallDelta
+from worker.parsers.jsonlex import scan_json
 from worker.parsers.values import dumps_args, loads_json
 from worker.parsers.xmlcall import XmlFormat
 
@@ -160,46 +161,11 @@ def _start(st: Any, a: ArgStream, out: Delta, name: str) -> bool:
     return True
 
 
-_STR_STOP = re.compile(r'["\\]')
-_OUT_STOP = re.compile(r'["{}\[\]]')
-
-
 def _lex_object(a: ArgStream, body: str, limit: int) -> bool:
     """Advance the JSON lexer from ``a.pos`` (at or inside the arguments object) towards
     ``limit``; True (``a.pos`` just after it) when the object's closing brace was reached."""
-    i, ins, esc, depth = a.pos, a.ins, a.esc, a.depth
-    closed = False
-    while i < limit:
-        if ins:
-            if esc:
-                esc, i = False, i + 1
-                continue
-            m = _STR_STOP.search(body, i, limit)
-            if m is None:
-                i = limit
-                break
-            i = m.end()
-            if m.group() == "\\":
-                esc = True
-            else:
-                ins = False
-        else:
-            m = _OUT_STOP.search(body, i, limit)
-            if m is None:
-                i = limit
-                break
-            i = m.end()
-            c = m.group()
-            if c == '"':
-                ins = True
-            elif c in "{[":
-                depth += 1
-            else:
-                depth -= 1
-                if depth <= 0:
-                    closed = True
-                    break
-    a.pos, a.ins, a.esc, a.depth = i, ins, esc, depth
+    a.pos, a.ins, a.esc, a.depth, closed = scan_json(body, a.pos, limit, a.ins, a.esc, a.depth, clamp=False,
+                                                     stop_at_close=True)
     return closed
 
 

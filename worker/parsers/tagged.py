@@ -33,7 +33,6 @@ Content rules (coupled vLLM's non-streaming answer, kept split-independent):
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -49,6 +48,7 @@ from worker.parsers.base import (
     names_ok,
 )
 from worker.parsers.incremental import LIST_ARGS, NAME_ARGS, ArgStream, JsonArgs, XmlArgs, advance, settle
+from worker.parsers.jsonlex import scan_json
 from worker.parsers.marker import json_call_list
 from worker.parsers.values import is_string_param
 from worker.parsers.xmlcall import strip_newline, typed_value
@@ -84,43 +84,11 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     inc: ArgStream | None = None
 
 
-_STR_STOP = re.compile(r'["\\]')
-_OUT_STOP = re.compile(r'["{}\[\]]')
-
-
 def lex_json(st: TaggedState, s: str, end: int) -> None:
-    """Advance the state's JSON lexer over ``s[st.lex:end]`` (string, escape, depth)."""
-    i = st.lex
-    ins, esc, depth = st.lex_str, st.lex_esc, st.lex_depth
-    while i < end:
-        if ins:
-            if esc:
-                esc = False
-                i += 1
-                continue
-            m = _STR_STOP.search(s, i, end)
-            if m is None:
-                i = end
-                break
-            i = m.end()
-            if m.group() == "\\":
-                esc = True
-            else:
-                ins = False
-        else:
-            m = _OUT_STOP.search(s, i, end)
-            if m is None:
-                i = end
-                break
-            i = m.end()
-            c = m.group()
-            if c == '"':
-                ins = True
-            elif c in "{[":
-                depth += 1
-            elif depth > 0:
-                depth -= 1
-    st.lex, st.lex_str, st.lex_esc, st.lex_depth = i, ins, esc, depth
+    """Advance the state's JSON lexer over ``s[st.lex:end]`` (string, escape, depth;
+    ``jsonlex.scan_json``, a closing bracket at depth 0 ignored)."""
+    st.lex, st.lex_str, st.lex_esc, st.lex_depth, _ = scan_json(s, st.lex, end, st.lex_str, st.lex_esc,
+                                                                  st.lex_depth)
 
 
 def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
