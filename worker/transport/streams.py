@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -608,7 +609,8 @@ class StreamRouter:
         else:
             s.state = out.state
         self.w.stats.stream_chunks += 1
-        entry = ReplayEntry(seq, out.status, end, out.kind, out.body)
+        # (one shared kind string, not one unpickled copy per reply held in replay windows)
+        entry = ReplayEntry(seq, out.status, end, sys.intern(out.kind) if out.kind else out.kind, out.body)
         await self._publish(st, s, msg, entry, write=True, is_object=out.is_object)
 
     async def _publish(self, st, s: _Stream | None, msg, entry: ReplayEntry, *, write: bool = False,
