@@ -21,7 +21,10 @@ Design
   that meets a stream it does not hold (new partition owner after a rebalance or a crash) loads
   it from the store (one ``get_many`` per poll, in a background task: the fetch loop never waits
   for the store) and continues. On partition revoke the in-memory streams of the partition are
-  dropped. Idle streams are evicted from memory (``worker.transport.stream_memory``).
+  dropped. Idle streams are evicted from memory (``worker.transport.stream_memory``); until then a
+  stream with nothing running or waiting is *parked*: its state and replay window packed into one
+  msgpack value, unpacked when its next chunk comes (few, large allocations per idle stream, so
+  that their memory goes back to the OS once they are evicted).
 * **State store outage.** Reads and checkpoint writes wait for the store (backoff, coalescing
   the writes that pile up) for at most ``--state-store-outage-deadline`` seconds
   (``worker.transport.outage``); then one line and ``DependencyOutage`` (exit status 2). Streams
