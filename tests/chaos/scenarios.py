@@ -388,7 +388,15 @@ def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, 
     """``SIZES[size]["abandoned"]`` streams that send their first chunk(s) and never finish, to one
     worker (``state``: redis or memory): every chunk answered; the live-streams gauge returns to 0
     after the idle timeout and the worker's RSS ends within 5 MB of where it started; a later chunk of
-    an evicted stream continues from Redis, or (memory mode) gets the 409 "lost or expired"."""
+    an evicted stream continues from Redis, or (memory mode) gets the 409 "lost or expired".
+
+    Warm-up: 20 complete streams, then one round of as many abandoned streams, evicted, before
+    the start RSS is taken. The first burst leaves a one-time step (figure ``rss_first_round_mb``,
+    full size +4.8 to +6.3 MB): CPython's small-object allocator keeps each 1 MiB arena that still
+    holds one long-lived object (asyncio, aiokafka, interpreter caches) allocated during the burst
+    (4-5 such arenas, holding ~40 KB of live objects), and the next bursts reuse those arenas.
+    Measured at full size with redis over three rounds: +4.8, +0.7, +0.4 MB; two rounds: +5.6,
+    +0.3 MB (memory state: +6.3, +0.0 MB). The assertion is on the round after the warm-up one."""
     sz = SIZES[size]
     idle = IDLE_S[size]
     rig = Rig(f"abandoned-{state}", persist="none" if state == "redis" else None, partitions=sz["partitions"])
@@ -400,6 +408,18 @@ def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, 
         asyncio.run(produce(rig.bs, rig.inp, [r for rnd in stream_records(warm) for r in rnd]))
         rig.wait_answers(sum(len(s.chunks) for s in warm), 60)
         time.sleep(idle + 3)
+        rss_warm = rss_kb(w.p.pid)
+        first = make_streams(sz["abandoned"], "ab0")  # the warm-up round (docstring)
+        for s in first:
+            s.chunks = s.chunks[:2 if len(s.chunks) > 2 else 1]
+        recs0 = [r for rnd in stream_records(first) for r in rnd]
+        n0 = rig.collector.count()
+        asyncio.run(produce(rig.bs, rig.inp, recs0))
+        rig.wait_answers(n0 + len(recs0), 300)
+        deadline = time.monotonic() + idle + 30
+        while time.monotonic() < deadline and _gauge(port) != 0:
+            time.sleep(0.5)
+        time.sleep(1.0)
         rss0 = rss_kb(w.p.pid)
         streams = make_streams(sz["abandoned"], "ab")
         later = []  # (stream id, chunk 2 record, the core's reply to it) of some long streams
@@ -435,6 +455,7 @@ def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, 
             else:
                 assert h(r).get("derender-status") == b"409" and re.search(rb"lost or expired", r.value), r.value[:300]
         figs.update(live_streams_peak=live_peak, live_streams_end=live_end, rss_start_mb=round(rss0 / 1024, 1),
+                    rss_first_round_mb=round((rss0 - rss_warm) / 1024, 1),
                     rss_peak_mb=round(rss_peak / 1024, 1), rss_end_mb=round(rss1 / 1024, 1),
                     after_eviction="continued from Redis" if state == "redis" else "409 state lost or expired")
         assert live_end == 0, f"live-streams gauge {live_end} after the idle timeout: {figs}"

@@ -21,7 +21,10 @@ Design
   that meets a stream it does not hold (new partition owner after a rebalance or a crash) loads
   it from the store (one ``get_many`` per poll, in a background task: the fetch loop never waits
   for the store) and continues. On partition revoke the in-memory streams of the partition are
-  dropped. Idle streams are evicted from memory (``worker.transport.stream_memory``).
+  dropped. Idle streams are evicted from memory (``worker.transport.stream_memory``); until then a
+  stream with nothing running or waiting is *parked*: its state and replay window packed into one
+  msgpack value, unpacked when its next chunk comes (few, large allocations per idle stream, so
+  that their memory goes back to the OS once they are evicted).
 * **State store outage.** Reads and checkpoint writes wait for the store (backoff, coalescing
   the writes that pile up) for at most ``--state-store-outage-deadline`` seconds
   (``worker.transport.outage``); then one line and ``DependencyOutage`` (exit status 2). Streams
@@ -59,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -156,8 +160,26 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
 _GAP = object()  # queue marker: the gap timer fired
 
 
-@dataclass
+class _Parked(msgspec.Struct, array_like=True):
+    """A parked (idle) stream's state and replay window in one msgpack value (``_park``)."""
+
+    state: bytes | None
+    replies: list[ReplayEntry]
+    offsets: list[int]  # input offset of each reply (-1: loaded from the store)
+
+
+_parked_encoder = msgspec.msgpack.Encoder()
+_parked_decoder = msgspec.msgpack.Decoder(_Parked)
+
+
+@dataclass(slots=True)
 class _Stream:
+    """One stream held in memory. While nothing of it runs or waits (``_park``), its state and
+    replay window live in ``packed`` (one bytes value) and ``state``/``window``/``queue``/``held``/
+    ``held_dups`` are None: thousands of idle streams then cost one object and one buffer each
+    instead of a dozen small objects scattered over the allocator's arenas (which a few surviving
+    neighbours would keep in the RSS after the streams are evicted)."""
+
     rid: str
     state: bytes | None = None  # state after next_seq - 1 (None before chunk 0 / once ended)
     next_seq: int = 0
@@ -175,6 +197,31 @@ class _Stream:
     loading: bool = False  # being read from the store: its queue waits
     last_used: float = field(default_factory=time.monotonic)  # last chunk handed to it (idle eviction)
     pending_writes: int = 0  # checkpoints produced and not yet written (never evicted meanwhile)
+    packed: bytes | None = None  # parked: encoded ``_Parked`` (state, window)
+    packed_len: int = 0  # parked: replay window length
+    packed_first: int = -1  # parked: input offset of the window's first reply
+
+
+def _park(s: _Stream) -> None:
+    """Pack an idle stream (nothing queued, held or loading) into ``s.packed``; no-op otherwise."""
+    if s.packed is not None or s.queue or s.held or s.held_dups or s.loading:
+        return
+    entries = list(s.window.values())
+    s.packed = _parked_encoder.encode(_Parked(s.state, [e for e, _ in entries], [o for _, o in entries]))
+    s.packed_len = len(entries)
+    s.packed_first = entries[0][1] if entries else -1
+    s.state = s.window = s.queue = s.held = s.held_dups = None
+
+
+def _unpark(s: _Stream) -> None:
+    """Undo ``_park`` (before a chunk is handed to the stream); no-op when not parked."""
+    if s.packed is None:
+        return
+    p = _parked_decoder.decode(s.packed)
+    s.packed = None
+    s.state = p.state
+    s.window = OrderedDict((e.seq, (e, o)) for e, o in zip(p.replies, p.offsets, strict=True))
+    s.queue, s.held, s.held_dups = deque(), {}, []
 
 
 @dataclass
@@ -250,7 +297,8 @@ class StreamRouter:
         st.tasks.append(asyncio.create_task(self._acker(st), name=f"derender-sack-{st.tp.topic}-{st.tp.partition}"))
 
     def held_offsets(self, st) -> set[int]:
-        return {m.offset for s in st.streams.values() for m in (*s.held.values(), *s.held_dups)}
+        return {m.offset for s in st.streams.values() if s.held or s.held_dups
+                for m in (*s.held.values(), *s.held_dups)}
 
     async def drain(self, st) -> None:
         """Wait until every stream record of ``st`` is finished except the held ones (gaps). Once
@@ -278,6 +326,8 @@ class StreamRouter:
         for s in st.streams.values():
             if s.task is not None:
                 s.task.cancel()
+            if s.packed is not None:
+                continue
             for m in (*s.held.values(), *s.held_dups):
                 self.w._stream_abandon(st, m.offset)
             s.held.clear()
@@ -305,6 +355,7 @@ class StreamRouter:
             if s is None:
                 s = st.streams[rid] = _Stream(rid, loading=True)
                 new.append(rid)
+            _unpark(s)
             s.last_used = now
             s.queue.append(m)
             if not s.loading:
@@ -394,6 +445,7 @@ class StreamRouter:
             return
         rid = stream_id(msg.key)
         s = st.streams[rid]
+        _unpark(s)
         s.queue.append(msg)
         self._kick(st, s)
 
@@ -424,6 +476,7 @@ class StreamRouter:
             self.w._stream_fatal(e)
         finally:
             s.task = None
+            _park(s)  # (a no-op when chunks wait)
 
     # -- per-chunk logic -------------------------------------------------------------------
     async def _handle(self, st, s: _Stream, msg) -> None:
@@ -559,7 +612,8 @@ class StreamRouter:
         else:
             s.state = out.state
         self.w.stats.stream_chunks += 1
-        entry = ReplayEntry(seq, out.status, end, out.kind, out.body)
+        # (one shared kind string, not one unpickled copy per reply held in replay windows)
+        entry = ReplayEntry(seq, out.status, end, sys.intern(out.kind) if out.kind else out.kind, out.body)
         await self._publish(st, s, msg, entry, write=True, is_object=out.is_object)
 
     async def _publish(self, st, s: _Stream | None, msg, entry: ReplayEntry, *, write: bool = False,
@@ -701,12 +755,16 @@ class StreamRouter:
         deletes = []
         now = time.monotonic()
         for rid, s in list(st.streams.items()):
+            if s.packed is not None and s.packed_len > self.replay_window and s.packed_first < offset:
+                _unpark(s)  # its window is trimmed, then it is packed again
             w = s.window
-            while len(w) > self.replay_window:
+            while w is not None and len(w) > self.replay_window:
                 first = next(iter(w.values()))
                 if first[1] >= offset:
                     break
                 w.popitem(last=False)
+            if w is not None and s.task is None:
+                _park(s)
             if s.ended and s.task is None and not s.held and s.end_offset < offset:
                 if not s.deleted:
                     s.deleted = True
