@@ -115,8 +115,8 @@ def _glm(body: str) -> str:
 
 XML_VECTORS: list[V] = [
     # the GLM examples
-    T("11a", "glm47", "glm", _glm(f"get_weather{_K}path{_EK}{_EK}{_VV}/tmp/x{_EV}"),
-      calls=[("get_weather", {"path": "/tmp/x"})]),
+    T("11a", "glm47", "glm", _glm(f"get_weather{_K}path{_EK}{_EK}{_VV}/srv/x{_EV}"),
+      calls=[("get_weather", {"path": "/srv/x"})]),
     T("11c", "glm47", "glm", _glm(f"get_weather{_K}q{_EK}text{_EV}"), calls=[("get_weather", {"q": "text"})]),
     T("11a", "glm45", "glm", _glm(f"get_weather\n{_K}city{_EK}\n{_VV}Paris{_EV}\n{_EV}\n"), calls=[W]),
     T("11b", "glm47", "glm", _glm(f"get_weather{_K}{_K}city{_EK}{_VV}Paris{_EV}"), calls=[W]),

@@ -1,7 +1,7 @@
 """How scaledobject.schema.json was made (run once by hand, not by the tests):
 
-    python3 -m pip install --target /tmp/cc cloudcoil-models-keda==2.16.1.0
-    PYTHONPATH=/tmp/cc python3 tests/data/keda/generate.py > tests/data/keda/scaledobject.schema.json
+    d=$(mktemp -d) && python3 -m pip install --target "$d" cloudcoil-models-keda==2.16.1.0
+    PYTHONPATH="$d" python3 tests/data/keda/generate.py > tests/data/keda/scaledobject.schema.json
 """
 import json
 
