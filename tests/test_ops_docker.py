@@ -82,6 +82,6 @@ def test_dockerignore_keeps_context_small():
     copies = [rest.split()[:-1] for word, rest in _instructions(DOCKERFILE.read_text()) if word == "COPY"]
     sources = [s for srcs in copies for s in srcs]
     assert set(sources) == {"pyproject.toml", "README.md", "schemas", "worker"}
-    for src in sources + ["worker/cli.py", "worker/demo_data/models.json", "schemas/" + next(
+    for src in sources + ["worker/cli/__init__.py", "worker/demo_data/models.json", "schemas/" + next(
             p.name for p in (REPO / "schemas").iterdir() if p.suffix == ".json")]:
         assert not _ignored(src, patterns), src
