@@ -87,6 +87,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from worker.logs import record_fields
+
 __all__ = ["HDR_REPLY_TOPIC", "HDR_CORRELATION_ID", "HDR_KIND", "HDR_STATUS", "HDR_CONTENT_TYPE",
            "HDR_DLQ_REASON", "HDR_SEQ", "HDR_STREAM_END", "JSON_CT", "KINDS", "STREAM_KINDS", "TOPIC_RE",
            "header", "kind_header", "reply_topic_problem", "INTERNAL_TOPIC_PREFIX", "parse_seq", "bad_kind_message", "SEQ_MAX",
@@ -212,5 +214,4 @@ def record_created(msg) -> int | None:
 def log_fields(msg: Any, request_id: str | None = None) -> dict[str, Any]:
     """Log ``extra`` naming Kafka record ``msg`` (``worker.logs.record_fields``: the JSON log fields
     topic/partition/offset/request_id)."""
-    from worker.logs import record_fields
     return record_fields(msg.topic, msg.partition, msg.offset, request_id)

@@ -8,6 +8,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka.helpers import create_ssl_context
+
+from worker.state.redis_store import add_redis_args, settings_from_args
 from worker.transport.deadletter import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
 from worker.transport.records import reply_topic_problem
 
@@ -159,7 +162,6 @@ class WorkerSettings:
 def _redis_settings(args: argparse.Namespace) -> Any:
     if getattr(args, "stream_state", "redis") != "redis":
         return None
-    from worker.state.redis_store import settings_from_args
     return settings_from_args(args)
 
 
@@ -168,7 +170,6 @@ def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     Raises ``ValueError`` when SASL is requested without a username/password."""
     out: dict[str, Any] = {"security_protocol": args.security_protocol}
     if args.security_protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context
         out["ssl_context"] = create_ssl_context(
             cafile=args.ssl_cafile, certfile=args.ssl_certfile, keyfile=args.ssl_keyfile,
             password=args.ssl_password)
@@ -265,7 +266,6 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     o.add_argument("--broker-outage-deadline", type=_positive_float, default=300.0,
                    help="seconds the broker may stay unreachable, or without the data this worker already "
                         "read from it (a broker restarted without its data), before the worker exits")
-    from worker.state.redis_store import add_redis_args
     add_redis_args(ap)
 
 
