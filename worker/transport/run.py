@@ -15,7 +15,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from worker.config import models_from_args
 from worker.core.service import DerenderService
-from worker.state import StoreConnectError
+from worker.state import StoreAuthError, StoreConnectError
 from worker.state.redis_store import RedisStateStore
 from worker.tracing import setup_tracing
 from worker.transport.consumer import KafkaDerenderWorker, state_store_outage_clock
@@ -69,6 +69,9 @@ def main_run(args: argparse.Namespace) -> int:
             asyncio.run(wait_for_state_store(settings.redis, clock))
         except DependencyOutage as e:
             log.error("%s", e)
+            return 2
+        except StoreAuthError as e:  # wrong password / user: no wait fixes it
+            log.error("stream state store %s: %s", redact_url(settings.redis.url), e)
             return 2
         except (ValueError, OSError) as e:
             log.error("stream state store %s unusable (%s): %s", redact_url(settings.redis.url), e, clock.hint)

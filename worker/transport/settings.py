@@ -11,6 +11,7 @@ from typing import Any
 from aiokafka.helpers import create_ssl_context
 
 from worker.state.redis_store import add_redis_args, settings_from_args
+from worker.tlsfiles import check_tls_files
 from worker.transport.deadletter import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
 from worker.transport.records import reply_topic_problem
 
@@ -167,9 +168,12 @@ def _redis_settings(args: argparse.Namespace) -> Any:
 
 def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """aiokafka client kwargs for ``--security-protocol``, ``--sasl-*`` and ``--ssl-*``.
-    Raises ``ValueError`` when SASL is requested without a username/password."""
+    Raises ``ValueError`` when SASL is requested without a username/password, or naming the flag
+    and the file when an ``--ssl-*`` file cannot be loaded."""
     out: dict[str, Any] = {"security_protocol": args.security_protocol}
     if args.security_protocol in ("SSL", "SASL_SSL"):
+        check_tls_files(args.ssl_cafile, args.ssl_certfile, args.ssl_keyfile, args.ssl_password,
+                        flags=("--ssl-cafile", "--ssl-certfile", "--ssl-keyfile"))
         out["ssl_context"] = create_ssl_context(
             cafile=args.ssl_cafile, certfile=args.ssl_certfile, keyfile=args.ssl_keyfile,
             password=args.ssl_password)
