@@ -19,8 +19,10 @@ from worker.flags import (
     add_log_args,
     apply_env,
     check_env,
+    known_env,
     log_settings,
     noop_note,
+    unknown_env,
 )
 from worker.logs import export_log_settings, setup_logging
 
@@ -56,12 +58,17 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     """Parse a command line into ``(args, subcommand parser)``; exits 2 with one line naming the
-    subcommand's usage on an unknown flag, a bad value or a malformed ``DERENDER_*`` variable."""
+    subcommand's usage on an unknown flag, a bad value, a malformed ``DERENDER_*`` variable, two
+    spellings of one flag's variable set to different values, or a ``DERENDER_*`` variable that no
+    flag reads and ``worker.flags.RESERVED_ENV`` does not list."""
     ap, subs = _build_parser()
     args, extra = ap.parse_known_args(argv)
     p = subs[args.cmd]
     if extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
+    stray = unknown_env(known_env(list(subs.values())))
+    if stray:
+        p.error(stray)
     check_env(p, args)
     return args, p
 
