@@ -5,15 +5,20 @@ when a Docker engine answers, else an embedded Tansu broker (``worker.transport.
 ``kafka_broker_kind``: ``"env"``, ``"testcontainers"`` or ``"tansu"``.
 ``qwen3_models``: ``load_config_file('tests/data/models.json')`` (relative tokenizer paths are
 resolved against that file); ``DERENDER_TEST_MODELS`` may name another config file.
+``redis_prefix``: a unique key prefix on the live Redis ``REDIS_URL`` (skips when none answers).
 """
 from __future__ import annotations
 
+import asyncio
 import os
+import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.harness.kafka import REDIS_URL
 from worker.config import load_config_file
+from worker.state import RedisSettings, RedisStateStore, StoreConnectError
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -50,3 +55,31 @@ def qwen3_models():
     if not Path(path).is_file():
         pytest.skip(f"model config {path} missing")
     return load_config_file(path)
+
+
+@pytest.fixture
+def redis_prefix():
+    """A unique key prefix on a live Redis (skips when none answers); keys removed afterwards."""
+    prefix = f"derender:test:{uuid.uuid4().hex[:10]}:"
+
+    async def ping():
+        store = RedisStateStore.from_settings(RedisSettings(url=REDIS_URL, prefix=prefix, timeout_s=2.0))
+        try:
+            await store.ping()
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(ping())
+    except StoreConnectError as e:
+        pytest.skip(f"no Redis answers at {REDIS_URL}: {e}")
+    yield prefix
+
+    async def cleanup():
+        store = RedisStateStore.from_settings(RedisSettings(url=REDIS_URL, prefix=prefix))
+        keys = [k async for k in store.client.scan_iter(match=prefix + "*")]
+        if keys:
+            await store.client.delete(*keys)
+        await store.close()
+
+    asyncio.run(cleanup())

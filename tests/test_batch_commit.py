@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
+from tests.harness.batch import QWEN3
 from tests.parity import corpus, missing_parser, nonstream_cases
 from tests.parity_tools import to_requests
 from worker.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
-QWEN3 = str(ROOT / "tests" / "data" / "models.json")  # qwen3 + qwen3-noparser: quick to load
 
 
 def qwen3_bodies() -> list[dict]:

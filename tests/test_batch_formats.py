@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.harness.batch import table_json_columns
 from tests.parity import missing_parser, nonstream_cases, service
 from tests.parity_tools import to_requests
 from worker.offline import formats
@@ -28,18 +29,6 @@ def jsonl_answers(tmp_path: Path, bodies: list[dict], name: str = "ref") -> list
     return [json.loads(x) for x in out.read_text().splitlines()]
 
 
-def table_json_columns(bodies: list[dict]) -> pa.Table:
-    """One row per body: object fields as JSON string columns, the rest native."""
-    keys: list[str] = []
-    for b in bodies:
-        keys += [k for k in b if k not in keys]
-    cols = {}
-    for k in keys:
-        vals = [b.get(k) for b in bodies]
-        if k in formats.OBJECT_FIELDS:
-            vals = [None if v is None else json.dumps(v) for v in vals]
-        cols[k] = vals
-    return pa.table(cols)
 
 
 def parquet_answers(tmp_path: Path, table: pa.Table, name: str, **kw) -> tuple[list, pa.Table]:

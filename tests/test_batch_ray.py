@@ -11,10 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.harness.batch import QWEN3, table_json_columns
 from tests.parity import corpus, missing_parser, nonstream_cases
 from tests.parity_tools import to_requests
-from tests.test_batch_commit import QWEN3
-from tests.test_batch_formats import table_json_columns
 from worker.config import load_config_file
 from worker.core.service import DerenderService
 from worker.offline.runner import run_batch

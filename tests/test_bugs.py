@@ -461,7 +461,8 @@ def test_bug_case_split_independent(case):
     import msgspec
 
     from schemas import DerenderChatRequest
-    from tests.test_parsers_split import _chunks, _run
+    from tests.harness.parsers import chunks as _chunks
+    from tests.harness.parsers import run_ids as _run
     from worker.core import derender as D
 
     plan = rb.Plan(case)

@@ -18,7 +18,7 @@ import sys
 import msgspec
 import pytest
 
-from tests.test_parser_families import V, splits, stack_for
+from tests.harness.parsers import V, splits, stack_for
 from worker.parsers.base import RequestContext
 from worker.parsers.values import JsonInt, convert_param, dumps_args, exact_int, loads_json
 

@@ -13,17 +13,14 @@ import signal
 
 import pytest
 
-from tests.test_kafka_stream import make_stream
-from tests.test_kafka_worker import (
-    _collect,
-    _committed_and_end,
-    _h,
-    _names,
-    _produce,
-    _settings,
-    _tokenizer,
-    chat_body,
-)
+from tests.harness.kafka import chat_body, make_stream
+from tests.harness.kafka import collect as _collect
+from tests.harness.kafka import committed_and_end as _committed_and_end
+from tests.harness.kafka import headers as _h
+from tests.harness.kafka import names as _names
+from tests.harness.kafka import produce as _produce
+from tests.harness.kafka import settings as _settings
+from tests.harness.kafka import tokenizer as _tokenizer
 from worker.core.service import DerenderService
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_REPLY_TOPIC, HDR_SEQ, HDR_STATUS

@@ -12,17 +12,15 @@ import json
 
 import pytest
 
-from tests.test_kafka_worker import (
-    _collect,
-    _committed_and_end,
-    _h,
-    _names,
-    _produce,
-    _qwen3,
-    _settings,
-    _tokenizer,
-    chat_body,
-)
+from tests.harness.kafka import chat_body, completion_body
+from tests.harness.kafka import collect as _collect
+from tests.harness.kafka import committed_and_end as _committed_and_end
+from tests.harness.kafka import headers as _h
+from tests.harness.kafka import names as _names
+from tests.harness.kafka import produce as _produce
+from tests.harness.kafka import qwen3 as _qwen3
+from tests.harness.kafka import settings as _settings
+from tests.harness.kafka import tokenizer as _tokenizer
 from worker.core.service import DerenderService
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_CORRELATION_ID, HDR_KIND, HDR_REPLY_TOPIC, HDR_SEQ, HDR_STATUS
@@ -540,8 +538,6 @@ def test_core_out_of_range_ids_and_numbers_are_400_on_every_path(qwen3_models):
     """The core (shared by the worker and batch mode): prompt and output token ids < 0 or >= 2^63
     (or beyond the vocabulary), numbers >= 2^64 and deep nesting are 400s, never 500s, for chat,
     completion and stream bodies."""
-    from tests.test_kafka_worker import completion_body
-
     svc = DerenderService(qwen3_models)
     tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
     chat = json.loads(chat_body(tok, model, "c", "Hello there"))

@@ -9,7 +9,13 @@ import logging
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from tests.test_kafka_worker import _collect, _h, _names, _qwen3, _settings, _tokenizer, chat_body
+from tests.harness.kafka import chat_body
+from tests.harness.kafka import collect as _collect
+from tests.harness.kafka import headers as _h
+from tests.harness.kafka import names as _names
+from tests.harness.kafka import qwen3 as _qwen3
+from tests.harness.kafka import settings as _settings
+from tests.harness.kafka import tokenizer as _tokenizer
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_CORRELATION_ID, HDR_DLQ_REASON, HDR_REPLY_TOPIC, HDR_SEQ
 from worker.transport.topics import ensure_topics

@@ -33,10 +33,16 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from tests.harness.kafka import REDIS_URL, make_stream
+from tests.harness.kafka import collect as _collect
+from tests.harness.kafka import headers as _h
+from tests.harness.kafka import names as _names
+from tests.harness.kafka import produce as _produce
+from tests.harness.kafka import settings as _settings
+from tests.harness.kafka import tokenizer as _tokenizer
 from tests.parity_tools.compare import stream_view
-from tests.test_kafka_worker import _collect, _h, _names, _produce, _settings, _tokenizer
 from worker.core.service import DerenderService
-from worker.state import RedisSettings, RedisStateStore, StoreConnectError
+from worker.state import RedisSettings, RedisStateStore
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_STATUS
 from worker.transport.topics import ensure_topics
@@ -44,67 +50,7 @@ from worker.transport.topics import ensure_topics
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
 REPO = Path(__file__).resolve().parent.parent
-REDIS_URL = os.environ.get("REDIS_URL") or os.environ.get("DERENDER_REDIS_URL") or "redis://127.0.0.1:6379/0"
 SEQ, END = "derender-seq", "derender-stream-end"
-CITIES = ["Paris", "Oslo", "Lima", "Kyoto", "Accra", "Quito", "Perth", "Riga", "Bern", "Cairo"]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}}}}]
-
-
-# ----------------------------------------------------------------------------------- helpers ---
-@pytest.fixture
-def redis_prefix():
-    """A unique key prefix on a live Redis (skips when none answers); keys removed afterwards."""
-    prefix = f"derender:test:{uuid.uuid4().hex[:10]}:"
-
-    async def ping():
-        store = RedisStateStore.from_settings(RedisSettings(url=REDIS_URL, prefix=prefix, timeout_s=2.0))
-        try:
-            await store.ping()
-        finally:
-            await store.close()
-
-    try:
-        asyncio.run(ping())
-    except StoreConnectError as e:
-        pytest.skip(f"no Redis answers at {REDIS_URL}: {e}")
-    yield prefix
-
-    async def cleanup():
-        store = RedisStateStore.from_settings(RedisSettings(url=REDIS_URL, prefix=prefix))
-        keys = [k async for k in store.client.scan_iter(match=prefix + "*")]
-        if keys:
-            await store.client.delete(*keys)
-        await store.close()
-
-    asyncio.run(cleanup())
-
-
-def make_stream(tok, rid: str, i: int) -> tuple[bytes, list[bytes]]:
-    """(non-streaming body, 1-token chunk bodies) of one parsed Qwen3 answer: reasoning, content,
-    one hermes tool call, EOS. Chunk 0 carries chat_request and the prompt."""
-    city = CITIES[i % len(CITIES)]
-    text = (f"<think>\nRequest {i}: the user wants the weather in {city}. I will call the tool.\n</think>\n\n"
-            f"Checking {city} now.\n<tool_call>\n"
-            f'{{"name": "get_weather", "arguments": {{"city": "{city}", "unit": "celsius"}}}}\n</tool_call>')
-    ids = tok.encode(text, add_special_tokens=False).ids + [tok.token_to_id("<|im_end|>")]
-    prompt = tok.encode(f"<|im_start|>user\nWeather in {city}?<|im_end|>\n<|im_start|>assistant\n").ids
-    req = {"model": "qwen3", "messages": [{"role": "user", "content": f"Weather in {city}?"}], "tools": TOOLS}
-    full = {"model": "qwen3", "generate_response": {"request_id": rid, "choices": [
-        {"index": 0, "token_ids": ids, "finish_reason": "stop", "stop_reason": None}]},
-        "prompt_tokens": len(prompt), "prompt_token_ids": prompt, "chat_request": req}
-    chunks = []
-    for k, t in enumerate(ids):
-        last = k == len(ids) - 1
-        gc = {"request_id": rid, "choices": [{"index": 0, "token_ids": [t], "finish_reason": "stop" if last else None}]}
-        if last:
-            gc["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                           "total_tokens": len(prompt) + len(ids)}
-        b = {"model": "qwen3", "stream": True, "generate_chunk": gc}
-        if k == 0:
-            b.update(chat_request=req, prompt_token_ids=prompt, prompt_tokens=len(prompt))
-        chunks.append(json.dumps(b).encode())
-    return json.dumps(full).encode(), chunks
 
 
 def expected_view(service: DerenderService, full_body: bytes) -> dict:

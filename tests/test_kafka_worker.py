@@ -16,14 +16,21 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
 import msgspec
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from tests.harness.kafka import chat_body, completion_body
+from tests.harness.kafka import collect as _collect
+from tests.harness.kafka import committed_and_end as _committed_and_end
+from tests.harness.kafka import headers as _h
+from tests.harness.kafka import names as _names
+from tests.harness.kafka import produce as _produce
+from tests.harness.kafka import qwen3 as _qwen3
+from tests.harness.kafka import settings as _settings
+from tests.harness.kafka import tokenizer as _tokenizer
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.jobs import derender_job
 from worker.transport.records import (
@@ -38,105 +45,6 @@ from worker.transport.settings import WorkerSettings, add_run_args
 from worker.transport.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-# ----------------------------------------------------------------------------------- helpers ---
-def _qwen3(models):
-    return next((m for m in models if m.name == "qwen3"), models[0])
-
-
-def _tokenizer(models):
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(Path(_qwen3(models).tokenizer) / "tokenizer.json"))
-
-
-def chat_body(tok, model: str, rid: str | None, text: str, ids: list[int] | None = None) -> bytes:
-    """A ``DerenderChatRequest`` whose output is ``text`` + ``<|im_end|>`` (real Qwen3 ids)."""
-    eos = tok.token_to_id("<|im_end|>")
-    prompt = tok.encode("<|im_start|>user\nSay something<|im_end|>\n<|im_start|>assistant\n").ids
-    if ids is None:
-        ids = tok.encode(text).ids + [eos]
-    gr = {"choices": [{"index": 0, "token_ids": ids, "finish_reason": "stop", "stop_reason": None,
-                       "logprobs": None}]}
-    if rid is not None:
-        gr["request_id"] = rid
-    return json.dumps({"model": model, "generate_response": gr, "prompt_tokens": len(prompt),
-                       "prompt_token_ids": prompt,
-                       "chat_request": {"model": model, "messages": [{"role": "user", "content": "Say something"}]},
-                       }).encode()
-
-
-def completion_body(tok, model: str, rid: str, text: str) -> bytes:
-    """A ``DerenderCompletionRequest`` with one engine response whose output is ``text``."""
-    prompt = tok.encode("Once upon a time").ids
-    return json.dumps({"model": model, "generate_responses": [
-        {"request_id": rid, "choices": [{"index": 0, "token_ids": tok.encode(text).ids, "finish_reason": "length"}]}],
-        "prompt_tokens": [len(prompt)], "prompt_token_ids": [prompt],
-        "completion_request": {"model": model, "prompt": "Once upon a time", "max_tokens": 16}}).encode()
-
-
-def _settings(bs: str, kind: str, **kw) -> WorkerSettings:
-    """Worker settings for tests: thread pool, fast commits, short group timeouts on Tansu (its
-    join takes about half the session timeout; real Kafka needs >= 6 s)."""
-    base = dict(bootstrap_servers=bs, executor="thread", num_workers=2, commit_interval_ms=100,
-                session_timeout_ms=2000 if kind == "tansu" else 6000, heartbeat_interval_ms=500,
-                drain_timeout_s=20.0)
-    base.update(kw)
-    return WorkerSettings(**base)
-
-
-def _names() -> SimpleNamespace:
-    u = uuid.uuid4().hex[:8]
-    return SimpleNamespace(inp=f"in-{u}", reply=f"rep-{u}", reply2=f"rep2-{u}", dlq=f"dlq-{u}", group=f"g-{u}")
-
-
-async def _produce(bs: str, topic: str, records: list[tuple]) -> None:
-    """records: (key, value, headers[, partition])."""
-    p = AIOKafkaProducer(bootstrap_servers=bs, enable_idempotence=False)
-    await p.start()
-    try:
-        for r in records:
-            key, value, headers = r[:3]
-            part = r[3] if len(r) > 3 else None
-            await p.send_and_wait(topic, value, key=key, headers=headers, partition=part)
-    finally:
-        await p.stop()
-
-
-async def _collect(bs: str, topics: list[str], n: int, timeout: float = 30.0, settle: float = 0.0) -> dict:
-    """Read ``topics`` from the beginning (no group) until ``n`` records arrived, then ``settle``
-    seconds more (to catch extras). Returns topic -> list of ConsumerRecord."""
-    c = AIOKafkaConsumer(*topics, bootstrap_servers=bs, auto_offset_reset="earliest", enable_auto_commit=False)
-    await c.start()
-    got: dict[str, list] = {t: [] for t in topics}
-    try:
-        deadline = time.monotonic() + timeout
-        while sum(map(len, got.values())) < n and time.monotonic() < deadline:
-            for tp, ms in (await c.getmany(timeout_ms=200)).items():
-                got[tp.topic].extend(ms)
-        end = time.monotonic() + settle
-        while time.monotonic() < end:
-            for tp, ms in (await c.getmany(timeout_ms=100)).items():
-                got[tp.topic].extend(ms)
-    finally:
-        await c.stop()
-    return got
-
-
-async def _committed_and_end(bs: str, group: str, topic: str, partitions: int) -> tuple[dict, dict]:
-    tps = [TopicPartition(topic, i) for i in range(partitions)]
-    c = AIOKafkaConsumer(bootstrap_servers=bs, group_id=group, enable_auto_commit=False)
-    await c.start()
-    try:
-        committed = {tp.partition: await c.committed(tp) for tp in tps}
-        end = {tp.partition: off for tp, off in (await c.end_offsets(tps)).items()}
-    finally:
-        await c.stop()
-    return committed, end
-
-
-def _h(rec) -> dict[str, bytes]:
-    return dict(rec.headers or ())
 
 
 # ---------------------------------------------------------------------- broker-free unit tests ---

@@ -18,9 +18,13 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.harness.kafka import REDIS_URL, chat_body, make_stream
+from tests.harness.kafka import collect as _collect
+from tests.harness.kafka import produce as _produce
+from tests.harness.kafka import qwen3 as _qwen3
+from tests.harness.kafka import settings as _settings
+from tests.harness.kafka import tokenizer as _tokenizer
 from tests.opsutil import REPO, metrics_table
-from tests.test_kafka_stream import REDIS_URL, make_stream, redis_prefix  # noqa: F401 (fixture)
-from tests.test_kafka_worker import _collect, _produce, _qwen3, _settings, _tokenizer, chat_body
 from worker.state import RedisSettings, StateWrite
 from worker.state.memory_store import MemoryStateStore
 from worker.transport.broker import free_port
@@ -225,7 +229,7 @@ def _scrape(port: int) -> tuple[list, dict]:
 
 @pytest.mark.kafka
 async def test_real_worker_readyz_and_metrics(kafka_bootstrap, kafka_broker_kind, qwen3_models,
-                                              redis_prefix):  # noqa: F811 (fixture)
+                                              redis_prefix):
     """The flow an operator sees: /readyz 503 while starting, 200 once in the group; /metrics
     counts unary records, an error, a dead letter and stream chunks (Redis state store)."""
     bs, u = kafka_bootstrap, uuid.uuid4().hex[:8]

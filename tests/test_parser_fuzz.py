@@ -44,10 +44,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
+from tests.harness.parsers import TOK_JSON
+from tests.harness.streams import nonstream_view as _nonstream_view
+from tests.harness.streams import run_stream, stream_bodies_from_nonstream
+from tests.harness.streams import stream_view as _stream_view
 from tests.parity import corpus, missing_parser, nonstream_cases, service
 from tests.parity_tools import to_requests
-from tests.test_parser_families import TOK_JSON
-from tests.test_stream_parity import _nonstream_view, _stream_view, run_stream, stream_bodies_from_nonstream
 from worker.bench.parsers import family_tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
 from worker.parsers.base import Delta, RequestContext

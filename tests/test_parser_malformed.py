@@ -28,10 +28,12 @@ import random
 import msgspec
 import pytest
 
+from tests.harness.parsers import TM, T, V, W, run, splits, stack_for, tokenizer
+from tests.harness.streams import nonstream_view as _nonstream_view
+from tests.harness.streams import run_stream, stream_bodies_from_nonstream
+from tests.harness.streams import stream_view as _stream_view
 from tests.parity import corpus, service
 from tests.parity_tools import to_requests
-from tests.test_parser_families import TM, T, V, W, run, splits, stack_for, tokenizer
-from tests.test_stream_parity import _nonstream_view, _stream_view, run_stream, stream_bodies_from_nonstream
 from worker.core.detokenize import IncrementalDetokenizer
 from worker.parsers.base import RequestContext
 

@@ -15,70 +15,14 @@ import random
 import msgspec
 import pytest
 
-from schemas import DerenderChatRequest
-from tests.parity import corpus, service
-from tests.parity_tools import to_requests
+from tests.harness import parsers as fam
+from tests.harness.parsers import CASES
+from tests.harness.parsers import chunks as _chunks
+from tests.harness.parsers import outcome as _outcome
+from tests.harness.parsers import run_ids as _run
+from tests.harness.parsers import setup as _setup
 from worker.core import derender as D
-from worker.core.detokenize import IncrementalDetokenizer, stop_token_trimmed
-from worker.parsers.base import Delta
-
-MODELS = ("qwen3", "qwen3-coder", "deepseek-v4", "deepseek-v31-markup", "mistral-7b-v0.3",
-          "mistral-v7-mistral-mode", "llama3")
-
-
-def _cases() -> list[dict]:
-    return [c for c in corpus() if c["model"] in MODELS and c["endpoint"] == "chat"
-            and (c.get("expected") or {}).get("nonstream") and not (c["expected"].get("error"))]
-
-
-CASES = _cases()
-
-
-def _outcome(d: Delta) -> tuple:
-    calls = D.merge_tool_calls("r", 0, d, "chatcmpl-tool")
-    return (d.reasoning, d.content, [(c.function.name, c.function.arguments) for c in calls],
-            d.reasoning_tokens)
-
-
-def _chunks(ids: list[int], how: str, rng: random.Random) -> list[list[int]]:
-    if how == "one":
-        return [ids]
-    out, i = [], 0
-    while i < len(ids):
-        n = {"1": 1, "3": 3}.get(how) or rng.randint(1, 7)
-        out.append(ids[i:i + n])
-        i += n
-    return out
-
-
-def _setup(case: dict):
-    body = msgspec.json.decode(json.dumps(to_requests.nonstream_body(case)).encode(), type=DerenderChatRequest)
-    rt = service().runtime(case["model"])
-    req = body.chat_request or D._DEFAULT_CHAT_REQUEST
-    gr = body.generate_response
-    prompt_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
-    ctx = D.request_context(req, prompt_ids)
-    skip = D.effective_skip_special_tokens(rt, req.skip_special_tokens, rt.stack.tool_mode(ctx))
-    return rt, req, gr, prompt_ids, ctx, skip
-
-
-def _run(rt, ctx, req, prompt_ids, skip, ids, chunks, roundtrip: bool) -> tuple[tuple, str]:
-    stack = rt.stack
-    special = rt.tokenizer.special_ids if skip else frozenset()
-    detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=skip,
-                                   spaces_between_special_tokens=req.spaces_between_special_tokens,
-                                   prompt_token_ids=prompt_ids)
-    st = stack.initial_state(ctx)
-    total = Delta()
-    text_all = ""
-    for chunk in chunks:
-        text = detok.add(chunk)
-        text_all += text
-        total.extend(stack.feed(st, text, [t for t in chunk if t not in special]))
-        if roundtrip:
-            st = stack.load_state(msgspec.json.decode(msgspec.json.encode(st)))
-    total.extend(stack.finish(st))
-    return _outcome(total), text_all
+from worker.core.detokenize import stop_token_trimmed
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
@@ -105,7 +49,6 @@ def test_split_and_roundtrip(case):
 
 # ----------------------------------------- reasoning framing whitespace (nemotron_v3, minimax_m2) ---
 def _framing_vectors():
-    from tests import test_parser_families as fam
     return [v for v in fam.VECTORS if v.reasoning_parser in ("nemotron_v3", "minimax_m2")]
 
 
@@ -119,7 +62,6 @@ def test_reasoning_framing_token_aligned_splits(v):
     core's detokenizer in 1-token, 3-token and random chunks with the state round-tripped: the
     same reasoning / content / calls as the whole output, and the vector's answer."""
     from schemas import ChatCompletionRequest
-    from tests import test_parser_families as fam
     from worker.config import ServedModelConfig
 
     tok = fam.tokenizer(v.family)

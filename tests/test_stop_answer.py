@@ -25,8 +25,8 @@ import msgspec
 import pytest
 
 from schemas import DerenderChatRequest, DerenderChatStreamRequest
+from tests.harness.parsers import tokenizer
 from tests.parity_tools.run_bugs import synth_logprobs
-from tests.test_parser_families import tokenizer
 from worker.config import ServedModelConfig
 from worker.core import derender as D
 from worker.core import stream as S
@@ -52,7 +52,7 @@ def runtime(reasoning: str, tool: str | None, markers: tuple[str, ...]) -> D.Mod
 def _multi_tokenizer(markers: tuple[str, ...]):
     from tokenizers import Tokenizer as HFTokenizer
 
-    from tests.test_parser_families import _base_json
+    from tests.harness.parsers import base_json as _base_json
     from worker.core.tokenizer import Tokenizer
     fast = HFTokenizer.from_str(_base_json())
     fast.add_special_tokens(list(dict.fromkeys(t for m in markers for t in MARKERS[m])))

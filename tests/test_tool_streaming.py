@@ -17,8 +17,10 @@ import random
 import msgspec
 import pytest
 
-from tests import test_parser_families as fam
-from tests.test_parsers_split import CASES, _chunks, _setup
+from tests.harness import parsers as fam
+from tests.harness.parsers import CASES
+from tests.harness.parsers import chunks as _chunks
+from tests.harness.parsers import setup as _setup
 from worker.core import derender as D
 from worker.core.detokenize import IncrementalDetokenizer, stop_token_trimmed
 from worker.parsers import TOOL_PARSERS, make_reasoning_parser, make_tool_parser
