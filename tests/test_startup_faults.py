@@ -98,3 +98,25 @@ def test_good_tls_files_load():
     check_tls_files(None, None, None, flags=KAFKA_FLAGS)
     with pytest.raises(ValueError, match="--ssl-keyfile .* needs --ssl-certfile"):
         check_tls_files(None, None, str(TLS / "client.key"), flags=KAFKA_FLAGS)
+
+
+def test_an_unreachable_redis_at_start_is_waited_for_as_the_readme_says():
+    """The README's Configuration section and its "Delivery guarantees" tell one story: Redis not
+    answering at start is waited for up to ``--state-store-outage-deadline``, then one line and
+    exit 2 (issue 16, operator defect 3: Configuration used to call it a one-line startup error)."""
+    text = (REPO / "README.md").read_text()
+    config = text[text.index("**Startup errors**"):text.index("`--help` works whatever the environment holds")]
+    listed = config[:config.index(") are one line")]
+    assert "Redis" not in listed.replace("credentials Redis refuses", ""), listed
+    assert "unreachable Redis" in config and "--state-store-outage-deadline" in config, config
+    assert "At startup it waits for Redis the same way" in text  # "Delivery guarantees"
+    port = free_port()  # nothing listens there
+    t0 = time.monotonic()
+    p = cli(*RUN, "--stream-state", "redis", "--redis-url", f"redis://127.0.0.1:{port}/0", "--redis-timeout", "1",
+            "--state-store-outage-deadline", "4", timeout=120)
+    took = time.monotonic() - t0
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if " ERROR " in ln]
+    assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0] and "giving up" in errors[0], p.stderr
+    assert "waiting for it" in p.stderr  # the one warning when the wait starts
+    assert took >= 4, f"exited after {took:.1f} s, before the 4 s deadline: {p.stderr}"

@@ -81,15 +81,15 @@ class Endpoints:
             self._server = make_server(self.host, self.port, self._app, server_class=_Server,
                                        handler_class=_QuietHandler)
         except OSError as e:
-            raise EndpointError(f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port}: "
-                                f"{e.strerror or e}") from e
+            raise EndpointError(f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port} "
+                                f"(--metrics-host {self.host}): {e.strerror or e}") from e
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name=f"derender-http-{self.port}", daemon=True)
         self._thread.start()
         self._beat = time.monotonic()
         self._beat_task = asyncio.get_running_loop().create_task(self._heartbeat(), name="derender-heartbeat")
-        log.info("health and metrics on :%d (/livez /readyz /metrics)", self.port)
+        log.info("health and metrics on %s:%d (/livez /readyz /metrics)", self.host, self.port)
 
     async def _heartbeat(self) -> None:
         while True:

@@ -86,6 +86,9 @@ class WorkerSettings:
     #: added latency of a record arriving on an idle partition, on brokers that hold fetches
     fetch_max_wait_ms: int = 500
     metrics_port: int | None = None
+    #: address the health/metrics port binds (``--metrics-host``): all interfaces by default, as
+    #: a container's probes and Prometheus need; ``127.0.0.1`` keeps it on the host
+    metrics_host: str = "0.0.0.0"
     security: dict[str, Any] = field(default_factory=dict)
     #: streaming (records with a ``derender-seq`` header, see ``worker.transport.streams``):
     #: ``redis`` = ``worker.state.RedisSettings`` of the shared state store; None = in-process
@@ -146,7 +149,7 @@ class WorkerSettings:
             num_workers=args.num_threads, executor=args.executor,
             commit_interval_ms=args.commit_interval_ms, drain_timeout_s=args.drain_timeout,
             request_timeout_ms=args.request_timeout_ms, max_request_size=args.max_request_size,
-            auto_offset_reset=args.auto_offset_reset, metrics_port=args.metrics_port,
+            auto_offset_reset=args.auto_offset_reset, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
             session_timeout_ms=args.session_timeout_ms, heartbeat_interval_ms=args.heartbeat_interval_ms,
             fetch_max_wait_ms=args.fetch_max_wait_ms,
             security=security_kwargs(args),
@@ -238,6 +241,9 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                         "lower = less latency at low load, more fetch requests")
     g.add_argument("--metrics-port", type=int, default=None,
                    help="serve /livez, /readyz and /metrics (Prometheus) on this port (ops/README.md)")
+    g.add_argument("--metrics-host", default="0.0.0.0",
+                   help="address the --metrics-port server binds (default 0.0.0.0: every interface; "
+                        "127.0.0.1: this host only)")
     s = ap.add_argument_group("kafka security (aiokafka)")
     s.add_argument("--security-protocol", choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
                    default="PLAINTEXT")
