@@ -201,8 +201,7 @@ class KafkaDerenderWorker:
         the derender processes cannot start."""
         if self.settings.metrics_port is not None and self.endpoints is None:
             # first, so that probes get "starting" while the models load
-            endpoints = Endpoints(self.health, self._prom.registry, int(self.settings.metrics_port),
-                                  host=self.settings.metrics_host)
+            endpoints = Endpoints(self.health, self._prom.registry, int(self.settings.metrics_port), host=self.settings.metrics_host)
             endpoints.start()
             self.endpoints = endpoints
         try:
