@@ -149,16 +149,29 @@ def test_run_with_an_unknown_parser_is_one_line():
 
 
 def test_run_with_an_unreachable_broker_exits_2_without_a_traceback():
-    """Nothing listens on port 1: one error line naming the address and the flag, status 2 (was a
-    KafkaConnectionError traceback and status 1). aiokafka's own connect error line comes first."""
+    """Nothing listens on the port: one error line naming the address and the flag, status 2 (was a
+    KafkaConnectionError traceback and status 1, then three ERROR lines after the pool loaded:
+    issue 16). Checked before the derender pool starts."""
     from worker.transport.broker import free_port
     addr = f"127.0.0.1:{free_port()}"
     p = _cli("run", "--tokenizer", QWEN3, "--bootstrap-servers", addr, "--stream-state", "memory",
              "--num-threads", "1")
-    assert p.returncode == 2, p.stderr
-    assert "Traceback" not in p.stderr
-    last = p.stderr.strip().splitlines()[-1]
-    assert f"Kafka broker unreachable at {addr}" in last and "--bootstrap-servers" in last
+    line = _one_error_line(p, f"Kafka broker unreachable at {addr}", "--bootstrap-servers", "refused")
+    assert "pool" not in p.stderr and "aiokafka" not in line
+
+
+def test_broker_unreachable_reads_every_bootstrap_form():
+    """The reachability check behind it: host:port lists, IPv6 brackets, a missing port (9092)."""
+    from worker.transport.broker import TansuBroker, free_port
+    from worker.transport.run import broker_unreachable
+    dead = free_port()
+    with TansuBroker() as b:
+        assert broker_unreachable(f"127.0.0.1:{dead},{b.bootstrap_servers}") is None
+        assert broker_unreachable(f"[::1]:{dead}, localhost:{b.port}") is None
+    why = broker_unreachable(f"127.0.0.1:{dead},[::1]:{dead}", timeout=1)
+    assert f"127.0.0.1:{dead}: " in why and f"[::1]:{dead}: " in why
+    assert broker_unreachable("", timeout=1) == "no bootstrap server given"
+    assert "99999" in broker_unreachable("127.0.0.1:99999", timeout=1)
 
 
 def test_run_with_an_unknown_trace_exporter_is_one_line():

@@ -34,6 +34,7 @@ import threading
 from worker.config import models_from_args
 from worker.core.service import DerenderService, error_body
 from worker.offline import formats
+from worker.offline.commit import check_output_path
 from worker.offline.runner import DEFAULT_PART_SIZE, run_batch
 
 
@@ -92,7 +93,9 @@ def failed_records_hint(output: str, output_format: str) -> str:
     grep = "zgrep" if output.endswith(".gz") else "grep"
     if output_format == "openai-batch":
         return f"{grep} -n -v '\"error\":null}}$' {q}"
-    return f"{grep} -n '^{{\"error\"' {q}"
+    # a refused record is an error object; a stream list record holds one where a chunk was refused
+    # (quotes inside JSON strings are escaped, so response text never matches)
+    return f"{grep} -n '{{\"error\":{{' {q}"
 
 
 def summary_lines(summary: dict, output: str) -> list[str]:
@@ -164,6 +167,7 @@ def main_batch(args: argparse.Namespace) -> int:
 
 def _main_batch(args: argparse.Namespace, parts_note: str) -> int:
     try:
+        check_output_path(args.output)  # before the models load (seconds): a typo costs no wait
         service = DerenderService(models_from_args(args))
         kw = dict(input_format=None if args.input_format == "auto" else args.input_format,
                   output_format=None if args.output_format == "auto" else args.output_format,

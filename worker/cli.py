@@ -60,6 +60,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         "broker", help="run the embedded Kafka-protocol broker (Tansu, in memory) for local use")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9092)
+    p.add_argument("--advertised-host", default=None, help="host named to clients in metadata replies (default: --host)")
 
     subs["schemas"] = sub.add_parser("schemas", help="regenerate schemas/*.schema.json from the msgspec Structs")
     for p in subs.values():
@@ -92,7 +93,7 @@ def main_broker(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        with TansuBroker(port=args.port, host=args.host) as broker:
+        with TansuBroker(port=args.port, host=args.host, advertised_host=args.advertised_host) as broker:
             print(f"Kafka-protocol broker (Tansu, in memory) on {broker.bootstrap_servers}; Ctrl-C stops it",
                   flush=True)
             while not stop.wait(0.5):
