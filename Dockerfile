@@ -14,12 +14,15 @@ FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# the pinned dependencies first: a layer that stays cached while only the project's code changes
 COPY ops/constraints.txt ./ops/constraints.txt
+RUN python3 -m venv /opt/venv \
+    && /opt/venv/bin/python -m pip install --no-cache-dir -r ops/constraints.txt
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
 COPY worker ./worker
-RUN python3 -m venv /opt/venv \
-    && /opt/venv/bin/python -m pip install --no-cache-dir -c ops/constraints.txt . \
+RUN /opt/venv/bin/python -m pip install --no-cache-dir --no-deps . \
+    && /opt/venv/bin/python -m pip check \
     && /opt/venv/bin/python -m pip uninstall -y pip \
     && find /opt/venv -name __pycache__ -prune -exec rm -rf {} +
 

@@ -79,7 +79,7 @@ compose_plugin() {  # docker compose v2 binary from Debian trixie's docker-compo
   mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$WORK/bin"
   echo "deb $MIRROR trixie main" > "$apt/sources.list"
   local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-              -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -qq)
+              -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "APT::Sandbox::User=root" -qq)
   apt-get "${opts[@]}" update >&2 || die "apt-get update of the private trixie list failed"
   rm -f "$apt"/docker-compose_*.deb
   (cd "$apt" && apt-get "${opts[@]}" download docker-compose >&2) || die "apt-get download docker-compose failed"
@@ -193,7 +193,7 @@ else
   die "COMPOSE_TEST_ENGINE=$ENGINE: expected auto, docker or podman"
 fi
 
-COMPOSE=("${COMPOSE[@]}" -p "$PROJECT" "${FILES[@]}")
+COMPOSE=("${COMPOSE[@]}" --ansi never -p "$PROJECT" "${FILES[@]}")
 cd "$REPO"
 "${COMPOSE[@]}" config -q || die "docker compose config rejects the files"
 
@@ -221,10 +221,11 @@ processed() {  # sum of derender_records_processed_total on a worker's /metrics
   http_get "http://127.0.0.1:$1/metrics" | awk '/^derender_records_processed_total[{ ]/ {s += $NF} END {printf "%d\n", s}'
 }
 check_client_output() {  # check_client_output TEXT ROUND
-  echo "$1" | grep -q "^$N_EXAMPLES/$N_EXAMPLES examples derendered OK" \
-    || die "round $2: not every example derendered OK: $(echo "$1" | grep -E 'examples derendered|error|Error' | tail -3)"
-  local replies
-  replies=$(echo "$1" | grep -c '^=== \[')
+  local text replies
+  text=$(printf '%s\n' "$1" | sed 's/\x1b\[[0-9;]*[A-Za-z]//g')   # no terminal escapes
+  printf '%s\n' "$text" | grep -q "^$N_EXAMPLES/$N_EXAMPLES examples derendered OK" \
+    || die "round $2: not every example derendered OK: $(printf '%s\n' "$text" | grep -E 'examples derendered|rror' | tail -3)"
+  replies=$(printf '%s\n' "$text" | grep -c '^=== \[')
   [ "$replies" = "$N_EXAMPLES" ] || die "round $2: $replies replies printed, expected $N_EXAMPLES"
 }
 
@@ -261,7 +262,8 @@ out=$(timeout 300 "${COMPOSE[@]}" run --rm --no-deps -T client 2>&1) || die "rou
 check_client_output "$out" 2
 log "round 2: $N_EXAMPLES/$N_EXAMPLES replies after the kill (no record lost)"
 for _ in $(seq 1 120); do
-  [ "$("${INSPECT[@]}" -f '{{.RestartCount}}' "$w1")" -gt "$restarts0" ] && [ "$(state "$w1")" = "running 0" ] && break
+  [ "$("${INSPECT[@]}" -f '{{.RestartCount}}' "$w1")" -gt "$restarts0" ] \
+    && [ "$("${INSPECT[@]}" -f '{{.State.Status}}' "$w1")" = running ] && break
   sleep 1
 done
 [ "$("${INSPECT[@]}" -f '{{.RestartCount}}' "$w1")" -gt "$restarts0" ] || die "worker-1 was not restarted (restart: unless-stopped)"

@@ -279,9 +279,10 @@ def error_message(body: bytes) -> str:
             items = _raw_list.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return ""
-        for raw in items:
-            if b'"error"' in raw:
-                msg = error_message(bytes(raw))
+        for item in items:
+            raw = bytes(item)
+            if raw[:1] == b"{" and b'"error"' in raw:
+                msg = error_message(raw)
                 if msg:
                     return msg
         return ""
