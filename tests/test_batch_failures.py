@@ -60,17 +60,23 @@ def test_json_list_lines_that_are_not_chunk_lists_are_named_errors(tmp_path, cap
 
 
 def test_sigkill_leaves_no_traceback_and_the_next_run_removes_the_stale_temp(tmp_path):
-    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies() * 400)
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies() * 100)  # 27 MB, some records of 4k tokens
     out = tmp_path / "out.jsonl"
-    proc = _spawn([str(src), "-o", str(out), "--workers", "2", "--chunksize", "1"], tmp_path)
+    # two pool processes busy with chunks when the parent dies: they fail writing their results
+    proc = _spawn([str(src), "-o", str(out), "--workers", "2", "--max-in-flight", "4000"], tmp_path)
     stale = tmp_path / f".out.jsonl.{proc.pid}.tmp"
 
     def writing() -> bool:
         try:
-            return stale.stat().st_size > 0
+            return stale.stat().st_size > 2_000_000
         except FileNotFoundError:
             return False
     _wait_for(writing, proc)
+    # stop the parent first: the pool processes go on and block writing results into the full
+    # result pipe; killing the parent then breaks that pipe under them (without the fix: a
+    # BrokenPipeError traceback per process, every time)
+    proc.send_signal(signal.SIGSTOP)
+    time.sleep(2)
     proc.send_signal(signal.SIGKILL)
     t0 = time.monotonic()
     err = proc.stderr.read().decode()  # EOF once every pool process (holding stderr) is gone too
@@ -87,7 +93,43 @@ def test_sigkill_leaves_no_traceback_and_the_next_run_removes_the_stale_temp(tmp
     finally:
         other.kill()
         other.wait()
-    assert len(out.read_text().splitlines()) == len(qwen3_bodies()) * 400
+    assert len(out.read_text().splitlines()) == len(qwen3_bodies()) * 100
+
+
+_PARENT = """
+import os, sys, time
+from worker.offline.runner import _pool_init
+parent = os.getpid()
+child = os.fork()
+if child == 0:
+    _pool_init(parent)
+    time.sleep(60)  # busy in a chunk, say
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_batch_pool_process_dies_with_its_parent():
+    """The pool initializer (``_pool_init``): when the batch process is killed hard, its pool
+    processes are killed too (PR_SET_PDEATHSIG), whatever they were doing, so none lives on to
+    fail writing a result to the gone parent."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT], env=env, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    time.sleep(0.5)  # the child has called _pool_init
+    os.kill(child, 0)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the pool process outlived its killed parent")
 
 
 def _full_disk(monkeypatch, match: str) -> None:
