@@ -3,7 +3,7 @@
 Used by the healthchecks of ``compose.yaml`` and ``ops/compose.local.yaml``. Every argument is one
 word with no whitespace, because podman 4.3's Docker-compatible API splits a ``CMD`` healthcheck's
 arguments at whitespace (a ``python -c "import ...; ..."`` check then fails with ``SyntaxError``;
-see ``ops/README.md``, "Compose on a machine without a Docker engine").
+see ``ops/README.md``, "Compose (one host)").
 
 ``URL`` forms:
 
