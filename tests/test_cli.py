@@ -7,37 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.harness.cli import QWEN3, REPO
+from tests.harness.cli import cli as _cli
+from tests.harness.cli import one_error_line as _one_error_line
 from worker.cli import main, parse_args
 
-REPO = Path(__file__).resolve().parents[1]
-QWEN3 = str(REPO / "tests" / "data" / "tokenizers" / "qwen3")
 EXAMPLES = REPO / "worker" / "demo_data" / "examples.jsonl"
 QWEN_FLAGS = ["--tokenizer", QWEN3, "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes",
               "--enable-auto-tool-choice"]
-
-
-def _cli(*argv: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("DERENDER_")}
-    e["PYTHONPATH"] = str(REPO)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "worker.cli", *argv], cwd=REPO, env=e, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def _one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    assert "Traceback" not in proc.stderr
-    return lines[0]
 
 
 def _bodies(n: int = 2) -> list[dict]:

@@ -27,7 +27,7 @@ from tests.test_kafka_worker import (
 from worker.core.service import DerenderService
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_REPLY_TOPIC, HDR_SEQ, HDR_STATUS
-from worker.transport.run import ensure_topics
+from worker.transport.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
 

@@ -26,7 +26,7 @@ from tests.test_kafka_worker import (
 from worker.core.service import DerenderService
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_CORRELATION_ID, HDR_KIND, HDR_REPLY_TOPIC, HDR_SEQ, HDR_STATUS
-from worker.transport.run import ensure_topics
+from worker.transport.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
 
@@ -76,6 +76,8 @@ async def test_out_of_range_numbers_and_deep_nesting_stay_with_their_record(kafk
         b"h-seq-2^64": (b'{"stream":true,"generate_chunk":{"request_id":"s"}}', [(HDR_SEQ, str(2**64).encode())]),
         b"h-seq-5000-digits": (b'{"stream":true,"generate_chunk":{"request_id":"s"}}', [(HDR_SEQ, b"9" * 5000)]),
         b"h-seq-neg": (b'{"stream":true,"generate_chunk":{"request_id":"s"}}', [(HDR_SEQ, b"-1")]),
+        b"h-seq-blank": (b'{"stream":true,"generate_chunk":{"request_id":"s"}}', [(HDR_SEQ, b" 1")]),
+        b"h-seq-underscore": (b'{"stream":true,"generate_chunk":{"request_id":"s"}}', [(HDR_SEQ, b"1_0")]),
         b"k" * 5000: (b'{"stream":true,"generate_chunk":{"request_id":"s"}}', [(HDR_SEQ, b"0")]),  # key too long
     }
     records, valid = [], {}
@@ -111,7 +113,8 @@ async def test_out_of_range_numbers_and_deep_nesting_stay_with_their_record(kafk
         assert err["type"] == "BadRequestError" and len(rec.value) < 2000, (key[:40], err)
     assert "nested too deeply" in json.loads(replies[b"h-deep-valid"].value)["error"]["message"]
     assert "outside the vocabulary" in json.loads(replies[b"h-prompt-oov"].value)["error"]["message"]
-    assert HDR_SEQ not in _h(replies[b"h-seq-2^64"])
+    for key in (b"h-seq-2^64", b"h-seq-blank", b"h-seq-underscore"):  # not a decimal number: no seq echoed
+        assert HDR_SEQ not in _h(replies[key]), key
     committed, end = await _committed_and_end(bs, n.group, n.inp, 1)
     assert committed == end == {0: len(records)}
 
@@ -125,9 +128,11 @@ def test_parse_seq_bounds_the_header_before_converting():
     def seq(v):
         return parse_seq(SimpleNamespace(headers=[(HDR_SEQ, v)]))
 
-    assert seq(b"0") == 0 and seq(b" 17 ") == 17 and seq(str(SEQ_MAX).encode()) == SEQ_MAX
+    assert seq(b"0") == 0 and seq(b"17") == 17 and seq(b"007") == 7 and seq(str(SEQ_MAX).encode()) == SEQ_MAX
+    # digits only, as the README says: every form Python's int() would also take is refused
     for bad in (str(SEQ_MAX + 1).encode(), str(2**64).encode(), b"9" * 5000, b"-1", b"+1", b"1e3", b"",
-                "\u0661".encode(), b"\xff"):
+                "\u0661".encode(), "\uff11".encode(), b"\xff", b" 1", b"1 ", b" 17 ", b"\t1", b"1\n", b"1_0",
+                b"0x10", bytearray(b"+0")):
         assert seq(bad) is None, bad
     assert parse_seq(SimpleNamespace(headers=None)) is None
 

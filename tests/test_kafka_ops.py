@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 from tests.test_kafka_worker import _collect, _h, _names, _qwen3, _settings, _tokenizer, chat_body
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_CORRELATION_ID, HDR_DLQ_REASON, HDR_REPLY_TOPIC, HDR_SEQ
-from worker.transport.run import ensure_topics
+from worker.transport.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
 

@@ -39,7 +39,7 @@ from worker.core.service import DerenderService
 from worker.state import RedisSettings, RedisStateStore, StoreConnectError
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_STATUS
-from worker.transport.run import ensure_topics
+from worker.transport.topics import ensure_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

@@ -34,8 +34,8 @@ from worker.transport.records import (
     HDR_SEQ,
     HDR_STATUS,
 )
-from worker.transport.run import ensure_topics
 from worker.transport.settings import WorkerSettings, add_run_args
+from worker.transport.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -459,7 +459,7 @@ async def test_two_workers_share_the_group_without_duplicates(kafka_bootstrap, k
 @pytest.mark.kafka
 def test_demo_exits_zero(capsys):
     """``derender-worker demo`` end to end (its own embedded broker unless KAFKA_BOOTSTRAP_SERVERS)."""
-    from worker.demo import add_demo_args, main_demo
+    from worker.cli.demo import add_demo_args, main_demo
     ap = argparse.ArgumentParser()
     add_demo_args(ap)
     argv = ["--quiet"]

@@ -29,7 +29,7 @@ from worker.transport.endpoints import DependencyProbe, EndpointError, Endpoints
 from worker.transport.health import HealthState
 from worker.transport.metrics import DLQ_REASONS, PromMetrics, dlq_reason_label
 from worker.transport.records import HDR_REPLY_TOPIC, HDR_SEQ
-from worker.transport.run import ensure_topics
+from worker.transport.topics import ensure_topics
 
 TABLE = metrics_table()
 STD_PREFIXES = ("process_", "python_")  # the client library's standard collectors

@@ -88,7 +88,7 @@ def test_dockerignore_keeps_context_small():
               if word == "COPY" and not rest.startswith("--from=")]  # --from: from a stage, not the context
     sources = [s for srcs in copies for s in srcs]
     assert set(sources) == {"ops/constraints.txt", "pyproject.toml", "README.md", "schemas", "worker"}
-    for src in sources + ["worker/cli.py", "worker/demo_data/models.json", "schemas/" + next(
+    for src in sources + ["worker/cli/__init__.py", "worker/demo_data/models.json", "schemas/" + next(
             p.name for p in (REPO / "schemas").iterdir() if p.suffix == ".json")]:
         assert not _ignored(src, patterns), src
 

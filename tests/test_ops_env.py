@@ -8,14 +8,14 @@ import pytest
 
 from tests.opsutil import REPO, load_yaml_docs
 from worker.cli import _build_parser
-from worker.flags import env_value, env_var
+from worker.flags import env_value, env_vars
 
 NON_FLAG = {"KAFKA_BOOTSTRAP_SERVERS"}  # read by --bootstrap-servers besides its DERENDER_ variable
 
 
 def _run_flags() -> dict:
     _, subs = _build_parser()
-    return {env_var(a): a for a in subs["run"]._actions if a.option_strings}
+    return {var: a for a in subs["run"]._actions if a.option_strings for var in env_vars(a)}
 
 
 def _deployments() -> list[tuple[str, dict[str, str]]]:

@@ -502,7 +502,7 @@ def test_every_parser_has_a_parsing_example() -> None:
     """``worker/parsers/examples.py`` (the benchmark's templates) covers every registered parser,
     and each template, padded to 300 tokens, parses into its expected structure (calls found for
     tool parsers, reasoning for reasoning parsers; streaming == non-streaming)."""
-    from worker.bench_parsers import check, prepare
+    from worker.bench.parsers import check, prepare
     from worker.parsers.examples import REASONING_EXAMPLES, TOOL_EXAMPLES, cases
 
     assert set(REASONING_EXAMPLES) == set(REASONING_PARSERS)

@@ -48,7 +48,7 @@ from tests.parity import corpus, missing_parser, nonstream_cases, service
 from tests.parity_tools import to_requests
 from tests.test_parser_families import TOK_JSON
 from tests.test_stream_parity import _nonstream_view, _stream_view, run_stream, stream_bodies_from_nonstream
-from worker.bench_parsers import family_tokenizer
+from worker.bench.parsers import family_tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
 from worker.parsers.base import Delta, RequestContext
 from worker.parsers.examples import MARKERS, PAD_C, PAD_R, PROSE, cases

@@ -10,7 +10,7 @@ import pytest
 from tests.parity import corpus, missing_parser, service
 from tests.parity_tools import compare as compare_mod
 from tests.parity_tools import to_requests
-from worker.batch import run_batch
+from worker.offline.runner import run_batch
 
 
 @pytest.mark.parametrize("workers", [1, 2])

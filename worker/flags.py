@@ -2,11 +2,16 @@
 log flags and the vLLM flags this worker accepts without effect.
 
 * **Environment.** Every flag ``--some-flag`` of every subcommand also reads
-  ``DERENDER_SOME_FLAG`` (the flag's ``dest`` upper-cased), a flag on the command line winning.
-  The value is converted and checked like the flag's own (type, choices; booleans take
+  ``DERENDER_SOME_FLAG`` (its name upper-cased, ``-`` -> ``_``), a flag on the command line
+  winning. A flag with several spellings reads one variable per spelling, plus its ``dest``
+  upper-cased (the only name read before: ``--tool-call-parser`` reads ``DERENDER_TOOL_CALL_PARSER``
+  and, kept, ``DERENDER_TOOL_PARSER``; ``env_vars``); two of them set to different values is an
+  error. The value is converted and checked like the flag's own (type, choices; booleans take
   ``1/true/yes/on`` or ``0/false/no/off``; list flags split on commas or spaces). A value that
   does not convert is reported only when the flag is not given and the command actually runs
-  (``--help`` always works), as one line naming the variable, exit status 2.
+  (``--help`` always works), as one line naming the variable, exit status 2. A ``DERENDER_*``
+  variable that no flag of any subcommand reads and that is not in ``RESERVED_ENV`` is one line,
+  exit status 2 (``unknown_env``): a misspelt name would otherwise be ignored without a word.
 * **Errors.** ``OneLineParser.error`` prints one line, ``<prog>: error: <what> (usage: <prog>
   [options]; <prog> --help lists them)``, exit status 2: the subcommand's usage, never the
   top-level one, and no multi-line usage block in a log pipeline.
@@ -18,12 +23,24 @@ log flags and the vLLM flags this worker accepts without effect.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
 from collections.abc import Mapping
 
 ENV_PREFIX = "DERENDER_"
+#: ``DERENDER_*`` variables that are not flags, with who reads them (the README's environment
+#: section lists the same); ``unknown_env`` accepts these besides the flags' variables
+RESERVED_ENV = {
+    "DERENDER_LOG_LEVEL": "--log-level (flags.log_settings: before or after the subcommand)",
+    "DERENDER_LOG_FORMAT": "--log-format (flags.log_settings)",
+    "DERENDER_TOKENIZER_CACHE": "where the built o200k_harmony tokenizer is cached (core.tiktoken_vocab)",
+    "DERENDER_MAIN_PID": "set by the worker for its pool processes (transport.lifetime)",
+    "DERENDER_NO_DOCKER": "tests: never start a Kafka container (transport.broker.bootstrap_for_tests)",
+    "DERENDER_MODELS_DIR": "tests: tokenizer folder of the bug cases (tests/parity_tools/run_bugs.py)",
+    "DERENDER_TEST_MODELS": "tests: served-model config of the Kafka tests (tests/conftest.py)",
+}
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -71,9 +88,80 @@ class BadEnv:
         return f"environment variable {self.var}={self.raw!r}: {self.reason}"
 
 
+class EnvConflict(BadEnv):
+    """Default standing for two spellings of one flag's variable set to different values
+    (``given``: ``[(variable, value), ...]``); reported like a ``BadEnv``."""
+
+    def __init__(self, given: list[tuple[str, str]]):
+        super().__init__(given[0][0], given[0][1], "")
+        self.given = given
+
+    def __str__(self) -> str:
+        return f"(conflicting {', '.join(v for v, _ in self.given)})"
+
+    def message(self) -> str:
+        """One line naming every variable set and its value."""
+        both = " and ".join(f"{v}={raw!r}" for v, raw in self.given)
+        return f"environment variables {both} set one flag to different values: keep one of them"
+
+
+def env_vars(action: argparse.Action) -> list[str]:
+    """Environment variables read by a flag, the main one first: ``DERENDER_`` + each long
+    spelling upper-cased (``-`` -> ``_``; not the ``--no-`` form of a boolean), then ``DERENDER_``
+    + its ``dest`` upper-cased when that differs (the name read before, kept)."""
+    names: list[str] = []
+    negated = isinstance(action, argparse.BooleanOptionalAction)
+    for opt in action.option_strings:
+        if not opt.startswith("--") or (negated and opt.startswith("--no-")):
+            continue
+        name = ENV_PREFIX + opt[2:].replace("-", "_").upper()
+        if name not in names:
+            names.append(name)
+    dest = ENV_PREFIX + action.dest.upper()
+    if dest not in names:
+        names.append(dest)
+    return names
+
+
 def env_var(action: argparse.Action) -> str:
-    """Environment variable read by a flag: ``DERENDER_`` + its ``dest`` upper-cased."""
-    return ENV_PREFIX + action.dest.upper()
+    """The main environment variable of a flag (its first long spelling; ``env_vars``)."""
+    return env_vars(action)[0]
+
+
+def _env_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The flags of ``parser`` that read the environment (not help, subcommands, or flags whose
+    action has ``env = False``)."""
+    out = []
+    for a in parser._actions:
+        if not a.option_strings or a.dest in (argparse.SUPPRESS, "help") or getattr(a, "env", True) is False:
+            continue
+        if isinstance(a, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
+            continue
+        out.append(a)
+    return out
+
+
+def known_env(parsers: list[argparse.ArgumentParser]) -> set[str]:
+    """Every ``DERENDER_*`` name read by a flag of ``parsers`` (each subcommand's parser), plus
+    ``RESERVED_ENV``."""
+    names = set(RESERVED_ENV)
+    for p in parsers:
+        for a in _env_actions(p):
+            names.update(env_vars(a))
+    return names
+
+
+def unknown_env(known: set[str], environ: Mapping[str, str] | None = None) -> str | None:
+    """One line naming the first ``DERENDER_*`` variable of ``environ`` (sorted) that is not in
+    ``known`` (with the closest known name when one is close), or None when there is none."""
+    environ = os.environ if environ is None else environ
+    for var in sorted(v for v in environ if v.startswith(ENV_PREFIX) and v not in known):
+        close = difflib.get_close_matches(var, sorted(known), n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return (f"environment variable {var} is read by no flag of any subcommand{hint}; "
+                f"derender-worker --help and SUBCOMMAND --help list the flags (flag --foo-bar reads "
+                f"DERENDER_FOO_BAR); unset it")
+    return None
 
 
 def _convert_one(action: argparse.Action, raw: str):
@@ -114,23 +202,23 @@ def env_value(action: argparse.Action, raw: str):
 
 
 def apply_env(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
-    """Make each flag of ``parser`` default to its ``DERENDER_<DEST>`` variable when set (a value
-    that does not convert becomes a ``BadEnv`` default, reported by ``check_env``). Flags whose
-    action has ``env = False`` are skipped."""
+    """Make each flag of ``parser`` default to its environment variable when set (``env_vars``;
+    a value that does not convert becomes a ``BadEnv`` default, two spellings set to different
+    values an ``EnvConflict``, both reported by ``check_env``). Flags whose action has
+    ``env = False`` are skipped."""
     environ = os.environ if environ is None else environ
-    for a in parser._actions:
-        if not a.option_strings or a.dest in (argparse.SUPPRESS, "help") or getattr(a, "env", True) is False:
+    for a in _env_actions(parser):
+        given = [(var, environ[var]) for var in env_vars(a) if var in environ]
+        if not given:
             continue
-        if isinstance(a, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
-            continue
-        var = env_var(a)
-        raw = environ.get(var)
-        if raw is None:
-            continue
-        try:
-            a.default = env_value(a, raw)
-        except ValueError as e:
-            a.default = BadEnv(var, raw, str(e))
+        var, raw = given[0]
+        if len({value for _, value in given}) > 1:
+            a.default = EnvConflict(given)
+        else:
+            try:
+                a.default = env_value(a, raw)
+            except ValueError as e:
+                a.default = BadEnv(var, raw, str(e))
         a.required = False  # a required flag (batch's -o) is given by its variable
         if a.help and a.help is not argparse.SUPPRESS and var not in a.help:
             a.help = f"{a.help} [env {var}]"

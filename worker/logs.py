@@ -9,6 +9,13 @@
 
 No secrets: user:password in URLs (``redis://u:secret@host``) is replaced by ``u:***`` in every
 message and field (``redact``), in both formats. Stdlib ``logging`` only.
+
+Rate limit: the Kafka client library (``aiokafka.*`` loggers) writes ~70 ERROR lines a second
+while a broker is down (~20,000 over the default ``--broker-outage-deadline``), burying the
+worker's own warning. ``RateLimitFilter`` lets one line per cause (logger, message template,
+level) through per ``CLIENT_LOG_INTERVAL_S``; the next one after the interval carries the field
+``suppressed=N`` (JSON: ``"suppressed": N``), the number of lines of that cause dropped since.
+The worker's own loggers are never rate-limited.
 """
 from __future__ import annotations
 
@@ -17,7 +24,10 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 _URL_PASSWORD = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@\s/]+)@")
@@ -95,6 +105,51 @@ class TextFormatter(logging.Formatter):
         return redact(s)
 
 
+#: loggers whose lines are rate-limited (``RateLimitFilter``): the Kafka client library's
+RATE_LIMITED_LOGGERS = ("aiokafka",)
+#: seconds between two lines of one cause from those loggers
+CLIENT_LOG_INTERVAL_S = 30.0
+
+
+class RateLimitFilter(logging.Filter):
+    """A handler filter letting through, for loggers under ``prefixes``, one record per cause
+    (logger name, unformatted message, level) per ``interval_s`` seconds of ``clock``; the first
+    record of a cause after its interval gets ``suppressed`` = the number dropped meanwhile (a
+    field both formatters show). Other loggers pass untouched. At most ``max_causes`` causes are
+    remembered (the oldest forgotten first), so a message built per call cannot grow memory.
+    Thread safe."""
+
+    def __init__(self, prefixes: tuple[str, ...] = RATE_LIMITED_LOGGERS, interval_s: float = CLIENT_LOG_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic, max_causes: int = 256):
+        super().__init__()
+        self.prefixes = tuple(prefixes)
+        self.interval_s = float(interval_s)
+        self.clock = clock
+        self.max_causes = max_causes
+        self._causes: OrderedDict[tuple, list] = OrderedDict()  # cause -> [last emitted at, dropped since]
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True to emit ``record`` (see the class docstring)."""
+        name = record.name
+        if not any(name == p or name.startswith(p + ".") for p in self.prefixes):
+            return True
+        cause = (name, str(record.msg), record.levelno)
+        now = self.clock()
+        with self._lock:
+            seen = self._causes.get(cause)
+            if seen is not None and now - seen[0] < self.interval_s:
+                seen[1] += 1
+                return False
+            if seen is not None and seen[1]:
+                record.suppressed = seen[1]
+            self._causes[cause] = [now, 0]
+            self._causes.move_to_end(cause)
+            while len(self._causes) > self.max_causes:
+                self._causes.popitem(last=False)
+        return True
+
+
 def setup_logging_from_env() -> None:
     """``setup_logging`` with ``DERENDER_LOG_LEVEL``/``DERENDER_LOG_FORMAT`` (default INFO/text;
     unknown values fall back to the defaults): for pool processes, which inherit the environment
@@ -113,9 +168,11 @@ def export_log_settings(level: str, fmt: str) -> None:
 
 def setup_logging(level: str = "INFO", fmt: str = "text", stream=None) -> None:
     """Configure the root logger once per process: ``level`` (``DEBUG``...``CRITICAL``), ``fmt``
-    ``text`` or ``json``, on ``stream`` (default stderr). Replaces handlers set earlier."""
+    ``text`` or ``json``, on ``stream`` (default stderr), the Kafka client library's lines
+    rate-limited (``RateLimitFilter``). Replaces handlers set earlier."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RateLimitFilter())
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

@@ -143,6 +143,7 @@ def setup_tracing(environ: dict[str, str] | None = None) -> str | None:
     if _otel_trace is None or exporter in ("", "none"):
         return None
     try:
+        # deferred: OpenTelemetry is an optional extra ([otel]), loaded only when OTEL_TRACES_EXPORTER is set
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
@@ -153,6 +154,7 @@ def setup_tracing(environ: dict[str, str] | None = None) -> str | None:
         exp = ConsoleSpanExporter()
     elif exporter == "otlp":
         try:
+            # deferred: OpenTelemetry is an optional extra ([otel]), loaded only when OTEL_TRACES_EXPORTER is set
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError as e:
             raise ValueError("OTEL_TRACES_EXPORTER=otlp needs opentelemetry-exporter-otlp installed") from e

@@ -441,7 +441,7 @@ class Collector:
 
 
 async def create_topics(bs: str, topics: dict[str, int]) -> None:
-    from worker.transport.run import ensure_topics
+    from worker.transport.topics import ensure_topics
     await ensure_topics(bs, topics)
 
 

@@ -93,6 +93,8 @@ from schemas import (
 )
 from worker.core.answer import step_answer
 from worker.core.derender import (
+    _DEFAULT_CHAT_REQUEST,
+    _DEFAULT_COMPLETION_REQUEST,
     ModelRuntime,
     check_ids_and_logprobs,
     check_prompt_ids,
@@ -305,7 +307,6 @@ def _new_chat_state(rt: ModelRuntime, body: DerenderChatStreamRequest) -> Stream
     if rt.has_parser and req is None:
         raise BadRequest("chat_request is required on the first chunk when a tool or reasoning parser is "
                          "configured", param="chat_request")
-    from worker.core.derender import _DEFAULT_CHAT_REQUEST
     req = req or _DEFAULT_CHAT_REQUEST
     pids = _prompt_ids(body)
     ctx = request_context(req, pids)
@@ -334,7 +335,6 @@ def _reseed(rt: ModelRuntime, st: StreamState, body, ctx=None) -> None:
                                            prompt_token_ids=pids).state()
     if st.kind == "chat":
         if ctx is None:
-            from worker.core.derender import _DEFAULT_CHAT_REQUEST
             req = body.chat_request or _DEFAULT_CHAT_REQUEST
             ctx = request_context(req, pids)
         st.seed_parser = rt.stack.initial_state(ctx, streaming=True) if rt.has_parser else None
@@ -582,7 +582,6 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
 
 # -------------------------------------------------------------------------- completion ---
 def _new_completion_state(rt: ModelRuntime, body: DerenderCompletionStreamRequest) -> StreamState:
-    from worker.core.derender import _DEFAULT_COMPLETION_REQUEST
     req = body.completion_request or _DEFAULT_COMPLETION_REQUEST
     so = req.stream_options
     n = req.n if req.n and req.n > 0 else 1

@@ -35,6 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
 __all__ = ["BUILTIN_NAME", "HARMONY_SPECIAL_TOKENS", "O200K_PATTERN", "harmony_tokenizer_dir",
            "tiktoken_file", "write_harmony_dir"]
 
@@ -124,7 +126,6 @@ def _tokenizer_json(ranks: dict[bytes, int]) -> str:
     strings of the ranks; merges recovered as transformers' ``TikTokenConverter`` does (every
     split of a token into two tokens, ordered by the token's rank then the parts' ranks);
     ``ignore_merges`` so a pre-token in the vocabulary is one token, as in tiktoken."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     bc = byte_chars()
 

@@ -21,6 +21,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer as HFTokenizer
+
 from worker.core.tiktoken_vocab import BUILTIN_NAME, byte_chars, harmony_tokenizer_dir, tiktoken_file
 
 __all__ = ["Tokenizer", "load_tokenizer", "TOKENIZER_MODES"]
@@ -182,6 +184,7 @@ class Tokenizer:
             text = self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
             return _clean_up_tokenization(text) if self._cleanup else text
         if self._mc is not None:
+            # deferred: mistral-common (pydantic models, ~1 s to import) is loaded only for --tokenizer-mode mistral
             from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
             pol = SpecialTokenPolicy.IGNORE if skip_special_tokens else SpecialTokenPolicy.KEEP
             return self._mc.decode(ids, special_token_policy=pol)
@@ -231,6 +234,7 @@ class Tokenizer:
         # vLLM MistralTokenizer.convert_tokens_to_string (SentencePiece branch): runs of regular
         # pieces are decoded by the SPM model (special pieces ignored); tool-call/think markers
         # are kept verbatim.
+        # deferred: mistral-common (pydantic models, ~1 s to import) is loaded only for --tokenizer-mode mistral
         from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
         keep = self._mc_keep_tokens
         if self._mc_is_tekken:
@@ -250,6 +254,7 @@ class Tokenizer:
         return "".join(parts)
 
     def _mc_tekken_tokens_to_string(self, tokens: list[str]) -> str:
+        # deferred: mistral-common (pydantic models, ~1 s to import) is loaded only for --tokenizer-mode mistral
         from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
         keep = self._mc_keep_tokens
         tokens = [t for t in tokens if t in keep or t not in self._mc_special_pieces]
@@ -276,6 +281,7 @@ class Tokenizer:
         kept = [i for i in ids if i in self._mc_keep_ids or i not in self.special_ids]
         toks: list[Any] = [tk.id_to_piece(i) for i in kept]
         if self._mc_is_tekken and any(_REPLACEMENT in t for t in toks):
+            # deferred: mistral-common (pydantic models, ~1 s to import) is loaded only for --tokenizer-mode mistral
             from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
             toks = [
                 tk.id_to_byte_piece(i, SpecialTokenPolicy.KEEP) if i not in self.special_ids
@@ -290,7 +296,6 @@ class Tokenizer:
 
 # ------------------------------------------------------------------------------------ loaders --
 def _load_fast(tok: Tokenizer, d: Path, tj: Path) -> None:
-    from tokenizers import Tokenizer as HFTokenizer
     try:
         fast = HFTokenizer.from_file(str(tj))
     except Exception as e:  # noqa: BLE001
@@ -354,6 +359,7 @@ def _load_mistral(tok: Tokenizer, d: Path) -> None:
     if not files:
         raise ValueError(f"tokenizer mode 'mistral': no tekken*.json or tokenizer.model.v* in {d}")
     try:
+        # deferred: mistral-common (pydantic models, ~1 s to import) is loaded only for --tokenizer-mode mistral
         from mistral_common.tokens.tokenizers.base import SpecialTokens
         from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
         from mistral_common.tokens.tokenizers.tekken import Tekkenizer
@@ -393,6 +399,7 @@ def _load_mistral(tok: Tokenizer, d: Path) -> None:
 
 def _load_transformers(tok: Tokenizer, d: Path, use_fast: bool) -> None:
     try:
+        # deferred: transformers (seconds to import) is loaded only when no tokenizer.json fast path applies
         from transformers import AutoTokenizer
         hf = AutoTokenizer.from_pretrained(str(d), use_fast=use_fast, local_files_only=True,
                                            trust_remote_code=False)
@@ -426,6 +433,7 @@ def _from_hub(repo_id: str) -> Path:
     if repo_id.count("/") != 1 or repo_id.startswith((".", "/")):
         raise ValueError(f"tokenizer directory not found: {repo_id}")
     try:
+        # deferred: huggingface_hub is loaded only when a tokenizer is fetched from the hub
         from huggingface_hub import snapshot_download
         return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
     except Exception as e:  # offline, unknown repo, gated repo...

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-from worker.offline.formats import make_writer
+from worker.offline.formats import make_writer, parquet_output_schema
 
 PART_DIGITS = 5
 
@@ -336,9 +336,9 @@ class PartSink(SingleFileSink):
             shutil.rmtree(self.dir)
 
     def _assemble_parquet(self, out: IO[bytes], n_parts: int) -> None:
+        # deferred: pyarrow (~0.3 s to import) is loaded only for Parquet input/output
         import pyarrow.parquet as pq
 
-        from worker.offline.formats import parquet_output_schema
         w = pq.ParquetWriter(out, parquet_output_schema(), compression="zstd")
         for k in range(n_parts):
             pf = pq.ParquetFile(self.part_path(k))

@@ -196,6 +196,7 @@ def _row_body(row: dict[str, Any]) -> bytes:
 
 def parquet_num_rows(path: str) -> int:
     """Rows of a Parquet file, from its footer (no data read)."""
+    # deferred: pyarrow (~0.3 s to import) is loaded only for Parquet input/output
     import pyarrow.parquet as pq
     return pq.ParquetFile(path).metadata.num_rows
 
@@ -207,6 +208,7 @@ def read_parquet(path: str, batch_rows: int = 1024, on_batch: Callable[[int], No
     output and not sent; a row whose JSON string column does not parse gets a 400 error result.
     ``on_batch(rows)`` is called after each batch (progress). Raises ``OSError``/
     ``pyarrow.ArrowInvalid`` when the file is not readable Parquet."""
+    # deferred: pyarrow (~0.3 s to import) is loaded only for Parquet input/output
     import pyarrow.parquet as pq
     pf = pq.ParquetFile(path)
     for batch in pf.iter_batches(batch_size=batch_rows):
@@ -338,6 +340,7 @@ PARQUET_OUTPUT_COLUMNS = (
 
 def parquet_output_schema():
     """The ``pyarrow.Schema`` of Parquet output (``PARQUET_OUTPUT_COLUMNS``)."""
+    # deferred: pyarrow (~0.3 s to import) is loaded only for Parquet input/output
     import pyarrow as pa
     return pa.schema([(name, getattr(pa, typ)()) for name, typ, _ in PARQUET_OUTPUT_COLUMNS])
 
@@ -496,6 +499,7 @@ class ParquetWriter:
     responses). Columns: ``PARQUET_OUTPUT_COLUMNS``; zstd-compressed."""
 
     def __init__(self, f: IO[bytes], row_group_rows: int = 4096):
+        # deferred: pyarrow (~0.3 s to import) is loaded only for Parquet input/output
         import pyarrow.parquet as pq
         self._schema = parquet_output_schema()
         self._w = pq.ParquetWriter(f, self._schema, compression="zstd")
@@ -509,6 +513,7 @@ class ParquetWriter:
             self._flush()
 
     def _flush(self) -> None:
+        # deferred: pyarrow (~0.3 s to import) is loaded only for Parquet input/output
         import pyarrow as pa
         if self._rows:
             self._w.write_table(pa.Table.from_pylist(self._rows, schema=self._schema))

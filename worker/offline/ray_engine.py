@@ -40,6 +40,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tqdm import tqdm
+
 from worker.config import ServedModelConfig, load_config_file
 from worker.core.service import DerenderService, error_body
 from worker.offline import formats
@@ -105,6 +107,7 @@ class Derender:
 
     def __call__(self, batch) -> dict[str, list]:
         """A batch (``pyarrow.Table``, or a dict of columns) -> dict of output columns."""
+        # deferred: pyarrow (~0.3 s to import) is loaded only for Parquet input/output
         import pyarrow as pa
         table = batch if isinstance(batch, pa.Table) else pa.table(dict(batch))
         idx = table.column("index").to_pylist() if "index" in table.column_names else [None] * table.num_rows
@@ -152,6 +155,7 @@ def run_ray(service: DerenderService, input_path: str, output_path: str, *, work
     (seconds until the first batch came back). Raises
     ``ImportError`` without Ray, ``ValueError``/``OSError`` for bad input or settings."""
     try:
+        # deferred: Ray is an optional extra ([ray]), loaded only for --engine ray
         import ray
     except ImportError as e:
         raise ImportError("--engine ray needs Ray Data: pip install 'derender-worker[ray]'") from e
@@ -216,7 +220,6 @@ def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_siz
         progress = sys.stderr.isatty()
     bar = None
     if progress:
-        from tqdm import tqdm
         bar = tqdm(total=total, unit="row", file=sys.stderr, dynamic_ncols=True)
     tally = Tally()
     t0 = time.perf_counter()

@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tqdm import tqdm
+
 from worker.core.service import DerenderService
 from worker.offline import formats
 from worker.offline.commit import PartSink, SingleFileSink, StdoutSink, remove_stale_temps
@@ -127,7 +129,6 @@ class _Progress:
         self._shown = 0
         if not enabled:
             return
-        from tqdm import tqdm
         if input_format == "parquet":
             self.bar = tqdm(total=formats.parquet_num_rows(input_path), unit="row", file=sys.stderr,
                             dynamic_ncols=True)

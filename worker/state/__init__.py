@@ -8,6 +8,7 @@ from worker.state.redis_store import (
     StaleStateError,
     StateStoreError,
     StateWrite,
+    StoreAuthError,
     StoreConnectError,
     StoreDeleteError,
     StoredState,
@@ -17,6 +18,6 @@ from worker.state.redis_store import (
     settings_from_args,
 )
 
-__all__ = ["MemoryStateStore", "RedisSettings", "RedisStateStore", "StaleStateError", "StateStoreError", "StoreConnectError",
+__all__ = ["MemoryStateStore", "RedisSettings", "RedisStateStore", "StaleStateError", "StateStoreError", "StoreAuthError", "StoreConnectError",
            "StoreDeleteError", "StoredState", "StoreReadError", "StoreWriteError", "StateWrite",
            "add_redis_args", "settings_from_args"]

@@ -45,9 +45,11 @@ import argparse
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from worker.tlsfiles import check_tls_files
 
 _CONN_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
@@ -72,6 +74,17 @@ return 1
 """
 
 
+#: error replies of a refused AUTH/HELLO or a missing permission (Redis ACL documentation)
+_AUTH_REPLIES = ("NOAUTH", "WRONGPASS", "NOPERM")
+
+
+def _auth_message(e: Exception) -> str:
+    """One line for a refused login: what Redis said and the flags that set the credentials."""
+    said = " ".join(str(e).split())[:300]
+    return (f"redis refused the credentials ({type(e).__name__}: {said}): check --redis-password / "
+            f"--redis-username (env DERENDER_REDIS_PASSWORD / DERENDER_REDIS_USERNAME) and the user's ACL")
+
+
 class StateStoreError(Exception):
     """A state store operation failed; ``step`` names it (connect/read/write/delete)."""
 
@@ -84,6 +97,14 @@ class StateStoreError(Exception):
 
 class StoreConnectError(StateStoreError):
     """Redis cannot be reached (connect, auth, TLS, ping)."""
+
+    step = "connect"
+
+
+class StoreAuthError(StateStoreError, ValueError):
+    """Redis refused this client's credentials or permissions (``AUTH``/``HELLO`` failed:
+    ``WRONGPASS``, ``NOAUTH``, ``NOPERM``): a configuration error, not an outage; waiting for it
+    to pass would only hide it. A ``ValueError`` too, so startup reports it as bad configuration."""
 
     step = "connect"
 
@@ -186,7 +207,10 @@ def add_redis_args(ap: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> RedisSettings:
-    """``RedisSettings`` from parsed ``add_redis_args`` flags."""
+    """``RedisSettings`` from parsed ``add_redis_args`` flags. Raises ``ValueError`` naming the
+    flag and the file when a ``--redis-tls-*`` file cannot be loaded (``worker.tlsfiles``)."""
+    check_tls_files(args.redis_tls_ca, args.redis_tls_cert, args.redis_tls_key,
+                    flags=("--redis-tls-ca", "--redis-tls-cert", "--redis-tls-key"))
     return RedisSettings(url=args.redis_url, password=args.redis_password, username=args.redis_username,
                          tls_ca=args.redis_tls_ca, tls_cert=args.redis_tls_cert, tls_key=args.redis_tls_key,
                          tls_insecure=args.redis_tls_insecure, ttl_s=args.redis_state_ttl,
@@ -214,9 +238,16 @@ class RedisStateStore:
         return f"{self.prefix}{{{request_id}}}"
 
     async def ping(self) -> None:
-        """Check the connection. Raises ``StoreConnectError``."""
+        """Check the connection. Raises ``StoreAuthError`` when Redis refuses the credentials or
+        the user's permissions (at once: no retry fixes it), ``StoreConnectError`` otherwise."""
         try:
             await self.client.ping()
+        except (AuthenticationError, NoPermissionError) as e:
+            raise StoreAuthError(_auth_message(e)) from e
+        except ResponseError as e:
+            if str(e).startswith(_AUTH_REPLIES):
+                raise StoreAuthError(_auth_message(e)) from e
+            raise StoreConnectError(f"redis ping failed: {type(e).__name__}: {e}") from e
         except (RedisError, OSError) as e:
             raise StoreConnectError(f"redis ping failed: {type(e).__name__}: {e}") from e
 

@@ -169,6 +169,7 @@ class TansuBroker:
 def _docker_engine_answers() -> bool:
     """True when the ``docker`` Python client can reach an engine (ping). Never raises."""
     try:
+        # deferred: docker is a test extra, loaded only when tests look for a Docker engine
         import docker  # testcontainers depends on it
     except ImportError:
         return False
@@ -199,6 +200,7 @@ def bootstrap_for_tests(with_kind: bool = False) -> Iterator[Any]:
         yield (env, "env") if with_kind else env
         return
     if os.environ.get("DERENDER_NO_DOCKER", "") not in ("1", "true") and _docker_engine_answers():
+        # deferred: testcontainers is a test extra, loaded only for a Kafka container in tests
         from testcontainers.kafka import KafkaContainer
 
         with KafkaContainer() as kafka:

@@ -27,6 +27,8 @@ import time
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from prometheus_client import make_wsgi_app
+
 from worker.transport.health import HealthState
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,6 @@ class Endpoints:
 
     def __init__(self, health: HealthState, registry: Any, port: int, host: str = "0.0.0.0",
                  stall_s: float = 10.0):
-        from prometheus_client import make_wsgi_app
         if not 0 <= int(port) <= 65535:
             raise EndpointError(f"--metrics-port {port}: not a TCP port (0..65535)")
         self.health = health

@@ -12,7 +12,11 @@ from typing import Any
 
 import msgspec
 
+from schemas import ErrorInfo, ErrorResponse
 from worker.config import ServedModelConfig
+from worker.core.service import DerenderService
+from worker.logs import setup_logging_from_env
+from worker.transport.lifetime import guard_pool_process
 from worker.transport.records import KINDS, STREAM_KINDS, bad_kind_message
 
 __all__ = ["JobOutcome", "StreamOutcome", "derender_job", "derender_stream_job", "error_body", "body_request_id"]
@@ -55,7 +59,6 @@ _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictErro
 def error_body(message: str, status: int, request_id: str | None) -> bytes:
     """OpenAI error object ``{"error": {message, type, param, code}, "request_id"}``; ``type`` by
     ``status`` (400 ``BadRequestError``, 404 ``NotFoundError``, 409 ``ConflictError``, else ``InternalServerError``)."""
-    from schemas import ErrorInfo, ErrorResponse
     typ = _ERROR_TYPES.get(status, "InternalServerError")
     return msgspec.json.encode(ErrorResponse(error=ErrorInfo(message=message, type=typ, code=status),
                                              request_id=request_id))
@@ -114,9 +117,6 @@ def proc_init(models: list[ServedModelConfig]) -> None:
     """Pool-process initializer: end with the main process (``lifetime.guard_pool_process``),
     then build this process' ``DerenderService`` once."""
     global _PROC_SERVICE
-    from worker.core.service import DerenderService
-    from worker.logs import setup_logging_from_env
-    from worker.transport.lifetime import guard_pool_process
     guard_pool_process()
     setup_logging_from_env()  # the CLI's --log-level/--log-format, exported to the environment
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and drains

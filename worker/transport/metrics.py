@@ -13,6 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
 __all__ = ["WorkerStats", "PromMetrics", "InstrumentedStore", "MODES", "KIND_VALUES", "OUTCOMES", "DLQ_REASONS",
            "STATE_OPS", "BUCKETS", "dlq_reason_label"]
 
@@ -66,10 +71,6 @@ class PromMetrics:
     the registry is read by the HTTP thread (prometheus_client metrics are thread safe)."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-        from prometheus_client.gc_collector import GCCollector
-        from prometheus_client.platform_collector import PlatformCollector
-        from prometheus_client.process_collector import ProcessCollector
         disable_created_metrics()  # no *_created series (process-wide switch of the client library)
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)

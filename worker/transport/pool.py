@@ -17,6 +17,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from worker.config import ServedModelConfig
+from worker.core.service import DerenderService
 from worker.transport.jobs import (
     JobOutcome,
     StreamOutcome,
@@ -91,7 +92,6 @@ class DerenderPool:
             return
         if self.service is not None or self.executor_kind == "thread":
             if self.service is None:
-                from worker.core.service import DerenderService
                 self.service = DerenderService(self.models)
             self.executor = cf.ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="derender")
             svc = self.service

@@ -87,6 +87,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from worker.logs import record_fields
+
 __all__ = ["HDR_REPLY_TOPIC", "HDR_CORRELATION_ID", "HDR_KIND", "HDR_STATUS", "HDR_CONTENT_TYPE",
            "HDR_DLQ_REASON", "HDR_SEQ", "HDR_STREAM_END", "JSON_CT", "KINDS", "STREAM_KINDS", "TOPIC_RE",
            "header", "kind_header", "reply_topic_problem", "INTERNAL_TOPIC_PREFIX", "parse_seq", "bad_kind_message", "SEQ_MAX",
@@ -176,20 +178,20 @@ def kind_header(msg) -> str | None:
 #: (the stream state and the checkpoint store it as msgpack int64)
 SEQ_MAX = 2**63 - 2
 _SEQ_DIGITS = len(str(SEQ_MAX))
+_SEQ_TEXT = re.compile(rb"[0-9]+")  # ASCII digits only (bytes pattern: no Unicode digits)
 
 
 def parse_seq(msg) -> int | None:
     """The ``derender-seq`` header as an int in ``[0, SEQ_MAX]``; None when absent, not ASCII
-    decimal digits (surrounding blanks allowed) or out of range (checked on the text's length
-    before converting, so a huge header costs nothing)."""
+    decimal digits only (the README's message-format table: no blanks, sign, ``_`` separator or
+    non-ASCII digit, all of which Python's ``int`` would take) or out of range (checked on the
+    text's length before converting, so a huge header costs nothing)."""
     for k, v in msg.headers or ():
         if k == HDR_SEQ:
-            if not isinstance(v, (bytes, bytearray)) or len(v) > _SEQ_DIGITS + 8:
+            if not isinstance(v, (bytes, bytearray)) or not 0 < len(v) <= _SEQ_DIGITS \
+                    or _SEQ_TEXT.fullmatch(v) is None:
                 return None
-            s = v.strip()
-            if not s or len(s) > _SEQ_DIGITS or not s.isdigit() or not s.isascii():
-                return None
-            n = int(s)
+            n = int(v)
             return n if n <= SEQ_MAX else None
     return None
 
@@ -212,5 +214,4 @@ def record_created(msg) -> int | None:
 def log_fields(msg: Any, request_id: str | None = None) -> dict[str, Any]:
     """Log ``extra`` naming Kafka record ``msg`` (``worker.logs.record_fields``: the JSON log fields
     topic/partition/offset/request_id)."""
-    from worker.logs import record_fields
     return record_fields(msg.topic, msg.partition, msg.offset, request_id)

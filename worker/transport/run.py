@@ -1,48 +1,36 @@
 """``derender-worker run`` (``main_run``): build the models and the worker from the flags, run it
-until SIGTERM/SIGINT; also ``python -m worker.transport.run`` (the ``run`` subcommand alone),
-and ``ensure_topics`` (create missing topics)."""
+until SIGTERM/SIGINT; also ``python -m worker.transport.run`` (the ``run`` subcommand alone).
+Topic administration is ``worker.transport.topics``."""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import runpy
 import signal
 import socket
 import sys
 from typing import Any
 
+from aiokafka.errors import KafkaConnectionError
+
+from worker.config import models_from_args
+from worker.core.service import DerenderService
+from worker.state import StoreAuthError, StoreConnectError
+from worker.state.redis_store import RedisStateStore
+from worker.tracing import setup_tracing
 from worker.transport.consumer import KafkaDerenderWorker, state_store_outage_clock
+from worker.transport.endpoints import EndpointError
 from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.settings import WorkerSettings, redact_url
 
 log = logging.getLogger(__name__)
 
-__all__ = ["main_run", "broker_unreachable", "ensure_topics", "check_state_store", "wait_for_state_store"]
-
-
-async def ensure_topics(bootstrap_servers: str, topics: dict[str, int], **client_kwargs: Any) -> None:
-    """Create ``topics`` (name -> partition count, replication 1) where missing. Existing topics
-    are left alone. Raises ``KafkaError`` on other broker errors."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-    from aiokafka.errors import TopicAlreadyExistsError
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        new = [NewTopic(t, n, 1) for t, n in topics.items() if t not in existing]
-        if new:
-            try:
-                await admin.create_topics(new)
-            except TopicAlreadyExistsError:
-                pass
-    finally:
-        await admin.close()
-
+__all__ = ["main_run", "broker_unreachable", "check_state_store", "wait_for_state_store"]
 
 
 async def check_state_store(redis_settings: Any) -> None:
     """Ping the Redis stream state store once. Raises ``StoreConnectError`` when it is unreachable."""
-    from worker.state.redis_store import RedisStateStore
     store = RedisStateStore.from_settings(redis_settings)
     try:
         await store.ping()
@@ -54,7 +42,6 @@ async def wait_for_state_store(redis_settings: Any, clock: OutageClock) -> None:
     """Ping the Redis stream state store until it answers, with backoff, for at most
     ``clock.deadline_s`` seconds (``--state-store-outage-deadline``; not ready meanwhile).
     Raises ``DependencyOutage`` (its message is the one line to log) when it never answered."""
-    from worker.state import StoreConnectError
     await clock.retry(lambda: check_state_store(redis_settings), (StoreConnectError,))
 
 
@@ -95,7 +82,6 @@ def main_run(args: argparse.Namespace) -> int:
     SIGTERM/SIGINT. Returns 0 after a clean drain, 2 (one log line) on bad configuration (flags,
     model files or parser names, unreachable Kafka broker at start) or when a dependency (Redis,
     the broker) stayed unavailable past its outage deadline, 1 on another fatal error."""
-    from worker.config import models_from_args
     try:
         models = models_from_args(args)
         settings = WorkerSettings.from_args(args)
@@ -109,19 +95,20 @@ def main_run(args: argparse.Namespace) -> int:
         except DependencyOutage as e:
             log.error("%s", e)
             return 2
+        except StoreAuthError as e:  # wrong password / user: no wait fixes it
+            log.error("stream state store %s: %s", redact_url(settings.redis.url), e)
+            return 2
         except (ValueError, OSError) as e:
             log.error("stream state store %s unusable (%s): %s", redact_url(settings.redis.url), e, clock.hint)
             return 2
     # load every tokenizer and parser here, before any pool process exists: a bad path or parser
     # name is one error line and exit 2, not a pool initializer traceback + BrokenProcessPool
-    from worker.core.service import DerenderService
     try:
         service = DerenderService(models)
         service.preload()
     except (ValueError, OSError) as e:
         log.error("bad model configuration: %s", e)
         return 2
-    from worker.tracing import setup_tracing
     try:
         exporter = setup_tracing()
     except ValueError as e:
@@ -138,9 +125,6 @@ def main_run(args: argparse.Namespace) -> int:
     else:
         del service  # each pool process builds its own
         worker = KafkaDerenderWorker(settings, models)
-    from aiokafka.errors import KafkaConnectionError
-
-    from worker.transport.endpoints import EndpointError
     try:
         asyncio.run(_run_until_signal(worker))
     except EndpointError as e:  # raised before anything else started
@@ -159,12 +143,13 @@ def main_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None) -> None:
     """``python -m worker.transport.run`` = ``derender-worker run`` (same flags, environment and
-    one-line errors)."""
-    from worker.cli import main
-    return main(["run", *(sys.argv[1:] if argv is None else argv)])
+    one-line errors): runs ``worker.cli`` as ``__main__`` with ``run`` inserted, by module name, so
+    that this library module does not import the command line package above it."""
+    sys.argv[1:] = ["run", *(sys.argv[1:] if argv is None else argv)]
+    runpy.run_module("worker.cli", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    _main()

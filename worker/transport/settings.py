@@ -8,6 +8,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka.helpers import create_ssl_context
+
+from worker.state.redis_store import add_redis_args, settings_from_args
+from worker.tlsfiles import check_tls_files
 from worker.transport.deadletter import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
 from worker.transport.records import reply_topic_problem
 
@@ -159,16 +163,17 @@ class WorkerSettings:
 def _redis_settings(args: argparse.Namespace) -> Any:
     if getattr(args, "stream_state", "redis") != "redis":
         return None
-    from worker.state.redis_store import settings_from_args
     return settings_from_args(args)
 
 
 def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """aiokafka client kwargs for ``--security-protocol``, ``--sasl-*`` and ``--ssl-*``.
-    Raises ``ValueError`` when SASL is requested without a username/password."""
+    Raises ``ValueError`` when SASL is requested without a username/password, or naming the flag
+    and the file when an ``--ssl-*`` file cannot be loaded."""
     out: dict[str, Any] = {"security_protocol": args.security_protocol}
     if args.security_protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context
+        check_tls_files(args.ssl_cafile, args.ssl_certfile, args.ssl_keyfile, args.ssl_password,
+                        flags=("--ssl-cafile", "--ssl-certfile", "--ssl-keyfile"))
         out["ssl_context"] = create_ssl_context(
             cafile=args.ssl_cafile, certfile=args.ssl_certfile, keyfile=args.ssl_keyfile,
             password=args.ssl_password)
@@ -265,7 +270,6 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     o.add_argument("--broker-outage-deadline", type=_positive_float, default=300.0,
                    help="seconds the broker may stay unreachable, or without the data this worker already "
                         "read from it (a broker restarted without its data), before the worker exits")
-    from worker.state.redis_store import add_redis_args
     add_redis_args(ap)
 
 

@@ -1,6 +1,6 @@
 """Batch mode: ``derender-worker batch LOG -o OUT`` derenders a generation log offline through the
 same core as the Kafka worker. This module holds the command line; the engine lives in
-``worker.offline`` (formats, output commit, stream lines, local runner, Ray Data).
+``worker.offline`` (formats, output commit, stream lines, local runner, Ray Data, summary).
 
 Input: plain JSONL (one derender body per line: ``DerenderChatRequest`` /
 ``DerenderCompletionRequest``, told apart by shape; streaming chunk bodies; or a JSON array of
@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import signal
 import sys
 import threading
 
-from worker.config import models_from_args
+from worker.config import add_model_args, models_from_args
 from worker.core.service import DerenderService, error_body
+from worker.flags import add_vllm_noop_args
 from worker.offline import formats
 from worker.offline.commit import check_output_path
+from worker.offline.ray_engine import run_ray
 from worker.offline.runner import DEFAULT_PART_SIZE, run_batch
+from worker.offline.summary import exit_status, summary_lines
 
 
 def _int_at_least(lo: int):
@@ -48,6 +50,17 @@ def _int_at_least(lo: int):
         return v
     conv.__name__ = "int"
     return conv
+
+
+HELP = "derender generation logs (JSONL/.gz, OpenAI Batch, Parquet) into responses (local or Ray)"
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """Every flag of ``batch``: the model flags (as ``run``), ``add_batch_args``, and the vLLM flags
+    accepted without effect."""
+    add_model_args(ap)
+    add_batch_args(ap)
+    add_vllm_noop_args(ap)
 
 
 def add_batch_args(ap: argparse.ArgumentParser) -> None:
@@ -80,58 +93,6 @@ def add_batch_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--fail-on-error", action="store_true", help="exit 1 when any record failed")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar with total and ETA on standard error (default: on a terminal)")
-
-
-def failed_records_hint(output: str, output_format: str) -> str:
-    """A shell command listing the failed records of an output file."""
-    q = shlex.quote(output)
-    if output_format == "parquet":
-        code = ('import sys,pyarrow.parquet as pq,pyarrow.compute as pc; t=pq.read_table(sys.argv[1]); '
-                '[print(r) for r in t.filter(pc.not_equal(t["status_code"],200))'
-                '.select(["index","status_code","error"]).to_pylist()]')
-        return f"python3 -c {shlex.quote(code)} {q}"
-    grep = "zgrep" if output.endswith(".gz") else "grep"
-    if output_format == "openai-batch":
-        return f"{grep} -n -v '\"error\":null}}$' {q}"
-    # a refused record is an error object; a stream list record holds one where a chunk was refused
-    # (quotes inside JSON strings are escaped, so response text never matches)
-    return f"{grep} -n '{{\"error\":{{' {q}"
-
-
-def summary_lines(summary: dict, output: str) -> list[str]:
-    """The summary printed to standard error: counts, then (when records failed) the distinct
-    failures with their first record and a command listing every failed one."""
-    errs = sum(summary["errors"].values())
-    by = ", ".join(f"{k}: {v}" for k, v in summary["errors"].items())
-    head = (f"batch: {summary['lines']} records, {summary['ok']} ok, {errs} failed" + (f" ({by})" if by else "")
-            + (f", {summary['skipped']} from completed parts" if summary.get("skipped") else "")
-            + f"; {summary['seconds']} s ({summary['lines_per_s']} records/s)"
-            + (f", {summary['startup_s']} s of it Ray actors starting" if "startup_s" in summary else ""))
-    out = [head]
-    if errs:
-        where = "index" if summary["output_format"] == "parquet" else "line"
-        for f in summary["failures"]:
-            first = f["first_index"] + (0 if where == "index" else 1)
-            out.append(f"batch:   {f['count']} x {f['status']} {f['message']!r} (first at {where} {first})")
-        if any(f["status"] == 404 for f in summary["failures"]):
-            out.append("batch: 404 = the record's `model` is not a served name: serve it with --served-model-name "
-                       "NAME [ALIAS ...] (default: the --model path, as in vLLM) or a --config entry")
-        shown = sum(f["count"] for f in summary["failures"])
-        if shown < errs:
-            out.append(f"batch:   {errs - shown} more failures of other kinds")
-        if output != "-":
-            out.append(f"batch: failed records hold an OpenAI error object in {output}; list them: "
-                       + failed_records_hint(output, summary["output_format"]))
-    return out
-
-
-def exit_status(summary: dict, fail_on_error: bool) -> int:
-    """0, or 1 when no record succeeded in a non-empty input or (``fail_on_error``) any failed."""
-    if summary["lines"] and not summary["ok"]:
-        return 1
-    if fail_on_error and summary["lines"] != summary["ok"]:
-        return 1
-    return 0
 
 
 class Terminated(BaseException):
@@ -175,7 +136,6 @@ def _main_batch(args: argparse.Namespace, parts_note: str) -> int:
         if args.engine == "ray":
             if args.resume or args.part_size:
                 raise ValueError("--resume/--part-size work with --engine local only")
-            from worker.offline.ray_engine import run_ray
             summary = run_ray(service, args.input, args.output, workers=args.workers,
                               batch_size=args.chunksize * 16, address=args.ray_address,
                               progress=args.progress, **kw)
@@ -200,4 +160,4 @@ def _main_batch(args: argparse.Namespace, parts_note: str) -> int:
     return exit_status(summary, args.fail_on_error)
 
 
-__all__ = ["run_batch", "main_batch", "add_batch_args", "error_body", "summary_lines", "exit_status"]
+__all__ = ["HELP", "add_args", "run_batch", "main_batch", "add_batch_args", "error_body", "summary_lines", "exit_status"]

@@ -18,9 +18,20 @@ import time
 import uuid
 from pathlib import Path
 
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from worker.config import load_config_file
+from worker.transport.broker import TansuBroker
+from worker.transport.consumer import KafkaDerenderWorker
+from worker.transport.records import HDR_CORRELATION_ID, HDR_KIND, HDR_STATUS
+from worker.transport.settings import WorkerSettings
+from worker.transport.topics import ensure_topics
+
 log = logging.getLogger(__name__)
 
-DEMO_DIR = Path(__file__).resolve().parent / "demo_data"
+HELP = "embedded broker + worker on shipped Qwen3 examples"
+DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_data"
 
 
 def add_demo_args(ap: argparse.ArgumentParser) -> None:
@@ -88,14 +99,6 @@ def _request_id(ex: dict, i: int) -> str:
 
 
 async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) -> int:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
-    from worker.config import load_config_file
-    from worker.transport.consumer import KafkaDerenderWorker
-    from worker.transport.records import HDR_CORRELATION_ID, HDR_KIND, HDR_STATUS
-    from worker.transport.run import ensure_topics
-    from worker.transport.settings import WorkerSettings
-
     run = uuid.uuid4().hex[:8]
     if args.no_worker:
         inp, reply, dlq = args.input_topic, args.reply_topic, "derender-dlq"
@@ -173,12 +176,9 @@ def main_demo(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         log.error("cannot read demo examples: %s", e)
         return 2
-    from aiokafka.errors import KafkaError
-
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap_servers
         if not bootstrap:
-            from worker.transport.broker import TansuBroker
             try:
                 bootstrap = stack.enter_context(TansuBroker()).bootstrap_servers
             except (FileNotFoundError, RuntimeError, TimeoutError) as e:

@@ -1,4 +1,4 @@
-"""``derender-worker bench``: single-core derender throughput on parsed chat outputs.
+"""``derender-worker bench`` / ``bench core``: single-core derender throughput on parsed chat outputs.
 
 Builds N distinct Qwen3 chat outputs of exactly ``--tokens`` output tokens each (reasoning in
 ``<think>``, an answer, and a Hermes tool call, closed by ``<|im_end|>``), tokenized with the real
@@ -19,7 +19,7 @@ from worker.config import ServedModelConfig, load_config_file, models_from_args
 from worker.core.service import DerenderService
 from worker.flags import startup_error
 
-DEMO = Path(__file__).resolve().parent / "demo_data"
+DEMO = Path(__file__).resolve().parent.parent / "demo_data"
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather for a city",
@@ -59,16 +59,14 @@ def build_bodies(service: DerenderService, model: str, n_tokens: int, count: int
     return bodies
 
 
-def add_bench_args(ap: argparse.ArgumentParser) -> None:
-    """Flags of ``bench`` (the model flags, as in ``run``/``batch``, are added by
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """Flags of ``bench core`` (the model flags, as in ``run``/``batch``, are added by
     ``worker.config.add_model_args``; without ``--model``/``--tokenizer``/``--config`` the demo's
     Qwen3 model is benchmarked)."""
     ap.add_argument("--tokens", type=int, default=256, help="output tokens per response")
     ap.add_argument("--distinct", type=int, default=64, help="distinct bodies cycled through")
     ap.add_argument("--seconds", type=float, default=5.0, help="time per repeat")
     ap.add_argument("--repeats", type=int, default=3)
-    from worker.bench_kafka import add_kafka_bench_args
-    add_kafka_bench_args(ap)
 
 
 def run_bench(service: DerenderService, model: str, tokens: int, distinct: int, seconds: float,
@@ -111,17 +109,8 @@ def bench_models(args: argparse.Namespace) -> tuple[list[ServedModelConfig], str
     return models, name
 
 
-def main_bench(args: argparse.Namespace) -> int:
+def run_suite(args: argparse.Namespace) -> int:
     """Print single-core throughput figures; returns 0, or 2 (one line) on a configuration error."""
-    if getattr(args, "kafka", False):
-        from worker.bench_kafka import print_kafka_bench, run_kafka_bench
-        try:
-            models, name = bench_models(args)
-            r = run_kafka_bench(models, name, args)
-        except (ValueError, OSError, RuntimeError, TimeoutError) as e:
-            return startup_error("derender-worker bench", str(e))
-        print_kafka_bench(name, args.tokens, r)
-        return 0
     try:
         models, name = bench_models(args)
         service = DerenderService(models)

@@ -1,0 +1,18 @@
+"""Benchmarks behind ``derender-worker bench SUITE``; each prints figures and asserts nothing
+(speed targets live in the README, never in timed unit tests).
+
+| suite | module | measures |
+|---|---|---|
+| ``core`` (bare ``bench``) | ``worker.bench.core`` | single-core derender throughput on parsed chat outputs |
+| ``kafka`` (``bench --kafka``) | ``worker.bench.kafka`` | end-to-end throughput and latency through a broker and worker subprocesses |
+| ``batch`` | ``worker.bench.batch`` | batch records/s (1 process, 2 processes, local Ray) and peak RSS |
+| ``stream`` | ``worker.bench.stream`` | per-chunk streaming latency and state size (optionally through Redis) |
+| ``parsers`` | ``worker.bench.parsers`` | parse throughput of every parser family |
+
+Each suite module has ``add_args(parser)`` (its flags) and ``run_suite(args) -> int`` (exit
+status); ``batch``, ``stream`` and ``parsers`` also run as ``python -m worker.bench.<suite>``
+(and, for old command lines, ``python -m worker.bench_<suite>``). The command line wiring is
+``worker.cli.bench``.
+"""
+
+SUITES = ("core", "kafka", "batch", "stream", "parsers")

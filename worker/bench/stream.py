@@ -1,0 +1,245 @@
+"""Streaming benchmark: per-chunk latency and state size of a long Qwen3 stream.
+
+``derender-worker bench stream [--tokenizer tests/data/tokenizers/qwen3] [--tokens 2048]
+[--repeat 5]`` (also ``python -m worker.bench.stream``) streams a Qwen3 output (``<think>`` reasoning, a short answer, then a Hermes
+``<tool_call>`` and ``<|im_end|>``) in 1-token chunks through ``DerenderService.derender_stream``
+(qwen3 reasoning + hermes tools, ``logprobs`` off), decoding and re-encoding the msgpack state on
+every chunk as the Kafka worker does with Redis. Prints the median per-chunk latency around chunks
+16, 256, 1024 and 2048 (median over the chunk and the 7 before it, across repeats), the ratio
+last/first (should stay <= 1.5: work per chunk is O(delta), not O(stream)), and the encoded
+state size at those chunks and its maximum.
+
+``--redis URL`` adds a second pass that checkpoints through Redis on every chunk, as a worker
+taking the stream over would: read the state (``RedisStateStore.get``), derender, write it back
+fenced on the sequence number (``put``); it prints the per-chunk latency of that loop and the
+Redis memory the stream's key uses (``MEMORY USAGE``) at the same chunks. (The Kafka worker adds
+its replay window of recent reply values to the stored record; that is transport, not core state.)
+
+A last pass measures ``--tool-call-streaming``: a tool call with a long argument (a file
+``content`` of ~``--call-tokens`` tokens) in a Hermes JSON call (``hermes``) and a Qwen3-Coder XML
+call (``qwen3_coder``), streamed in 1-token chunks in both modes; it prints the delay from the
+call's first argument token (JSON: the arguments' ``{``; XML: the first parameter's value) to the
+first argument delta the client gets, in tokens and in microseconds (wall time of the chunks in
+between, that one included), plus the number of argument deltas.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from worker.config import ServedModelConfig
+from worker.core.service import DerenderService
+from worker.state.redis_store import RedisSettings, RedisStateStore, StateStoreError
+
+_DEMO_TOKENIZER = Path(__file__).resolve().parent.parent / "demo_data" / "qwen3"
+_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "notes": {"type": "string"}},
+                   "required": ["city"]}}}]
+_REASON = ("The user asks about the weather in Paris, so I should call the weather tool with the city "
+           "name. Let me think about which unit they prefer and whether any extra context helps. ")
+
+
+def build_output(tok, n_tokens: int) -> tuple[list[int], list[int]]:
+    """(prompt ids, output ids of exactly ``n_tokens``): reasoning, answer, one tool call, EOS."""
+    prompt = tok.encode("<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n")
+    head = tok.encode("<think>\n")
+    tail_text = ("\n</think>\n\nI'll look that up for you.\n<tool_call>\n"
+                 + json.dumps({"name": "get_weather", "arguments": {
+                     "city": "Paris", "notes": "metric units, include humidity and wind; " * 12}})
+                 + "\n</tool_call>")
+    tail = tok.encode(tail_text) + [tok.token_to_id("<|im_end|>")]
+    body: list[int] = []
+    chunk = tok.encode(_REASON)
+    while len(head) + len(body) + len(tail) < n_tokens:
+        body.extend(chunk)
+    body = body[: n_tokens - len(head) - len(tail)]
+    return prompt, head + body + tail
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """Flags of ``bench stream``."""
+    ap.add_argument("--tokenizer", default=str(_DEMO_TOKENIZER))
+    ap.add_argument("--redis", metavar="URL", default=None,
+                    help="also checkpoint every chunk through this Redis (e.g. redis://127.0.0.1:6379/0)")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--call-tokens", type=int, default=400, help="argument length of the tool-call delay pass")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m worker.bench.stream [flags]``."""
+    ap = argparse.ArgumentParser(prog="derender-worker bench stream", description=__doc__.splitlines()[0])
+    add_args(ap)
+    return run_suite(ap.parse_args(argv))
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    """Run the passes of the module docstring and print their figures; returns 0, or 1 when a
+    chunk does not derender."""
+    svc = DerenderService([ServedModelConfig(name="qwen3", tokenizer=args.tokenizer, reasoning_parser="qwen3",
+                                             tool_parser="hermes", enable_auto_tool_choice=True)])
+    svc.preload()
+    tok = svc.runtime("qwen3").tokenizer
+    prompt, out = build_output(tok, args.tokens)
+    rid = "bench-stream"
+    bodies = []
+    for i, t in enumerate(out):
+        last = i == len(out) - 1
+        b = {"model": "qwen3", "stream": True,
+             "generate_chunk": {"request_id": rid, "choices": [{"index": 0, "token_ids": [t],
+                                                                 "finish_reason": "stop" if last else None}]}}
+        if i == 0:
+            b["prompt_token_ids"] = prompt
+            b["prompt_tokens"] = len(prompt)
+            b["chat_request"] = {"model": "qwen3", "messages": [{"role": "user", "content": "weather?"}],
+                                 "tools": _TOOLS, "tool_choice": "auto"}
+        bodies.append(json.dumps(b).encode())
+    n = len(bodies)
+    times = [[0.0] * args.repeat for _ in range(n)]
+    sizes = [0] * n
+    final = None
+    for r in range(args.repeat + 1):  # first pass warms caches
+        state = None
+        chunks = []
+        for i, b in enumerate(bodies):
+            t0 = time.perf_counter()
+            res, state = svc.derender_stream(b, state)
+            dt = time.perf_counter() - t0
+            if res.is_error:
+                print(res.body.decode(), file=sys.stderr)
+                return 1
+            if r > 0:
+                times[i][r - 1] = dt
+            sizes[i] = len(state)
+            chunks.extend(json.loads(res.body))
+        final = chunks
+    marks = [m for m in (16, 256, 1024, 2048) if m <= n] or [n]
+    if marks[-1] != n and n not in marks:
+        marks.append(n)
+    lat = {}
+    for m in marks:
+        window = [x for i in range(max(0, m - 8), m) for x in times[i]]
+        lat[m] = statistics.median(window)
+    print(f"stream: {n} tokens in 1-token chunks, qwen3 reasoning + hermes tool call, state msgpack "
+          f"decode/encode per chunk, {args.repeat} repeats")
+    for m in marks:
+        print(f"  chunk {m:5d}: {lat[m] * 1e6:8.1f} us/chunk   state {sizes[m - 1]:6d} B")
+    ratio = lat[marks[-1]] / lat[marks[0]]
+    total = sum(statistics.median(t) for t in times)
+    print(f"  ratio last/first: {ratio:.2f}  (<= 1.5 expected)")
+    print(f"  state size: max {max(sizes)} B, mean {sum(sizes) // n} B; whole stream {total * 1e3:.1f} ms "
+          f"({n / total:.0f} chunks/s)")
+    calls = sum(len(c['choices'][0]['delta'].get('tool_calls') or []) for c in final if c['choices'])
+    print(f"  check: {len(final)} OpenAI chunks out for {n} input chunks (an input chunk whose text is held "
+          f"back, e.g. inside the tool call's body or a split marker, yields none), {calls} tool call "
+          f"fragment(s), usage {final[-1].get('usage')}")
+    _tool_delay(args.tokenizer, args.call_tokens)
+    if args.redis:
+        return asyncio.run(_redis_pass(svc, bodies, marks, args.redis))
+    return 0
+
+
+_CODE_LINE = "def add(a, b):\n    return a + b  # simple helper used by the service layer\n"
+_FILE_TOOL = [{"type": "function", "function": {
+    "name": "write_file", "parameters": {"type": "object", "properties": {
+        "path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]}}}]
+
+
+def _call_text(fmt: str, content: str) -> tuple[str, str]:
+    """(output text, the text that starts the call's first argument) for ``fmt``."""
+    if fmt == "hermes":
+        head = '<tool_call>\n{"name": "write_file", "arguments": '
+        return (head + json.dumps({"content": content, "path": "src/util.py"}) + "}\n</tool_call>", head)
+    head = "<tool_call>\n<function=write_file>\n<parameter=content>\n"
+    return (head + content + "\n</parameter>\n<parameter=path>\nsrc/util.py\n</parameter>\n</function>\n"
+            "</tool_call>", head)
+
+
+def _tool_delay(tokenizer: str, call_tokens: int) -> None:
+    """Print the first-argument delay of both ``--tool-call-streaming`` modes (module docstring)."""
+    print(f"tool-call streaming: one call with a ~{call_tokens}-token argument, 1-token chunks; delay from the "
+          "call's first argument token to the first argument delta")
+    for fmt in ("hermes", "qwen3_coder"):
+        for mode in ("whole", "incremental"):
+            svc = DerenderService([ServedModelConfig(name="m", tokenizer=tokenizer, tool_parser=fmt,
+                                                     enable_auto_tool_choice=True, tool_call_streaming=mode)])
+            svc.preload()
+            tok = svc.runtime("m").tokenizer
+            line_tokens = max(1, len(tok.encode(_CODE_LINE)))
+            text, head = _call_text(fmt, _CODE_LINE * max(1, call_tokens // line_tokens))
+            ids = tok.encode(text) + [tok.token_to_id("<|im_end|>")]
+            first = next(i for i in range(len(ids)) if len(tok.decode(ids[: i + 1])) > len(head))
+            bodies = []
+            for i, t in enumerate(ids):
+                b = {"model": "m", "stream": True, "generate_chunk": {"request_id": "bench-tool", "choices": [
+                    {"index": 0, "token_ids": [t], "finish_reason": "stop" if i == len(ids) - 1 else None}]}}
+                if i == 0:
+                    b["prompt_token_ids"] = tok.encode("<|im_start|>assistant\n")
+                    b["chat_request"] = {"model": "m", "messages": [{"role": "user", "content": "write it"}],
+                                         "tools": _FILE_TOOL, "tool_choice": "auto"}
+                bodies.append(json.dumps(b).encode())
+            runs = []
+            for _ in range(4):  # the first run warms caches
+                state, times, at, pieces = None, [], None, 0
+                for i, b in enumerate(bodies):
+                    t0 = time.perf_counter()
+                    res, state = svc.derender_stream(b, state)
+                    times.append(time.perf_counter() - t0)
+                    for c in json.loads(res.body):
+                        for tc in (c["choices"][0]["delta"].get("tool_calls") or []) if c["choices"] else []:
+                            if tc["function"].get("arguments"):
+                                pieces += 1
+                                at = i if at is None else at
+                runs.append((at, sum(times[first:at + 1]), pieces))
+            at, _, pieces = runs[-1]
+            us = statistics.median(r[1] for r in runs[1:]) * 1e6
+            print(f"  {fmt:12s} {mode:12s}: first argument token #{first}, first argument delta at #{at}: "
+                  f"delay {at - first:4d} tokens, {us:9.1f} us; {pieces} argument delta(s) for {len(ids)} tokens")
+
+
+async def _redis_pass(svc: DerenderService, bodies: list[bytes], marks: list[int], url: str) -> int:
+    """Every chunk: get state from Redis, derender, put it back (fenced); print latency and the
+    key's Redis memory at ``marks``. Returns 0, or 1 when Redis does not answer."""
+
+    store = RedisStateStore.from_settings(RedisSettings(url=url))
+    rid = "bench-stream-redis"
+    try:
+        await store.ping()
+        await store.delete(rid)
+        lat: list[float] = []
+        mem: dict[int, int] = {}
+        for i, b in enumerate(bodies):
+            t0 = time.perf_counter()
+            stored = await store.get(rid) if i else None
+            res, state = svc.derender_stream(b.replace(b'"bench-stream"', b'"bench-stream-redis"'),
+                                             stored.state if stored else None)
+            if res.is_error or state is None:
+                print(res.body.decode(), file=sys.stderr)
+                return 1
+            await store.put(rid, state, i)
+            lat.append(time.perf_counter() - t0)
+            if i + 1 in marks:
+                mem[i + 1] = int(await store.client.memory_usage(store.key(rid)) or 0)
+        print(f"redis checkpoint per chunk ({url}): get + derender + fenced put")
+        for m in marks:
+            window = lat[max(0, m - 8):m]
+            print(f"  chunk {m:5d}: {statistics.median(window) * 1e6:8.1f} us/chunk   "
+                  f"redis key {mem.get(m, 0):6d} B")
+        print(f"  ratio last/first: {statistics.median(lat[-8:]) / statistics.median(lat[:8]):.2f}")
+        await store.delete(rid)
+    except StateStoreError as e:
+        print(f"redis pass skipped: {e}", file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
