@@ -18,9 +18,10 @@
 #   Health/metrics on 127.0.0.1:19501/19502.
 # Checks: every example record of worker/demo_data/examples.jsonl gets a 200 reply (the client's
 # exit status and its "N/N examples derendered OK" line), both workers' /readyz is 200, the workers'
-# derender_records_processed_total sums to the number of examples, a `kill -9` of worker-1's
-# process is restarted by `restart: unless-stopped` while a second round of records gets every reply
-# (no record lost), `stop` of worker-2 drains and exits 0, and `down` leaves no container.
+# derender_records_processed_total sums to the number of examples, a `kill -9` of the process of the
+# worker that answered them (the examples' keys are fixed: round 2 goes to its partitions) is
+# restarted by `restart: unless-stopped` while a second round of records gets every reply (no
+# record lost), `stop` of the other worker drains and exits 0, and `down` leaves no container.
 # Everything it starts (containers, podman service, health loop) is stopped on every exit path.
 # Exit 0 when every check passed, 1 with "compose-test: FAILED: <reason>" otherwise (also when
 # neither engine can start: it never skips).
@@ -252,30 +253,34 @@ n1=$(processed "$PORT1") n2=$(processed "$PORT2")
 log "/metrics: derender_records_processed_total worker-1 $n1 + worker-2 $n2 = $N_EXAMPLES"
 
 # ---------------------------------------------------------------- kill -9 + restart, no record lost
-w1=$(cid worker-1)
-pid=$("${INSPECT[@]}" -f '{{.State.Pid}}' "$w1")
-restarts0=$("${INSPECT[@]}" -f '{{.RestartCount}}' "$w1")
-[ "${pid:-0}" -gt 0 ] || die "worker-1 has no PID"
+# The examples' keys are fixed, so round 2's records go to the partitions that served round 1:
+# kill the worker holding them, so they must be answered after a rebalance or by its restart.
+if [ "$n1" -ge "$n2" ]; then victim=worker-1 vport=$PORT1 other=worker-2
+else victim=worker-2 vport=$PORT2 other=worker-1; fi
+wv=$(cid "$victim")
+pid=$("${INSPECT[@]}" -f '{{.State.Pid}}' "$wv")
+restarts0=$("${INSPECT[@]}" -f '{{.RestartCount}}' "$wv")
+[ "${pid:-0}" -gt 0 ] || die "$victim has no PID"
 kill -9 "$pid"   # from the host: a kill through the engine counts as a manual stop (no restart)
-log "kill -9 of worker-1 (pid $pid); round 2 while it restarts"
+log "kill -9 of $victim (pid $pid), which answered round 1; round 2 while it restarts"
 out=$(timeout 300 "${COMPOSE[@]}" run --rm --no-deps -T client 2>&1) || die "round 2 client failed: $(echo "$out" | tail -5)"
 check_client_output "$out" 2
 log "round 2: $N_EXAMPLES/$N_EXAMPLES replies after the kill (no record lost)"
 for _ in $(seq 1 120); do
-  [ "$("${INSPECT[@]}" -f '{{.RestartCount}}' "$w1")" -gt "$restarts0" ] \
-    && [ "$("${INSPECT[@]}" -f '{{.State.Status}}' "$w1")" = running ] && break
+  [ "$("${INSPECT[@]}" -f '{{.RestartCount}}' "$wv")" -gt "$restarts0" ] \
+    && [ "$("${INSPECT[@]}" -f '{{.State.Status}}' "$wv")" = running ] && break
   sleep 1
 done
-[ "$("${INSPECT[@]}" -f '{{.RestartCount}}' "$w1")" -gt "$restarts0" ] || die "worker-1 was not restarted (restart: unless-stopped)"
-wait_ready "$PORT1" 180
-log "worker-1 restarted by its restart policy, /readyz 200"
+[ "$("${INSPECT[@]}" -f '{{.RestartCount}}' "$wv")" -gt "$restarts0" ] || die "$victim was not restarted (restart: unless-stopped)"
+wait_ready "$vport" 180
+log "$victim restarted by its restart policy, /readyz 200"
 
 # ---------------------------------------------------------------- stop (drain), down
-w2=$(cid worker-2)
-"${COMPOSE[@]}" stop worker-2 > "$WORK/stop.log" 2>&1 || die "docker compose stop worker-2 failed: $(tail -3 "$WORK/stop.log")"
-code=$(wait_exit "$w2" 60)
-[ "$code" = 0 ] || die "worker-2 exited $code after stop (expected a clean drain, 0): $("${COMPOSE[@]}" logs --no-color --tail 5 worker-2)"
-log "stop: worker-2 drained and exited 0"
+wo=$(cid "$other")
+"${COMPOSE[@]}" stop "$other" > "$WORK/stop.log" 2>&1 || die "docker compose stop $other failed: $(tail -3 "$WORK/stop.log")"
+code=$(wait_exit "$wo" 60)
+[ "$code" = 0 ] || die "$other exited $code after stop (expected a clean drain, 0): $("${COMPOSE[@]}" logs --tail 5 "$other")"
+log "stop: $other drained and exited 0"
 "${COMPOSE[@]}" down --remove-orphans --timeout 30 > "$WORK/down.log" 2>&1 || die "docker compose down failed: $(tail -3 "$WORK/down.log")"
 UP=0
 left=$("${COMPOSE[@]}" ps -a -q 2>/dev/null | wc -l)
