@@ -323,14 +323,16 @@ async def test_endpoints_port_errors_name_the_flag():
 
 
 def test_run_with_a_taken_metrics_port_is_one_line_exit_2(tmp_path):
-    """``derender-worker run --metrics-port P`` with P taken: one error line naming the flag, exit 2."""
-    with socket.socket() as s:
+    """``derender-worker run --metrics-port P`` with P taken: one error line naming the flag, exit 2
+    (with a reachable broker: an unreachable one is reported first, before the pool starts)."""
+    from worker.transport.broker import TansuBroker
+    with socket.socket() as s, TansuBroker() as broker:
         s.bind(("0.0.0.0", 0))
         s.listen()
         port = s.getsockname()[1]
         proc = subprocess.run(
             [sys.executable, "-m", "worker.transport.run", "--tokenizer", str(REPO / "worker/demo_data/qwen3"),
-             "--served-model-name", "qwen3", "--bootstrap-servers", "127.0.0.1:1", "--stream-state", "memory",
+             "--served-model-name", "qwen3", "--bootstrap-servers", broker.bootstrap_servers, "--stream-state", "memory",
              "--executor", "thread", "--metrics-port", str(port)],
             cwd=REPO, capture_output=True, text=True, timeout=120,
             env={**os.environ, "PYTHONPATH": str(REPO)})

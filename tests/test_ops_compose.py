@@ -2,11 +2,14 @@
 (``--builtin-schema vendor.compose-spec``, offline), then the facts an operator relies on: topics made
 up front with a set partition count before any worker starts, two workers, healthchecks on /readyz,
 published health/metrics ports, a stop grace period above the drain timeout, a client showing the
-replies. The stack itself cannot run here (no Docker engine); the healthcheck command is run
-against a local HTTP server instead."""
+replies; the override for machines without a registry (``ops/compose.local.yaml``) merged onto it.
+The stack itself runs in ``ops/compose-test.sh`` (CI, after pytest); here the healthcheck commands
+and the override's topics script run against a local HTTP server and the embedded broker."""
 from __future__ import annotations
 
+import ast
 import http.server
+import json
 import re
 import shlex
 import subprocess
@@ -160,3 +163,121 @@ def test_monitoring_profile_scrapes_the_workers():
     dash_dir = prov["providers"][0]["options"]["path"]
     assert any(v.split(":")[1].startswith(dash_dir + "/") and v.split(":")[0].endswith(".json")
                for v in graf["volumes"])
+
+
+# ---------------------------------------------------------------- one file for Docker and podman
+
+OVERRIDE = REPO / "ops" / "compose.local.yaml"
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """PyYAML plus Compose's ``!reset`` tag (the value it resets to)."""
+
+
+_ComposeLoader.add_constructor("!reset", lambda loader, node: loader.construct_sequence(node)
+                               if isinstance(node, yaml.SequenceNode) else loader.construct_mapping(node)
+                               if isinstance(node, yaml.MappingNode) else None)
+
+
+def _load_override() -> dict:
+    return yaml.load(OVERRIDE.read_text(), Loader=_ComposeLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _merge(base, over):
+    """Compose's merge of an override, as far as these files use it: mappings merge key by key,
+    everything else (lists included: ``command``, ``healthcheck.test``, ``!reset []``) is replaced."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {k: _merge(base[k], over[k]) if k in base and k in over else over.get(k, base.get(k))
+                for k in {**base, **over}}
+    return over
+
+
+def _merged() -> dict:
+    return _merge(_load(), {k: v for k, v in _load_override().items() if not k.startswith("x-")})
+
+
+def _healthchecks(c: dict) -> dict[str, list[str]]:
+    return {n: s["healthcheck"]["test"] for n, s in c["services"].items() if "healthcheck" in s}
+
+
+@pytest.mark.parametrize("which", ["compose.yaml", "compose.yaml + ops/compose.local.yaml"])
+def test_exec_form_healthchecks_survive_whitespace_splitting(which):
+    """podman 4.3's Docker API splits CMD healthcheck arguments at whitespace (``python -c "import
+    ...; ..."`` then fails with SyntaxError): every CMD argument is one word."""
+    c = _load() if which == "compose.yaml" else _merged()
+    checks = _healthchecks(c)
+    assert {"worker-1", "worker-2", "redis", "kafka"} <= set(checks)
+    for name, test in checks.items():
+        if test[0] == "CMD":
+            assert all(a and not re.search(r"\s", a) for a in test[1:]), (name, test)
+        else:
+            assert test[0] == "CMD-SHELL" and name == "kafka" and which == "compose.yaml", (name, test)
+
+
+def test_one_build_and_the_other_services_reuse_its_image():
+    c = _load()
+    built = {n: s for n, s in c["services"].items() if "build" in s}
+    assert list(built) == ["worker-1"]
+    image = built["worker-1"]["image"]
+    assert built["worker-1"]["build"]["context"] == "."
+    assert built["worker-1"]["build"]["args"]["BASE_IMAGE"] == "${DERENDER_BASE_IMAGE:-python:3.11-slim}"
+    users = {n: s for n, s in c["services"].items() if s.get("image") == image and n != "worker-1"}
+    assert set(users) == {"worker-2", "client"}
+    assert all(s["pull_policy"] == "never" for s in users.values())  # never pulled from a registry
+
+
+def test_merged_override_is_valid_compose(tmp_path):
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(yaml.safe_dump(_merged()))
+    p = _check(merged)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_override_runs_everything_on_loopback_with_the_same_topics():
+    base, over, c = _load(), _load_override(), _merged()
+    running = [n for n, s in c["services"].items() if "profiles" not in s]
+    assert set(over["services"]) == set(running)  # every default service is adapted
+    for n in running:
+        s = c["services"][n]
+        assert s["network_mode"] == "host" and not s.get("ports"), n
+        for word in json.dumps(s).split('"'):
+            for port in re.findall(r"127\.0\.0\.1:(\d+)", word):
+                assert 19500 <= int(port) <= 19599, (n, word)
+    kafka = c["services"]["kafka"]
+    assert kafka["command"][:1] == ["broker"] and kafka["image"] == c["services"]["worker-1"]["image"]
+    bs = "127.0.0.1:" + kafka["command"][kafka["command"].index("--port") + 1]
+    assert kafka["healthcheck"]["test"][-1] == f"tcp://{bs}"
+    workers = _workers(c)
+    assert {w["environment"]["KAFKA_BOOTSTRAP_SERVERS"] for w in workers.values()} == {bs}
+    assert bs in c["services"]["client"]["command"]
+    ports = set()
+    for name, w in workers.items():
+        port = w["environment"]["DERENDER_METRICS_PORT"]
+        assert w["healthcheck"]["test"][-1] == f"http://127.0.0.1:{port}/readyz", name
+        assert w["depends_on"] == base["services"][name]["depends_on"]  # every condition kept
+        ports.add(port)
+    assert len(ports) == 2
+    script = c["services"]["kafka-topics"]["command"][0]
+    topics = ast.literal_eval(re.search(r"topics = (\{.*\})", script).group(1))
+    assert topics == _topic_partitions(base)  # same names and partition counts as kafka-topics.sh
+    assert f'bs = "{bs}"' in script
+
+
+def test_override_topics_script_and_broker_healthcheck_work_on_a_real_broker():
+    """The override's kafka-topics script (run by this Python) creates the topics with their
+    partition counts on the embedded broker; the kafka healthcheck argv follows the port."""
+    from worker.transport.broker import TansuBroker, free_port
+    c = _merged()
+    script = c["services"]["kafka-topics"]["command"][0]
+    probe = c["services"]["kafka"]["healthcheck"]["test"][1:]
+    assert probe[:3] == ["python", "-m", "worker.transport.probe"]
+    with TansuBroker() as broker:
+        p = run([sys.executable, "-c", script.replace("127.0.0.1:19592", broker.bootstrap_servers)],
+                timeout=60, cwd=REPO)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout.splitlines() == ["engine-outputs: 4 partitions", "derender-replies: 4 partitions",
+                                         "derender-dlq: 1 partitions"]
+        up = run([sys.executable, *probe[1:-1], f"tcp://{broker.bootstrap_servers}"], timeout=30, cwd=REPO)
+        assert up.returncode == 0, up.stderr
+    down = run([sys.executable, *probe[1:-1], f"tcp://127.0.0.1:{free_port()}"], timeout=30, cwd=REPO)
+    assert down.returncode == 1 and "not healthy" in down.stderr

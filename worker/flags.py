@@ -40,6 +40,7 @@ RESERVED_ENV = {
     "DERENDER_NO_DOCKER": "tests: never start a Kafka container (transport.broker.bootstrap_for_tests)",
     "DERENDER_MODELS_DIR": "tests: tokenizer folder of the bug cases (tests/parity_tools/run_bugs.py)",
     "DERENDER_TEST_MODELS": "tests: served-model config of the Kafka tests (tests/conftest.py)",
+    "DERENDER_BASE_IMAGE": "compose.yaml: the image's base (Dockerfile ARG BASE_IMAGE; ops/compose-test.sh)",
 }
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")

@@ -34,6 +34,7 @@ from worker.config import add_model_args, models_from_args
 from worker.core.service import DerenderService, error_body
 from worker.flags import add_vllm_noop_args
 from worker.offline import formats
+from worker.offline.commit import check_output_path
 from worker.offline.ray_engine import run_ray
 from worker.offline.runner import DEFAULT_PART_SIZE, run_batch
 from worker.offline.summary import exit_status, summary_lines
@@ -127,6 +128,7 @@ def main_batch(args: argparse.Namespace) -> int:
 
 def _main_batch(args: argparse.Namespace, parts_note: str) -> int:
     try:
+        check_output_path(args.output)  # before the models load (seconds): a typo costs no wait
         service = DerenderService(models_from_args(args))
         kw = dict(input_format=None if args.input_format == "auto" else args.input_format,
                   output_format=None if args.output_format == "auto" else args.output_format,

@@ -15,9 +15,11 @@ __all__ = ["HELP", "add_args", "main"]
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    """Flags of ``broker``: the address it listens on."""
+    """Flags of ``broker``: the address it listens on, and the host it tells clients to connect to
+    (``--advertised-host``: e.g. listen on 0.0.0.0 and advertise ``kafka`` on a compose network)."""
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9092)
+    p.add_argument("--advertised-host", default=None, help="host named to clients in metadata replies (default: --host)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -27,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        with TansuBroker(port=args.port, host=args.host) as broker:
+        with TansuBroker(port=args.port, host=args.host, advertised_host=args.advertised_host) as broker:
             print(f"Kafka-protocol broker (Tansu, in memory) on {broker.bootstrap_servers}; Ctrl-C stops it",
                   flush=True)
             while not stop.wait(0.5):

@@ -3,8 +3,9 @@ expected, and never destroys earlier output.
 
 - ``SingleFileSink``: the output is written to a hidden temporary file next to it
   (``.NAME.<pid>.tmp``, same directory so the rename is atomic on POSIX) and renamed over
-  ``NAME`` only when the run completed; on an error the temporary file is removed and an
-  existing ``NAME`` is untouched (after a SIGKILL the temporary file stays; it is never read).
+  ``NAME`` only when the run completed; on an error (a full disk included) the temporary file is
+  removed and an existing ``NAME`` is untouched. After a SIGKILL the temporary file stays (it is
+  never read); the next run for ``NAME`` removes those of dead processes (``remove_stale_temps``).
 - ``PartSink`` (``--part-size N`` or ``--resume``): records ``[k*N, (k+1)*N)`` go to part ``k``,
   written as ``NAME.parts/part-0000k.EXT.tmp`` and renamed to ``part-0000k.EXT`` when complete
   (a ``part-0000k.json`` next to it holds the part's counts). At the end the parts are
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
@@ -43,12 +45,75 @@ def _fsync_rename(tmp: str, final: str) -> None:
         os.close(fd)
 
 
+def temp_path(path: str, pid: int | None = None) -> str:
+    """The hidden temporary file of ``path`` written by process ``pid`` (default: this one):
+    ``DIR/.NAME.<pid>.tmp``."""
+    d, name = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{name}.{os.getpid() if pid is None else pid}.tmp")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def remove_stale_temps(path: str) -> list[str]:
+    """Remove the temporary files of ``path`` (``.NAME.<pid>.tmp``, see ``temp_path``) left by
+    runs that were killed (SIGKILL, power loss): only those whose pid is not a live process, so a
+    concurrent run's file is kept. Returns the removed paths. Raises nothing for a missing or
+    unreadable directory (the output check reports that)."""
+    d, name = os.path.split(os.path.abspath(path))
+    prefix = f".{name}."
+    removed = []
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return removed
+    for n in names:
+        pid = n[len(prefix):-len(".tmp")] if n.startswith(prefix) and n.endswith(".tmp") else ""
+        if not pid.isdigit() or len(pid) > 10 or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(d, n))
+        except FileNotFoundError:  # another run removed it first
+            continue
+        removed.append(os.path.join(d, n))
+    return removed
+
+
+def check_output_path(path: str) -> None:
+    """Check that output ``path`` can be written (``-`` = standard output: always): its folder
+    exists, is a folder and takes a new file (a probe file is created and removed), and ``path``
+    is not a folder. Run before the models load, so a typo costs no wait. Raises ``OSError`` with
+    one message naming ``path`` as the user gave it."""
+    if path == "-":
+        return
+    d, name = os.path.split(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"output {path!r} is a folder, not a file name")
+    if not os.path.isdir(d):
+        what = "is not a folder" if os.path.exists(d) else "does not exist"
+        raise FileNotFoundError(f"output {path!r}: folder {d!r} {what}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{name}.", suffix=".probe", dir=d)
+    except OSError as e:
+        raise OSError(f"output {path!r}: cannot create a file in {d!r}: {e.strerror or e}") from e
+    os.close(fd)
+    os.unlink(probe)
+
+
 @contextmanager
 def atomic_file(path: str) -> Iterator[IO[bytes]]:
-    """Open a temporary file next to ``path`` for writing; on a clean exit flush, fsync and rename
-    it to ``path``; on an exception remove it (``path`` untouched) and re-raise."""
-    d, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(d, f".{name}.{os.getpid()}.tmp")
+    """Open a temporary file next to ``path`` (``temp_path``) for writing; on a clean exit flush,
+    fsync and rename it to ``path``; on an exception remove it (``path`` untouched) and re-raise.
+    The temporary file is removed even when closing it fails again (a full disk: ``close()``
+    flushes the buffer and raises ``ENOSPC`` a second time)."""
+    tmp = temp_path(path)
     f = open(tmp, "wb")
     try:
         yield f
@@ -57,11 +122,15 @@ def atomic_file(path: str) -> Iterator[IO[bytes]]:
         f.close()
         _fsync_rename(tmp, path)
     except BaseException:
-        f.close()
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
+            f.close()
+        except OSError:  # flushing the buffer fails again (ENOSPC): the first error is re-raised below
             pass
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
         raise
 
 
@@ -71,7 +140,11 @@ class _Part:
     def __init__(self, path: str, fmt: str, gz: bool, row_group_rows: int):
         self._cm = atomic_file(path)
         self.f = self._cm.__enter__()
-        self.writer = make_writer(fmt, self.f, gz, row_group_rows)
+        try:
+            self.writer = make_writer(fmt, self.f, gz, row_group_rows)
+        except BaseException as e:  # the temporary file goes too
+            self.abort(e)
+            raise
 
     def commit(self) -> None:
         self.writer.close()
@@ -145,6 +218,13 @@ class StdoutSink(SingleFileSink):
         sys.stdout.buffer.flush()
 
 
+def _only_own_files(d: str) -> bool:
+    """Whether folder ``d`` holds only files a part-file run writes (``part-*``, hidden ``.tmp``
+    files): what a run that failed before writing its manifest leaves."""
+    return all(os.path.isfile(os.path.join(d, n)) and (n.startswith("part-") or n.endswith(".tmp"))
+               for n in os.listdir(d))
+
+
 def part_ext(fmt: str, gz: bool) -> str:
     """File name suffix of a part: ``.parquet``, or ``.jsonl`` (+ ``.gz``)."""
     return ".parquet" if fmt == "parquet" else ".jsonl" + (".gz" if gz else "")
@@ -181,13 +261,17 @@ class PartSink(SingleFileSink):
             self._load_done()
         else:
             if os.path.exists(self.dir):
-                if not os.path.isfile(manifest):
+                if not os.path.isfile(manifest) and not _only_own_files(self.dir):
                     raise ValueError(f"{self.dir} exists and is not a parts folder of this tool (no "
                                      "manifest.json): not touching it")
-                shutil.rmtree(self.dir)
+                shutil.rmtree(self.dir)  # a run that failed before its manifest was written: start over
             os.makedirs(self.dir)
-            with atomic_file(manifest) as fh:
-                fh.write(json.dumps(self.fingerprint, sort_keys=True, indent=1).encode())
+            try:
+                with atomic_file(manifest) as fh:
+                    fh.write(json.dumps(self.fingerprint, sort_keys=True, indent=1).encode())
+            except BaseException:  # (a full disk) no folder without a manifest stays behind
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
         for name in os.listdir(self.dir):  # temporary files of an interrupted run
             if name.endswith(".tmp"):
                 os.unlink(os.path.join(self.dir, name))
@@ -263,4 +347,4 @@ class PartSink(SingleFileSink):
         w.close()
 
 
-__all__ = ["atomic_file", "SingleFileSink", "PartSink", "StdoutSink", "part_ext"]
+__all__ = ["atomic_file", "temp_path", "remove_stale_temps", "check_output_path", "SingleFileSink", "PartSink", "StdoutSink", "part_ext"]

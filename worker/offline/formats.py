@@ -233,10 +233,12 @@ def parquet_rows(rows: list[dict[str, Any]]) -> Iterator[tuple[bytes | tuple[byt
 # ---------------------------------------------------------------------------- writers
 
 class JsonlWriter:
-    """Plain JSONL out: the result body, one per line (gzip when ``gz``)."""
+    """Plain JSONL out: the result body, one per line (gzip when ``gz``: a reproducible member,
+    no file name and mtime 0 in its RFC 1952 header, so the same log gives the same bytes)."""
 
     def __init__(self, f: IO[bytes], gz: bool = False):
-        self._gz = gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) if gz else None
+        # filename="": GzipFile would otherwise store the (temporary) file's name in the header
+        self._gz = gzip.GzipFile(filename="", fileobj=f, mode="wb", compresslevel=6, mtime=0) if gz else None
         self._f: IO[bytes] = self._gz if self._gz is not None else f  # type: ignore[assignment]
 
     def write(self, index: int, body: bytes, status: int, custom_id: str | None) -> None:
@@ -268,8 +270,24 @@ _err_body = msgspec.json.Decoder(_ErrBody)
 _resp_id = msgspec.json.Decoder(_RespId)
 
 
+_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+
+
 def error_message(body: bytes) -> str:
-    """The ``error.message`` of an OpenAI error object ("" when the body is not one)."""
+    """The ``error.message`` of an OpenAI error object, or of the first error object in a JSON
+    array of stream chunks (a stream list record with a refused chunk); "" when there is none."""
+    if body[:1] == b"[":
+        try:
+            items = _raw_list.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return ""
+        for item in items:
+            raw = bytes(item)
+            if raw[:1] == b"{" and b'"error"' in raw:
+                msg = error_message(raw)
+                if msg:
+                    return msg
+        return ""
     try:
         e = _err_body.decode(body).error
     except (msgspec.DecodeError, msgspec.ValidationError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
 import time
@@ -21,13 +22,23 @@ from tqdm import tqdm
 
 from worker.core.service import DerenderService
 from worker.offline import formats
-from worker.offline.commit import PartSink, SingleFileSink, StdoutSink
+from worker.offline.commit import PartSink, SingleFileSink, StdoutSink, remove_stale_temps
 from worker.offline.streams import StreamLines
+from worker.transport.lifetime import die_with_parent
 
 #: distinct failure messages remembered for the summary
 MAX_FAILURE_KINDS = 5
 
 _service: DerenderService | None = None
+
+
+def _pool_init(parent_pid: int) -> None:
+    """Initializer of a batch pool process: die (SIGKILL, silently) with the batch process. When
+    the parent is killed hard, pool processes would otherwise fail writing results to the gone
+    parent and each print a ``BrokenPipeError`` traceback."""
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the prctl call
+        os._exit(0)
 
 
 def _work(item: bytes | tuple[bytes, int]) -> tuple[bytes, int]:
@@ -96,6 +107,7 @@ def make_sink(output_path: str, output_format: str, *, part_size: int | None, re
         if resume or part_size:
             raise ValueError("--resume/--part-size need a file output, not -o -")
         return StdoutSink(output_format, gz, row_group_rows)
+    remove_stale_temps(output_path)  # of runs killed with SIGKILL (dead pids only)
     if resume or part_size:
         if input_path == "-":
             raise ValueError("--resume/--part-size need a file input, not -")
@@ -228,7 +240,7 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
             results: Iterator[tuple[bytes, int]] = map(_work, feed())
         else:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            pool = mp.get_context("fork").Pool(workers)
+            pool = mp.get_context("fork").Pool(workers, initializer=_pool_init, initargs=(os.getpid(),))
             results = pool.imap(_work, feed(), chunksize=chunksize)
         for body, status in results:
             idx, cid = pending.popleft()

@@ -48,11 +48,19 @@ def stream_request_id(line: bytes) -> str | None:
 
 def stream_list(service: DerenderService, line: bytes) -> tuple[bytes, int]:
     """A JSON array of one request's chunk bodies -> (JSON array of all its OpenAI chunks, status:
-    200, or the first error's status)."""
+    200, or the first error's status). A line that is not such an array (not JSON, ``[]``, an
+    element that is not an object, e.g. ``[1,2,3]``) -> (one OpenAI error object, 400)."""
     try:
         bodies = _raw_list.decode(line)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         return error_body(f"invalid stream list line: {e}", 400), 400
+    if not bodies:
+        return error_body("invalid stream list line: empty array (expected the streaming chunk bodies "
+                          "of one request)", 400), 400
+    for i, raw in enumerate(bodies):
+        if bytes(raw).lstrip()[:1] != b"{":
+            return error_body(f"invalid stream list line: element {i} is not a JSON object (expected the "
+                              "streaming chunk bodies of one request)", 400), 400
     parts: list[bytes] = []
     state: bytes | None = None
     status = 200

@@ -20,7 +20,9 @@ def failed_records_hint(output: str, output_format: str) -> str:
     grep = "zgrep" if output.endswith(".gz") else "grep"
     if output_format == "openai-batch":
         return f"{grep} -n -v '\"error\":null}}$' {q}"
-    return f"{grep} -n '^{{\"error\"' {q}"
+    # a refused record is an error object; a stream list record holds one where a chunk was refused
+    # (quotes inside JSON strings are escaped, so response text never matches)
+    return f"{grep} -n '{{\"error\":{{' {q}"
 
 
 def summary_lines(summary: dict, output: str) -> list[str]:

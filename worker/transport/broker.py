@@ -85,13 +85,17 @@ class TansuBroker:
         with TansuBroker() as broker:
             ...  # broker.bootstrap_servers == "127.0.0.1:<port>"
 
-    ``port``: listen port (None = a free one). ``start_timeout``: seconds to wait for the listener.
+    ``port``: listen port (None = a free one). ``host``: listen address. ``advertised_host``: the
+    host clients are told to connect to in metadata replies (Tansu's ``--advertised-listener-url``;
+    None = ``host``), e.g. listen on ``0.0.0.0`` and advertise ``kafka`` on a compose network.
+    ``start_timeout``: seconds to wait for the listener.
     The broker's stdout/stderr go to a temporary log file (``log_path``), whose tail is included in
     the error when it fails to start."""
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1", start_timeout: float = 15.0,
-                 binary: str | None = None):
+                 binary: str | None = None, advertised_host: str | None = None):
         self.host = host
+        self.advertised_host = advertised_host or host
         self.port = port or free_port(host)
         self.start_timeout = start_timeout
         self.binary = binary
@@ -101,25 +105,27 @@ class TansuBroker:
 
     @property
     def bootstrap_servers(self) -> str:
-        """``host:port`` for Kafka clients."""
-        return f"{self.host}:{self.port}"
+        """``advertised_host:port`` for Kafka clients."""
+        return f"{self.advertised_host}:{self.port}"
 
     def start(self) -> TansuBroker:
         """Launch the process and wait for its listener. Raises ``FileNotFoundError`` (no binary),
         ``RuntimeError`` (process died) or ``TimeoutError`` (never listened)."""
         binary = self.binary or tansu_binary()
         url = f"tcp://{self.host}:{self.port}"
-        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+        advertised = f"tcp://{self.advertised_host}:{self.port}"
+        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised,
                "--storage-engine", "memory://tansu/"]
         fd, self.log_path = tempfile.mkstemp(prefix="tansu-", suffix=".log")
         self._log_file = os.fdopen(fd, "wb")
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "warn")
-        log.info("starting Tansu on %s (log %s)", url, self.log_path)
+        log.info("starting Tansu on %s, advertised as %s (log %s)", url, advertised, self.log_path)
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env)
         try:
-            wait_for_port(self.host, self.port, self.start_timeout, self.proc)
+            wait_for_port("127.0.0.1" if self.host in ("0.0.0.0", "") else self.host, self.port,
+                          self.start_timeout, self.proc)
         except (RuntimeError, TimeoutError) as e:
             tail = self._log_tail()
             self.stop()

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import runpy
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -25,7 +26,7 @@ from worker.transport.settings import WorkerSettings, redact_url
 
 log = logging.getLogger(__name__)
 
-__all__ = ["main_run", "check_state_store", "wait_for_state_store"]
+__all__ = ["main_run", "broker_unreachable", "check_state_store", "wait_for_state_store"]
 
 
 async def check_state_store(redis_settings: Any) -> None:
@@ -50,6 +51,30 @@ async def _run_until_signal(worker: KafkaDerenderWorker) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
     await worker.run()
+
+
+_BROKER_HINT = ("Kafka broker unreachable at %s (%s): start it, or give a reachable one with "
+                "--bootstrap-servers (env DERENDER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS)")
+#: bootstrap servers tried by ``broker_unreachable`` at most (the list is read from a flag)
+MAX_BOOTSTRAP_SERVERS = 32
+
+
+def broker_unreachable(bootstrap_servers: str, timeout: float = 5.0) -> str | None:
+    """None when one of ``bootstrap_servers`` (``host:port[,host:port...]``, IPv6 in brackets,
+    the port 9092 when absent as in aiokafka) accepts a TCP connection within ``timeout``
+    seconds each, else one line naming every failed address (the first ``MAX_BOOTSTRAP_SERVERS``).
+    Only reachability: protocol, TLS and SASL problems surface when the clients start."""
+    errors = []
+    for entry in [e.strip() for e in bootstrap_servers.split(",") if e.strip()][:MAX_BOOTSTRAP_SERVERS]:
+        host, sep, port = entry.rpartition(":")
+        if not sep or not port.isdigit() or (host.startswith("[") != host.endswith("]")):
+            host, port = entry, "9092"
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+            return None
+        except (OSError, ValueError, OverflowError) as e:
+            errors.append(f"{entry}: {e.strerror if isinstance(e, OSError) and e.strerror else e}")
+    return "; ".join(errors) or "no bootstrap server given"
 
 
 def main_run(args: argparse.Namespace) -> int:
@@ -91,6 +116,10 @@ def main_run(args: argparse.Namespace) -> int:
         return 2
     if exporter:
         log.info("OpenTelemetry spans exported with OTEL_TRACES_EXPORTER=%s", exporter)
+    problem = broker_unreachable(settings.bootstrap_servers)
+    if problem:  # before the pool starts: one line, not the Kafka clients' error lines after it
+        log.error(_BROKER_HINT, settings.bootstrap_servers, problem)
+        return 2
     if settings.executor == "thread":  # the thread pool shares this service: no second load
         worker = KafkaDerenderWorker(settings, models, service=service)
     else:
@@ -102,9 +131,7 @@ def main_run(args: argparse.Namespace) -> int:
         log.error("bad configuration: %s", e)
         return 2
     except KafkaConnectionError as e:  # raised by the clients' bootstrap, i.e. at start
-        log.error("Kafka broker unreachable at %s (%s): start it, or give a reachable one with "
-                  "--bootstrap-servers (env DERENDER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS)",
-                  settings.bootstrap_servers, e)
+        log.error(_BROKER_HINT, settings.bootstrap_servers, e)
         return 2
     except DependencyOutage as e:
         if worker._fatal is not e:  # given up during start(): not logged yet
