@@ -109,6 +109,13 @@ def main_broker(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``derender-worker`` console script; returns the exit status (2 with
     one error line for every startup mistake)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["bench", "core"]:  # the core-vs-tokenizer-floor bench has its own flags
+        from worker.bench_core import main as bench_core_main
+        return bench_core_main(argv[2:])
+    if argv[:2] == ["bench", "stream"]:
+        from worker.bench_stream import main as bench_stream_main
+        return bench_stream_main(argv[2:])
     args, p = parse_args(argv)
     level, fmt = log_settings(p, args)
     setup_logging(level, fmt)
