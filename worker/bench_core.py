@@ -54,6 +54,9 @@ def build_bodies(tok, model: str, n_tokens: int, count: int, top_logprobs: int |
     encode = tok.encode
     vocab = min(tok.vocab_size, 150000)
     prompt = encode("<|im_start|>user\nWhat's the weather like in Paris today?<|im_end|>\n<|im_start|>assistant\n")
+    pad = encode(" the")
+    if len(pad) != 1:
+        raise ValueError("the tokenizer does not encode ' the' as one token")
     bodies, outs = [], []
     for k in range(count):
         tail = encode(f"</think>\n\nLet me check that.\n<tool_call>\n"
@@ -62,10 +65,14 @@ def build_bodies(tok, model: str, n_tokens: int, count: int, top_logprobs: int |
         head = encode("<think>\n")
         filler: list[int] = []
         i = k
-        while len(head) + len(filler) + len(tail) < n_tokens:
-            filler.extend(encode(" " + _WORDS[i % len(_WORDS)]))
+        while True:  # whole words only: a cut inside a multi-byte character is not model output
+            w = encode(" " + _WORDS[i % len(_WORDS)])
+            if len(head) + len(filler) + len(w) + len(tail) > n_tokens:
+                break
+            filler.extend(w)
             i += 1
-        ids = (head + filler)[: n_tokens - len(tail)] + tail
+        filler.extend(pad * (n_tokens - len(head) - len(filler) - len(tail)))
+        ids = head + filler + tail
         choice: dict = {"index": 0, "token_ids": ids, "finish_reason": "stop"}
         req: dict = {"model": model, "messages": [{"role": "user", "content": "weather?"}], "tools": TOOLS}
         if top_logprobs is not None:
