@@ -20,6 +20,8 @@ offset between chunks (``DerenderStreamState.logprob_context_token_ids`` /
 """
 from __future__ import annotations
 
+import threading
+
 from schemas import ChatLogprobToken, ChatLogprobTop, CompletionLogprobs, TokenLogprobIn
 
 from .tokenizer import Tokenizer
@@ -68,6 +70,51 @@ def decode_logprob_token(tok: Tokenizer, token_id: int, context_token_ids: list[
     return s
 
 
+#: row of a token whose text ends in U+FFFD on its own: repaired per position from the context
+_REPAIR = ()
+_TABLE_LOCK = threading.Lock()
+
+
+def logprob_rows(tok: Tokenizer) -> list:
+    """The tokenizer's lazily filled id -> ``(token string, UTF-8 bytes as a list of ints)`` table
+    shared by every sampled token and candidate (one list of ``vocab_size`` slots, ``None`` until
+    the id is first seen; ``()`` for an id whose text alone ends in U+FFFD, which is repaired per
+    position). The bytes list is shared by every reply that shows that token: never mutate it.
+    Filling a slot is idempotent, so concurrent fills are harmless."""
+    rows = tok.logprob_rows
+    if rows is None:
+        with _TABLE_LOCK:
+            rows = tok.logprob_rows
+            if rows is None:
+                rows = tok.logprob_rows = [None] * tok.vocab_size
+    return rows
+
+
+def _fill(tok: Tokenizer, rows: list, tid: int):
+    s = tok.decode_single(tid)
+    row = _REPAIR if s.endswith(_FFFD) else (s, list(s.encode("utf-8", errors="replace")))
+    rows[tid] = row
+    return row
+
+
+def _rows_for(tok: Tokenizer, rows: list, ids: list[int], ctx: list[int], repaired: dict) -> list:
+    """Rows of ``ids`` (all valid ids), filling the table and repairing U+FFFD tokens from
+    ``ctx`` (``repaired``: per-position cache, id -> row)."""
+    rs = [rows[t] for t in ids]
+    if None in rs or _REPAIR in rs:
+        for j, r in enumerate(rs):
+            if r is None:
+                r = rs[j] = _fill(tok, rows, ids[j])
+            if r is _REPAIR:
+                t = ids[j]
+                r = repaired.get(t)
+                if r is None:
+                    fixed = _correct(tok, t, ctx)
+                    r = repaired[t] = (fixed, list(fixed.encode("utf-8", errors="replace")))
+                rs[j] = r
+    return rs
+
+
 def next_context(context_token_ids: list[int] | None, sampled_ids: list[int]) -> list[int]:
     """The logprob context after ``sampled_ids``: the last 4 sampled ids (bounded state)."""
     return (list(context_token_ids or []) + [i for i in sampled_ids if i is not None])[-MAX_CONTEXT:]
@@ -103,12 +150,79 @@ def token_id_string(token_id: int | None) -> str:
     return f"token_id:{token_id}"
 
 
+def _fast_order(entry: TokenLogprobIn):
+    """``[entry, candidates in rank order without the sampled id]`` as entries (each with
+    ``token_id``/``logprob``) when the engine sent candidates already in rank order with
+    distinct ids (vLLM always does); None otherwise (then ``_ordered_candidates`` decides)."""
+    tops = entry.top_logprobs
+    if not tops:
+        return [entry]
+    ranks = [t.rank for t in tops]
+    if None in ranks:
+        if ranks.count(None) != len(ranks):
+            return None
+    elif ranks != sorted(ranks):
+        return None
+    cids = [t.token_id for t in tops]
+    if len(set(cids)) != len(cids):
+        return None
+    tid = entry.token_id
+    if tid in cids:
+        j = cids.index(tid)
+        return [entry, *tops[:j], *tops[j + 1:]]
+    return [entry, *tops]
+
+
 def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
                   context_token_ids: list[int] | None = None, as_token_ids: bool = False) -> list[ChatLogprobToken]:
-    """Chat ``logprobs.content`` for ``entries`` (one per output token). ``context_token_ids``:
-    the sampled output ids before ``entries[0]`` (last 4 are used; ``[]`` at the start).
-    ``as_token_ids``: token strings are ``token_id:<id>`` (vLLM's ``--return-tokens-as-token-ids``;
-    ``bytes`` are then that string's bytes, as vLLM gives)."""
+    """Chat ``logprobs.content`` for ``entries`` (one per output token; ids already checked to
+    be in the vocabulary). ``context_token_ids``: the sampled output ids before ``entries[0]``
+    (last 4 are used; ``[]`` at the start). ``as_token_ids``: token strings are ``token_id:<id>``
+    (vLLM's ``--return-tokens-as-token-ids``; ``bytes`` are then that string's bytes, as vLLM
+    gives). Token strings and bytes come from :func:`logprob_rows` (lookup cost), U+FFFD pieces
+    repaired per position."""
+    if as_token_ids:
+        return _chat_logprobs_slow(tok, entries, top_logprobs, context_token_ids, as_token_ids)
+    k = max(int(top_logprobs or 0), 0)
+    ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    rows = logprob_rows(tok)
+    top_cls, tok_cls = ChatLogprobTop, ChatLogprobToken
+    lo = MIN_LOGPROB
+    out: list[ChatLogprobToken] = []
+    append = out.append
+    for e in entries:
+        tid = e.token_id
+        sel = _fast_order(e) if k else [e]
+        if sel is None:
+            sel = [_Cand(t, lp) for t, lp in _ordered_candidates(e)]
+        sel = sel[:k] if k else sel[:1]
+        rs = _rows_for(tok, rows, [c.token_id for c in sel], ctx, {})
+        if k:
+            tops = [top_cls(token=r[0], logprob=lp if lp >= lo else lo, bytes=r[1])
+                    for r, lp in zip(rs, [c.logprob for c in sel])]
+        else:
+            tops = []
+        r = rs[0]  # sel[0] is the sampled token
+        lp = e.logprob
+        append(tok_cls(token=r[0], logprob=lp if lp >= lo else lo, bytes=r[1], top_logprobs=tops))
+        ctx.append(tid)
+        if len(ctx) > MAX_CONTEXT:
+            del ctx[0]
+    return out
+
+
+class _Cand:
+    """A candidate of ``_ordered_candidates`` with the entry attributes the fast path reads."""
+
+    __slots__ = ("token_id", "logprob")
+
+    def __init__(self, token_id, logprob):
+        self.token_id, self.logprob = token_id, logprob
+
+
+def _chat_logprobs_slow(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
+                        context_token_ids: list[int] | None, as_token_ids: bool) -> list[ChatLogprobToken]:
+    """``chat_logprobs`` one candidate at a time (``--return-tokens-as-token-ids``)."""
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     out: list[ChatLogprobToken] = []

@@ -52,7 +52,24 @@ class _RidProbe(msgspec.Struct):
     request_id: str | None = None
 
 
+class _ChatBody(DerenderChatRequest, kw_only=True):
+    """A chat body in one decode, plus the other shapes' keys (Raw, so ``kind_of``'s rule can be
+    applied without a routing pre-decode)."""
+
+    generate_responses: msgspec.Raw = msgspec.Raw()
+    generate_chunk: msgspec.Raw = msgspec.Raw()
+
+
+class _CompletionBody(DerenderCompletionRequest, kw_only=True):
+    """A completion body in one decode, plus the other shapes' keys (see ``_ChatBody``)."""
+
+    generate_response: msgspec.Raw = msgspec.Raw()
+    generate_chunk: msgspec.Raw = msgspec.Raw()
+
+
 _probe_decoder = msgspec.json.Decoder(_Probe)
+_chat_body_decoder = msgspec.json.Decoder(_ChatBody)
+_completion_body_decoder = msgspec.json.Decoder(_CompletionBody)
 _rid_decoder = msgspec.json.Decoder(_RidProbe)
 _list_rid_decoder = msgspec.json.Decoder(list[_RidProbe])
 _chat_decoder = msgspec.json.Decoder(DerenderChatRequest)
@@ -185,6 +202,19 @@ class DerenderService:
         Returns a ``DerenderResult``; never raises for bad input (400/404 error objects)."""
         request_id = None
         try:
+            one = _one_decode(body, kind)
+            if one is not None:  # the common case: one typed decode, same outcome as the probe path
+                kind, req = one
+                request_id = req.generate_response.request_id if kind == "chat" else \
+                    req.generate_responses[0].request_id
+                rt = self.runtime(req.model)
+                if kind == "chat":
+                    validate_chat(rt, req)
+                    resp = derender_chat(rt, req, created)
+                else:
+                    validate_completion(rt, req)
+                    resp = derender_completion(rt, req, created)
+                return DerenderResult(_encoder.encode(resp), 200, request_id, kind)
             probe = _decode_or_400(_probe_decoder, body)
             request_id = _request_id(probe)
             shape = kind_of(probe)
@@ -275,6 +305,30 @@ class DerenderService:
             log.exception("derender_stream failed for request_id=%s", request_id)
             err = DerenderError(f"internal error: {type(e).__name__}: {e}", status=500)
             return StreamResult(_encoder.encode(err.to_response(request_id)), 500, request_id, kind_used), None
+
+
+def _one_decode(body: bytes, kind: str | None):
+    """``(kind, typed body)`` when ``body`` decodes as a chat (or completion) body in one typed
+    decode and has exactly that shape (``kind_of``'s rule: the other shapes' keys absent or
+    null; ``kind``, when given, agrees); None otherwise: the caller then takes the probe path,
+    which reports the same error message it always did. Which shape is tried is guessed from the
+    bytes (``"generate_responses"`` present: completion); a wrong guess only costs the fallback."""
+    want = kind if kind is not None else ("completion" if b'"generate_responses"' in body else "chat")
+    try:
+        if want == "chat":
+            req = _chat_body_decoder.decode(body)
+            if _Probe.present(req.generate_responses) or _Probe.present(req.generate_chunk):
+                return None
+        elif want == "completion":
+            req = _completion_body_decoder.decode(body)
+            if _Probe.present(req.generate_response) or _Probe.present(req.generate_chunk) \
+                    or not req.generate_responses:
+                return None
+        else:
+            return None
+    except _BAD_JSON:
+        return None
+    return want, req
 
 
 def _request_id(probe: _Probe) -> str | None:

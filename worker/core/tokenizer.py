@@ -81,6 +81,8 @@ class Tokenizer:
         self.path = path
         self.mode = mode
         self._single_cache: dict[int, str] = {}
+        #: id -> (logprob token string, its UTF-8 bytes), filled by ``worker.core.logprobs.logprob_rows``
+        self.logprob_rows: list | None = None
         self._tok_cache: dict[int, str] = {}
         self._fast = None             # tokenizers.Tokenizer
         self._mc = None               # mistral-common inner tokenizer
