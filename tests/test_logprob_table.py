@@ -89,3 +89,37 @@ def test_one_decode_keeps_probe_path_errors(body, kind, monkeypatch):
     assert (fast.status, fast.body, fast.request_id, fast.kind) == (slow.status, slow.body, slow.request_id,
                                                                     slow.kind)
     assert fast.status != 200
+
+
+def _completion_reference(tok, entries, k, ctx):
+    """The per-candidate completion logprobs (the pre-table algorithm, from the module's
+    primitives: ``decode_logprob_token`` per candidate, ``_ordered_candidates``)."""
+    from worker.core.logprobs import _clamp, _ordered_candidates, decode_logprob_token, next_context
+
+    tokens, lps, tops, offs = [], [], [], []
+    off, last, first = 0, 0, True
+    for e in entries:
+        s0 = decode_logprob_token(tok, e.token_id, ctx)
+        d = {}
+        for tid, lp in _ordered_candidates(e)[:k + 1]:
+            d[s0 if tid == e.token_id else decode_logprob_token(tok, tid, ctx)] = _clamp(lp)
+        tokens.append(s0)
+        lps.append(_clamp(e.logprob))
+        tops.append(d)
+        off = off if first else off + last
+        first = False
+        offs.append(off)
+        last = len(s0)
+        ctx = next_context(ctx, [e.token_id])
+    return {"text_offset": offs, "token_logprobs": lps, "tokens": tokens, "top_logprobs": tops}
+
+
+@pytest.mark.parametrize("k", [0, 5, 20])
+def test_completion_table_path_equals_per_candidate_path(k):
+    from worker.core.logprobs import completion_logprobs
+
+    tok = load_tokenizer(str(TOKDIR / "qwen3"))
+    entries, _ = _entries(tok, random.Random(k), 120, k)
+    got = msgspec.json.decode(_enc.encode(completion_logprobs(tok, entries, k)))
+    want = msgspec.json.decode(_enc.encode(_completion_reference(tok, entries, k, [])))
+    assert json.dumps(got, sort_keys=False) == json.dumps(want, sort_keys=False)

@@ -255,8 +255,17 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
     before ``entries[0]`` (0 for a whole non-stream choice; the streamed text length so far).
     ``as_token_ids``: token strings (and dict keys) are ``token_id:<id>`` and ``text_offset``
     advances by their length, as vLLM's ``--return-tokens-as-token-ids`` does."""
-    def text(tid, ctx):
-        return token_id_string(tid) if as_token_ids else decode_logprob_token(tok, tid, ctx)
+    if as_token_ids:
+        def text(tid, ctx):
+            return token_id_string(tid)
+    else:
+        rows = logprob_rows(tok)
+
+        def text(tid, ctx):
+            r = rows[tid]
+            if r is None:
+                r = _fill(tok, rows, tid)
+            return r[0] if r is not _REPAIR else _correct(tok, tid, ctx)
 
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
@@ -264,13 +273,18 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
     offset = text_offset_start
     last_len = 0
     first = True
+    lo = MIN_LOGPROB
     for e in entries:
-        tok_str = text(e.token_id, ctx)
-        cands = _ordered_candidates(e)
+        tid0 = e.token_id
+        tok_str = text(tid0, ctx)
+        sel = _fast_order(e) if k else [e]
+        if sel is None:
+            sel = [_Cand(t, lp) for t, lp in _ordered_candidates(e)]
         d: dict[str, float] = {}
-        for tid, lp in cands[:k + 1]:
-            s = tok_str if tid == e.token_id else text(tid, ctx)
-            d[s] = _clamp(lp)
+        for c in sel[:k + 1]:
+            tid, lp = c.token_id, c.logprob
+            s = tok_str if tid == tid0 else text(tid, ctx)
+            d[s] = lp if lp >= lo else lo
         res.tokens.append(tok_str)
         res.token_logprobs.append(_clamp(e.logprob))
         res.top_logprobs.append(d)
