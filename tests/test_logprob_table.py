@@ -1,8 +1,7 @@
 """Logprobs at lookup cost (issue 13): the table-driven ``chat_logprobs`` gives exactly the bytes
 of the one-candidate-at-a-time path for real tokenizers, over hostile engine candidate lists
 (unsorted / missing ranks, duplicate ids, the sampled id among or outside the candidates,
-byte-fallback pieces that need U+FFFD repair, logprobs below the floor, -inf and NaN), and the
-non-streaming core's one-decode routing keeps every error reply of the probe path."""
+byte-fallback pieces that need U+FFFD repair, logprobs below the floor, -inf and NaN)."""
 from __future__ import annotations
 
 import json
@@ -13,9 +12,7 @@ import msgspec
 import pytest
 
 from schemas import TokenLogprobIn, TopLogprobIn
-from worker.config import ServedModelConfig
 from worker.core.logprobs import _chat_logprobs_slow, chat_logprobs, logprob_rows
-from worker.core.service import DerenderService
 from worker.core.tokenizer import load_tokenizer
 
 TOKDIR = Path(__file__).parent / "data" / "tokenizers"
@@ -60,35 +57,6 @@ def test_table_path_equals_per_candidate_path(name, k):
     rows = logprob_rows(tok)
     if name == "qwen3":
         assert () in rows
-
-
-def _svc() -> DerenderService:
-    return DerenderService([ServedModelConfig(name="m", tokenizer=str(TOKDIR / "qwen3"), reasoning_parser="qwen3",
-                                              tool_parser="hermes", enable_auto_tool_choice=True)])
-
-
-@pytest.mark.parametrize("body,kind", [
-    ({"model": "m", "generate_response": {"choices": [{"token_ids": [1]}]},
-      "generate_responses": [{"choices": [{"token_ids": [1]}]}]}, None),
-    ({"model": "m", "generate_response": {"choices": [{"token_ids": [1]}]}, "generate_chunk": {}}, None),
-    ({"model": None, "generate_response": {"choices": [{"token_ids": [1]}]}}, None),
-    ({"model": "nope", "generate_response": {"request_id": "r", "choices": [{"token_ids": [1]}]}}, None),
-    ({"model": "m", "generate_response": {"request_id": "r", "choices": [{"token_ids": [1]}]}}, "completion"),
-    ({"model": "m", "generate_responses": []}, None),
-    ({"model": "m", "generate_responses": [{"request_id": "c", "choices": [{"token_ids": [-1]}]}]}, None),
-    ({"model": "m", "generate_response": None, "generate_responses": [{"choices": []}]}, None),
-])
-def test_one_decode_keeps_probe_path_errors(body, kind, monkeypatch):
-    """Bodies the one-decode path must hand to the probe path (or answer identically)."""
-    import worker.core.service as service
-
-    raw = json.dumps(body).encode()
-    fast = _svc().derender(raw, kind)
-    monkeypatch.setattr(service, "_one_decode", lambda body, kind: None)
-    slow = _svc().derender(raw, kind)
-    assert (fast.status, fast.body, fast.request_id, fast.kind) == (slow.status, slow.body, slow.request_id,
-                                                                    slow.kind)
-    assert fast.status != 200
 
 
 def _completion_reference(tok, entries, k, ctx):

@@ -12,6 +12,7 @@ import threading
 import msgspec
 
 from schemas import (
+    CompletionRequest,
     DerenderChatRequest,
     DerenderChatStreamRequest,
     DerenderCompletionRequest,
@@ -152,6 +153,17 @@ class _StreamProbe(msgspec.Struct):
 _stream_probe_decoder = msgspec.json.Decoder(_StreamProbe)
 
 
+class _StreamBody(DerenderChatStreamRequest, kw_only=True):
+    """A chat or completion stream chunk body in one typed decode (both request fields typed, so
+    it validates at least what the kind's own decoder does); ``derender_stream`` falls back to
+    the probe path, and its exact error messages, when this decode fails."""
+
+    completion_request: CompletionRequest | None = None
+
+
+_stream_body_decoder = msgspec.json.Decoder(_StreamBody)
+
+
 class DerenderService:
     """Derenders request bodies for a set of served models, routing by the body's ``model``.
 
@@ -264,16 +276,27 @@ class DerenderService:
         request_id = None
         kind_used = None
         try:
-            probe = _decode_or_400(_stream_probe_decoder, body)
-            if not _Probe.present(probe.generate_chunk):
-                raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
-            try:
-                request_id = _rid_decoder.decode(probe.generate_chunk).request_id
+            try:  # one typed decode; on failure the probe path below names the error as always
+                typed = _stream_body_decoder.decode(body)
             except _BAD_JSON:
-                request_id = None
-            if probe.model is None:
-                raise BadRequest("model is required", param="model")
-            rt = self.runtime(probe.model)
+                typed = None
+            if typed is not None:
+                request_id = typed.generate_chunk.request_id
+                model = typed.model
+                has_completion_request = typed.completion_request is not None
+            else:
+                probe = _decode_or_400(_stream_probe_decoder, body)
+                if not _Probe.present(probe.generate_chunk):
+                    raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
+                try:
+                    request_id = _rid_decoder.decode(probe.generate_chunk).request_id
+                except _BAD_JSON:
+                    request_id = None
+                if probe.model is None:
+                    raise BadRequest("model is required", param="model")
+                model = probe.model
+                has_completion_request = _Probe.present(probe.completion_request)
+            rt = self.runtime(model)
             state = core_stream.decode_state(rt, state_bytes) if state_bytes else None
             if kind is not None:
                 kind = kind.removesuffix("-stream")
@@ -284,14 +307,15 @@ class DerenderService:
                     raise BadRequest(f"message kind {kind!r} does not match the stream's kind ({state.kind})")
                 kind = state.kind
             elif kind is None:
-                kind = "completion" if _Probe.present(probe.completion_request) else "chat"
+                kind = "completion" if has_completion_request else "chat"
             kind_used = kind + "-stream"
             if seq is not None and not 0 <= seq <= 2**63 - 2:  # next_seq = seq + 1 must fit an int64
                 raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
             if seq is not None and state is not None and seq < state.next_seq:
                 raise DerenderError(f"stale chunk: sequence number {seq} < next expected {state.next_seq}",
                                     param="seq", status=409)
-            req = _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
+            req = typed if typed is not None else \
+                _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
             fn = core_stream.derender_chat_chunk if kind == "chat" else core_stream.derender_completion_chunk
             chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage, created=created)
             if seq is not None:

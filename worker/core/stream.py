@@ -368,7 +368,8 @@ def _parser_ids(rt: ModelRuntime, st: StreamState, ids: list[int]) -> list[int]:
     """The ids fed to the parsers (skipped special tokens never reach them)."""
     if st.opts.skip_special:
         special = rt.tokenizer.special_ids
-        return [t for t in ids if t not in special]
+        if not special.isdisjoint(ids):
+            return [t for t in ids if t not in special]
     return ids
 
 
@@ -556,7 +557,7 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
         if st.opts.logprobs and entries:
             lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx,
                                                     as_token_ids=rt.config.return_tokens_as_token_ids))
-        if c.token_ids:
+        if c.token_ids and st.opts.logprobs:  # the context is read only when logprobs are on
             cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
         finish = stop_reason = None
         if final:
@@ -641,7 +642,7 @@ def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRe
                                      text_offset_start=cs.text_offset + len(prefix), context_token_ids=cs.lp_ctx,
                                      as_token_ids=rt.config.return_tokens_as_token_ids)
         cs.text_offset += len(text)
-        if c.token_ids:
+        if c.token_ids and st.opts.logprobs:  # the context is read only when logprobs are on
             cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
         final = c.finish_reason is not None or matched is not None
         finish = stop_reason = None
