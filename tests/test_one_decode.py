@@ -78,3 +78,36 @@ class _Failing:
     def decode(self, data):
         import msgspec
         raise msgspec.DecodeError("forced")
+
+
+def test_stream_state_typed_decode_roundtrips_and_keeps_version_refusal():
+    """The per-stack typed state decoder restores parser sub-states as their own Structs in one
+    decode, re-encodes to the same bytes, and a state of another version is still refused with
+    the version message (never misread)."""
+    import msgspec
+
+    from worker.core import stream as core_stream
+
+    svc = _svc()
+    rt = svc.runtime("m")
+    tok = rt.tokenizer
+    ids = tok.encode("<think>\nhmm</think>\n\nok <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}")
+    state = None
+    for i, t in enumerate(ids):
+        b = {"model": "m", "stream": True,
+             "generate_chunk": {"request_id": "s", "choices": [{"index": 0, "token_ids": [t]}]}}
+        if i == 0:
+            b["chat_request"] = {"messages": [], "tools": [{"type": "function", "function": {"name": "f"}}]}
+        res, state = svc.derender_stream(json.dumps(b).encode(), state)
+        assert res.status == 200, res.body
+        st = core_stream.decode_state(rt, state)
+        r_type, t_type = rt.stack.state_types
+        parser = st.choices[0].parser
+        assert type(parser.reasoning) is r_type and type(parser.tool) is t_type
+        assert core_stream.encode_state(st) == state
+    old = msgspec.msgpack.decode(state)
+    old[0] = core_stream.STATE_VERSION - 1
+    res, _ = svc.derender_stream(json.dumps({"model": "m", "stream": True, "generate_chunk": {
+        "request_id": "s", "choices": [{"index": 0, "token_ids": [ids[0]]}]}}).encode(), msgspec.msgpack.encode(old))
+    assert res.status == 400
+    assert f"has version {core_stream.STATE_VERSION - 1}" in json.loads(res.body)["error"]["message"]
