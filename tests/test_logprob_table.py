@@ -91,3 +91,32 @@ def test_completion_table_path_equals_per_candidate_path(k):
     got = msgspec.json.decode(_enc.encode(completion_logprobs(tok, entries, k)))
     want = msgspec.json.decode(_enc.encode(_completion_reference(tok, entries, k, [])))
     assert json.dumps(got, sort_keys=False) == json.dumps(want, sort_keys=False)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "deepseek-v4"])
+def test_byte_repair_equals_tokenizer_decode_repair(name):
+    """U+FFFD repair from piece bytes (byte-level tokenizers) equals the repair through the
+    tokenizer's own decode calls, on contexts of real multi-byte text and random byte pieces."""
+    from worker.core.logprobs import _correct, _correct_bytes, _correct_decoding
+
+    tok = load_tokenizer(str(TOKDIR / name))
+    assert tok.is_byte_level
+    rng = random.Random(name)
+    real = tok.encode("天气预报 😀 🌤️ 東京 Ωμέγα ñandú 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 " * 3)
+    fffd = [i for i in range(min(tok.vocab_size, 200000)) if i not in tok.added_token_ids
+            and tok.decode_single(i).endswith("\ufffd")]
+    assert len(fffd) > 50
+    checked = 0
+    for _ in range(3000):
+        if rng.random() < 0.5:
+            j = rng.randrange(len(real))
+            ctx, t = real[max(0, j - rng.randint(0, 4)):j], real[j]
+        else:
+            ctx = [rng.choice(fffd + real) for _ in range(rng.randint(0, 4))]
+            t = rng.choice(fffd)
+        if not tok.decode_single(t).endswith("\ufffd") or tok.added_token_ids.keys() & set(ctx):
+            continue
+        assert _correct_bytes(tok, t, ctx) == _correct_decoding(tok, t, ctx), (ctx, t)
+        assert _correct(tok, t, ctx) == _correct_decoding(tok, t, ctx)
+        checked += 1
+    assert checked > 500
