@@ -51,7 +51,10 @@ Byte = Annotated[int, Meta(ge=0, le=255)]
 
 
 # ----------------------------------------------------------------------------- engine output ---
-class TopLogprobIn(Struct, kw_only=True):
+#: the logprob Structs are ``gc=False`` (msgspec): they hold only numbers, strings and lists of
+#: ints, never a reference cycle, so the thousands a dense-logprobs record carries are not
+#: tracked by the cycle collector (a top-20 record: ~5k candidates in, ~5k out)
+class TopLogprobIn(Struct, kw_only=True, gc=False):
     """One candidate of an engine logprob entry: ``token_id``, ``logprob`` (natural log), ``rank``
     (1 = most likely). ``token``/``bytes`` are accepted (vLLM may send them) but derender always
     recomputes them from ``token_id`` with the served tokenizer."""
@@ -63,7 +66,7 @@ class TopLogprobIn(Struct, kw_only=True):
     bytes: list[Byte] | None = None
 
 
-class TokenLogprobIn(Struct, kw_only=True):
+class TokenLogprobIn(Struct, kw_only=True, gc=False):
     """Engine logprobs of one sampled token (``token_id``) plus its ``top_logprobs`` candidates."""
 
     token_id: Int64 | None = None
@@ -337,7 +340,7 @@ class ChatMessage(Struct, kw_only=True):
     reasoning: str | None = None
 
 
-class ChatLogprobTop(Struct, kw_only=True):
+class ChatLogprobTop(Struct, kw_only=True, gc=False):
     """One top-logprob candidate: ``token`` text, ``logprob``, UTF-8 ``bytes``."""
 
     token: str
@@ -345,7 +348,7 @@ class ChatLogprobTop(Struct, kw_only=True):
     bytes: list[int] | None = None
 
 
-class ChatLogprobToken(ChatLogprobTop, kw_only=True):
+class ChatLogprobToken(ChatLogprobTop, kw_only=True, gc=False):
     """Logprob of one sampled token plus ``top_logprobs`` candidates (OpenAI shape)."""
 
     top_logprobs: list[ChatLogprobTop] = field(default_factory=list)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from worker.config import ServedModelConfig, load_config_file, models_from_args
 from worker.core.service import DerenderService
+from worker.bench import floor
 from worker.flags import startup_error
 
 DEMO = Path(__file__).resolve().parent.parent / "demo_data"
@@ -67,6 +68,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--distinct", type=int, default=64, help="distinct bodies cycled through")
     ap.add_argument("--seconds", type=float, default=5.0, help="time per repeat")
     ap.add_argument("--repeats", type=int, default=3)
+    floor.add_args(ap)
 
 
 def run_bench(service: DerenderService, model: str, tokens: int, distinct: int, seconds: float,
@@ -125,4 +127,4 @@ def run_suite(args: argparse.Namespace) -> int:
     if not r["parsed"]:
         print("  note: the bodies (Qwen3 <think> + Hermes <tool_call> markup) were not parsed into reasoning + "
               "a tool call with this model's parsers")
-    return 0
+    return floor.run_suite(args) if args.floor else 0

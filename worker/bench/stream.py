@@ -21,6 +21,10 @@ call (``qwen3_coder``), streamed in 1-token chunks in both modes; it prints the 
 call's first argument token (JSON: the arguments' ``{``; XML: the first parameter's value) to the
 first argument delta the client gets, in tokens and in microseconds (wall time of the chunks in
 between, that one included), plus the number of argument deltas.
+
+The never-closed pass (``--call-words``, default 20,000; 0 skips it): a hermes call whose string
+argument never ends, in 1-token chunks in both modes: thread CPU µs per chunk over the first and
+last 5% of the chunks, their ratio, and the state size at the end.
 """
 from __future__ import annotations
 
@@ -70,6 +74,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--call-tokens", type=int, default=400, help="argument length of the tool-call delay pass")
+    ap.add_argument("--call-words", type=int, default=20000,
+                    help="words of the never-closed call pass (0: skip it)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +146,8 @@ def run_suite(args: argparse.Namespace) -> int:
           f"back, e.g. inside the tool call's body or a split marker, yields none), {calls} tool call "
           f"fragment(s), usage {final[-1].get('usage')}")
     _tool_delay(args.tokenizer, args.call_tokens)
+    if args.call_words:
+        _never_closed(args.tokenizer, args.call_words)
     if args.redis:
         return asyncio.run(_redis_pass(svc, bodies, marks, args.redis))
     return 0
@@ -201,6 +209,43 @@ def _tool_delay(tokenizer: str, call_tokens: int) -> None:
             us = statistics.median(r[1] for r in runs[1:]) * 1e6
             print(f"  {fmt:12s} {mode:12s}: first argument token #{first}, first argument delta at #{at}: "
                   f"delay {at - first:4d} tokens, {us:9.1f} us; {pieces} argument delta(s) for {len(ids)} tokens")
+
+
+def _never_closed(tokenizer: str, words: int) -> None:
+    """Print per-chunk CPU µs over the first and last 5% of a hermes tool call that never closes
+    (an agent writing a ~``words``-word file: ``<tool_call>`` then ``{"name": "write_file",
+    "arguments": {"content": "...`` in 1-token chunks, no end), in both ``--tool-call-streaming``
+    modes, with their ratio and the state size at the end (what is decoded and re-encoded every
+    chunk; issue 13's target: ratio <= 1.3, state <= 4 KiB)."""
+    print(f"never-closed call: hermes write_file with a ~{words}-word content string, 1-token chunks, "
+          "thread CPU time per chunk (state decode + derender + encode)")
+    for mode in ("whole", "incremental"):
+        svc = DerenderService([ServedModelConfig(name="m", tokenizer=tokenizer, tool_parser="hermes",
+                                                 enable_auto_tool_choice=True, tool_call_streaming=mode)])
+        svc.preload()
+        tok = svc.runtime("m").tokenizer
+        text = '<tool_call>\n{"name": "write_file", "arguments": {"content": "' + " ".join(
+            _CODE_LINE.split()[i % len(_CODE_LINE.split())] for i in range(words))
+        ids = tok.encode(text)
+        head = {"model": "m", "stream": True, "prompt_token_ids": tok.encode("<|im_start|>assistant\n"),
+                "chat_request": {"model": "m", "messages": [{"role": "user", "content": "write it"}],
+                                 "tools": _FILE_TOOL, "tool_choice": "auto"}}
+        state = None
+        times = []
+        for i, t in enumerate(ids):
+            b = dict(head) if i == 0 else {"model": "m", "stream": True}
+            b["generate_chunk"] = {"request_id": "bench-open", "choices": [{"index": 0, "token_ids": [t]}]}
+            body = json.dumps(b).encode()
+            t0 = time.thread_time()
+            res, state = svc.derender_stream(body, state)
+            times.append(time.thread_time() - t0)
+            if res.is_error:
+                print(res.body.decode(), file=sys.stderr)
+                return
+        k = max(1, len(times) // 20)
+        first, last = statistics.median(times[:k]) * 1e6, statistics.median(times[-k:]) * 1e6
+        print(f"  {mode:12s}: {len(ids)} chunks; first 5% {first:7.1f} us/chunk, last 5% {last:7.1f} us/chunk, "
+              f"ratio {last / first:.2f}; state at the end {len(state)} B; whole call {sum(times):.1f} s")
 
 
 async def _redis_pass(svc: DerenderService, bodies: list[bytes], marks: list[int], url: str) -> int:

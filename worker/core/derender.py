@@ -103,25 +103,34 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
     Raises ``BadRequest`` naming ``where``."""
     cfg = rt.config
     vocab = rt.tokenizer.vocab_size
-    for t in ids:
-        if t < 0 or t >= vocab:
-            raise BadRequest(f"token id {t} in {where} is outside the vocabulary [0, {vocab})",
-                             param=f"{where}.token_ids")
+    if ids and (min(ids) < 0 or max(ids) >= vocab):  # C-level bounds; the loop only names the culprit
+        t = next(t for t in ids if t < 0 or t >= vocab)
+        raise BadRequest(f"token id {t} in {where} is outside the vocabulary [0, {vocab})",
+                         param=f"{where}.token_ids")
     lp = logprobs.content if logprobs is not None else None
     if lp is None:
         return
     if len(lp) != len(ids):
         raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
                          f"length ({len(ids)})", param=f"{where}.logprobs")
+    max_lp = cfg.max_logprobs
     for e in lp:
-        if 0 <= cfg.max_logprobs < len(e.top_logprobs):
-            raise BadRequest(f"top_logprobs count ({len(e.top_logprobs)}) in {where} exceeds max_logprobs "
+        tops = e.top_logprobs
+        if 0 <= max_lp < len(tops):
+            raise BadRequest(f"top_logprobs count ({len(tops)}) in {where} exceeds max_logprobs "
                              f"({cfg.max_logprobs}).", param=f"{where}.logprobs")
-        for cand in (e, *e.top_logprobs):
-            t = cand.token_id
-            if t is None or t < 0 or t >= vocab:
-                raise BadRequest(f"logprob token_id {t} in {where} is missing or outside the vocabulary",
-                                 param=f"{where}.logprobs")
+        t = e.token_id
+        if t is None or t < 0 or t >= vocab:
+            _bad_logprob_id(t, where)
+        if tops:
+            cids = [c.token_id for c in tops]
+            if None in cids or min(cids) < 0 or max(cids) >= vocab:
+                _bad_logprob_id(next(t for t in cids if t is None or t < 0 or t >= vocab), where)
+
+
+def _bad_logprob_id(t: int | None, where: str) -> None:
+    raise BadRequest(f"logprob token_id {t} in {where} is missing or outside the vocabulary",
+                     param=f"{where}.logprobs")
 
 
 #: most ``stop`` strings, and most characters over all of them, a request may carry: every
@@ -341,7 +350,8 @@ def _text_of(rt: ModelRuntime, c: GenerateTokensChoice, prompt_ids, skip_special
         stop_token = None
     if skip_special:  # skipped special tokens never reach the parsers (nor reasoning_tokens)
         special = rt.tokenizer.special_ids
-        ids = [t for t in ids if t not in special]
+        if not special.isdisjoint(ids):
+            ids = [t for t in ids if t not in special]
         stop_token = None if stop_token in special else stop_token
     return _Text(text, ids, used, matched, stop_token)
 

@@ -81,6 +81,7 @@ class IncrementalDetokenizer:
         self.tok = tok
         self.skip_special_tokens = bool(skip_special_tokens)
         self.fast = tok.backend == "fast"
+        self._window_text: str | None = None  # decode of the prompt-primed window, once
         if self.fast:
             # vLLM: spaces are only suppressed when special tokens are kept and the flag is off
             self._suppress_spaces = (not skip_special_tokens and not spaces_between_special_tokens
@@ -108,7 +109,7 @@ class IncrementalDetokenizer:
             return
         if self.fast:
             self._ids = _prompt_tail(tok, prompt, self.skip_special_tokens)
-            p = tok.raw_decode(self._ids, self.skip_special_tokens)
+            p = self._window_text = tok.raw_decode(self._ids, self.skip_special_tokens)
             if p.endswith(_FFFD):
                 # the prompt ends inside a multi-byte character: its dangling bytes belong to
                 # the prompt, so they are part of the prefix (never emitted as output text);
@@ -152,11 +153,11 @@ class IncrementalDetokenizer:
             return None
         tok = self.tok
         vocab = tok.vocab_size
-        for t in token_ids:
-            if t < 0 or t >= vocab:
-                return None
+        if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
+            return None
         window = self._ids
-        p = tok.raw_decode(window, self.skip_special_tokens) if window else ""
+        p = "" if not window else self._window_text if self._window_text is not None \
+            else tok.raw_decode(window, self.skip_special_tokens)
         s = tok.raw_decode(window + list(token_ids), self.skip_special_tokens)
         if _FFFD in s or not s.startswith(p):
             return None

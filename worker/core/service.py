@@ -12,6 +12,7 @@ import threading
 import msgspec
 
 from schemas import (
+    CompletionRequest,
     DerenderChatRequest,
     DerenderChatStreamRequest,
     DerenderCompletionRequest,
@@ -52,7 +53,24 @@ class _RidProbe(msgspec.Struct):
     request_id: str | None = None
 
 
+class _ChatBody(DerenderChatRequest, kw_only=True):
+    """A chat body in one decode, plus the other shapes' keys (Raw, so ``kind_of``'s rule can be
+    applied without a routing pre-decode)."""
+
+    generate_responses: msgspec.Raw = msgspec.Raw()
+    generate_chunk: msgspec.Raw = msgspec.Raw()
+
+
+class _CompletionBody(DerenderCompletionRequest, kw_only=True):
+    """A completion body in one decode, plus the other shapes' keys (see ``_ChatBody``)."""
+
+    generate_response: msgspec.Raw = msgspec.Raw()
+    generate_chunk: msgspec.Raw = msgspec.Raw()
+
+
 _probe_decoder = msgspec.json.Decoder(_Probe)
+_chat_body_decoder = msgspec.json.Decoder(_ChatBody)
+_completion_body_decoder = msgspec.json.Decoder(_CompletionBody)
 _rid_decoder = msgspec.json.Decoder(_RidProbe)
 _list_rid_decoder = msgspec.json.Decoder(list[_RidProbe])
 _chat_decoder = msgspec.json.Decoder(DerenderChatRequest)
@@ -135,6 +153,17 @@ class _StreamProbe(msgspec.Struct):
 _stream_probe_decoder = msgspec.json.Decoder(_StreamProbe)
 
 
+class _StreamBody(DerenderChatStreamRequest, kw_only=True):
+    """A chat or completion stream chunk body in one typed decode (both request fields typed, so
+    it validates at least what the kind's own decoder does); ``derender_stream`` falls back to
+    the probe path, and its exact error messages, when this decode fails."""
+
+    completion_request: CompletionRequest | None = None
+
+
+_stream_body_decoder = msgspec.json.Decoder(_StreamBody)
+
+
 class DerenderService:
     """Derenders request bodies for a set of served models, routing by the body's ``model``.
 
@@ -185,6 +214,19 @@ class DerenderService:
         Returns a ``DerenderResult``; never raises for bad input (400/404 error objects)."""
         request_id = None
         try:
+            one = _one_decode(body, kind)
+            if one is not None:  # the common case: one typed decode, same outcome as the probe path
+                kind, req = one
+                request_id = req.generate_response.request_id if kind == "chat" else \
+                    req.generate_responses[0].request_id
+                rt = self.runtime(req.model)
+                if kind == "chat":
+                    validate_chat(rt, req)
+                    resp = derender_chat(rt, req, created)
+                else:
+                    validate_completion(rt, req)
+                    resp = derender_completion(rt, req, created)
+                return DerenderResult(_encoder.encode(resp), 200, request_id, kind)
             probe = _decode_or_400(_probe_decoder, body)
             request_id = _request_id(probe)
             shape = kind_of(probe)
@@ -234,16 +276,27 @@ class DerenderService:
         request_id = None
         kind_used = None
         try:
-            probe = _decode_or_400(_stream_probe_decoder, body)
-            if not _Probe.present(probe.generate_chunk):
-                raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
-            try:
-                request_id = _rid_decoder.decode(probe.generate_chunk).request_id
+            try:  # one typed decode; on failure the probe path below names the error as always
+                typed = _stream_body_decoder.decode(body)
             except _BAD_JSON:
-                request_id = None
-            if probe.model is None:
-                raise BadRequest("model is required", param="model")
-            rt = self.runtime(probe.model)
+                typed = None
+            if typed is not None:
+                request_id = typed.generate_chunk.request_id
+                model = typed.model
+                has_completion_request = typed.completion_request is not None
+            else:
+                probe = _decode_or_400(_stream_probe_decoder, body)
+                if not _Probe.present(probe.generate_chunk):
+                    raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
+                try:
+                    request_id = _rid_decoder.decode(probe.generate_chunk).request_id
+                except _BAD_JSON:
+                    request_id = None
+                if probe.model is None:
+                    raise BadRequest("model is required", param="model")
+                model = probe.model
+                has_completion_request = _Probe.present(probe.completion_request)
+            rt = self.runtime(model)
             state = core_stream.decode_state(rt, state_bytes) if state_bytes else None
             if kind is not None:
                 kind = kind.removesuffix("-stream")
@@ -254,14 +307,15 @@ class DerenderService:
                     raise BadRequest(f"message kind {kind!r} does not match the stream's kind ({state.kind})")
                 kind = state.kind
             elif kind is None:
-                kind = "completion" if _Probe.present(probe.completion_request) else "chat"
+                kind = "completion" if has_completion_request else "chat"
             kind_used = kind + "-stream"
             if seq is not None and not 0 <= seq <= 2**63 - 2:  # next_seq = seq + 1 must fit an int64
                 raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
             if seq is not None and state is not None and seq < state.next_seq:
                 raise DerenderError(f"stale chunk: sequence number {seq} < next expected {state.next_seq}",
                                     param="seq", status=409)
-            req = _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
+            req = typed if typed is not None else \
+                _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
             fn = core_stream.derender_chat_chunk if kind == "chat" else core_stream.derender_completion_chunk
             chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage, created=created)
             if seq is not None:
@@ -275,6 +329,30 @@ class DerenderService:
             log.exception("derender_stream failed for request_id=%s", request_id)
             err = DerenderError(f"internal error: {type(e).__name__}: {e}", status=500)
             return StreamResult(_encoder.encode(err.to_response(request_id)), 500, request_id, kind_used), None
+
+
+def _one_decode(body: bytes, kind: str | None):
+    """``(kind, typed body)`` when ``body`` decodes as a chat (or completion) body in one typed
+    decode and has exactly that shape (``kind_of``'s rule: the other shapes' keys absent or
+    null; ``kind``, when given, agrees); None otherwise: the caller then takes the probe path,
+    which reports the same error message it always did. Which shape is tried is guessed from the
+    bytes (``"generate_responses"`` present: completion); a wrong guess only costs the fallback."""
+    want = kind if kind is not None else ("completion" if b'"generate_responses"' in body else "chat")
+    try:
+        if want == "chat":
+            req = _chat_body_decoder.decode(body)
+            if _Probe.present(req.generate_responses) or _Probe.present(req.generate_chunk):
+                return None
+        elif want == "completion":
+            req = _completion_body_decoder.decode(body)
+            if _Probe.present(req.generate_response) or _Probe.present(req.generate_chunk) \
+                    or not req.generate_responses:
+                return None
+        else:
+            return None
+    except _BAD_JSON:
+        return None
+    return want, req
 
 
 def _request_id(probe: _Probe) -> str | None:

@@ -72,6 +72,7 @@ configured, a model change mid-stream, a chunk of the other kind than the stream
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import msgspec
@@ -201,13 +202,40 @@ def encode_state(state: StreamState) -> bytes:
     return _state_encoder.encode(state)
 
 
+_typed_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _typed_decoder(stack) -> msgspec.msgpack.Decoder:
+    """A msgpack decoder of ``StreamState`` whose parser sub-states are ``stack``'s own Struct
+    types (``ParserStack.typed_state``): one decode, nothing rebuilt. Built once per stack."""
+    dec = _typed_decoders.get(stack)
+    if dec is None:
+        sst = stack.typed_state
+        cst = msgspec.defstruct("TypedChoiceState", [("parser", sst | None, None)], bases=(ChoiceState,),
+                                kw_only=True, array_like=True)
+        tst = msgspec.defstruct("TypedStreamState", [("seed_parser", sst | None, None),
+                                                     ("choices", dict[int, cst], msgspec.field(default_factory=dict))],
+                                bases=(StreamState,), kw_only=True, array_like=True)
+        dec = _typed_decoders[stack] = msgspec.msgpack.Decoder(tst)
+    return dec
+
+
 def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
-    """Decode ``encode_state`` bytes; parser sub-states are retyped for ``rt``'s parser stack.
-    Raises ``BadRequest`` for bytes that are not a state of this version."""
-    try:
-        st = _state_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise BadRequest(f"stored stream state is unreadable: {e}") from None
+    """Decode ``encode_state`` bytes; parser sub-states come out typed for ``rt``'s parser stack
+    (one typed decode; bytes it refuses go through the untyped decoder, so the error names what
+    it always named: the version or the unreadable part). Raises ``BadRequest`` for bytes that
+    are not a state of this version."""
+    st = None
+    if rt.stack is not None:
+        try:
+            st = _typed_decoder(rt.stack).decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            st = None
+    if st is None:
+        try:
+            st = _state_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise BadRequest(f"stored stream state is unreadable: {e}") from None
     if st.v != STATE_VERSION:
         raise BadRequest(f"stored stream state has version {st.v}, expected {STATE_VERSION}")
     if rt.stack is not None:
@@ -368,7 +396,8 @@ def _parser_ids(rt: ModelRuntime, st: StreamState, ids: list[int]) -> list[int]:
     """The ids fed to the parsers (skipped special tokens never reach them)."""
     if st.opts.skip_special:
         special = rt.tokenizer.special_ids
-        return [t for t in ids if t not in special]
+        if not special.isdisjoint(ids):
+            return [t for t in ids if t not in special]
     return ids
 
 
@@ -556,7 +585,7 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
         if st.opts.logprobs and entries:
             lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx,
                                                     as_token_ids=rt.config.return_tokens_as_token_ids))
-        if c.token_ids:
+        if c.token_ids and st.opts.logprobs:  # the context is read only when logprobs are on
             cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
         finish = stop_reason = None
         if final:
@@ -640,7 +669,7 @@ def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRe
                                      text_offset_start=cs.text_offset + len(prefix), context_token_ids=cs.lp_ctx,
                                      as_token_ids=rt.config.return_tokens_as_token_ids)
         cs.text_offset += len(text)
-        if c.token_ids:
+        if c.token_ids and st.opts.logprobs:  # the context is read only when logprobs are on
             cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
         final = c.finish_reason is not None or matched is not None
         finish = stop_reason = None

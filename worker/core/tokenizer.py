@@ -83,6 +83,12 @@ class Tokenizer:
         self.path = path
         self.mode = mode
         self._single_cache: dict[int, str] = {}
+        #: id -> (logprob token string, its UTF-8 bytes), filled by ``worker.core.logprobs.logprob_rows``
+        self.logprob_rows: list | None = None
+        #: logprob U+FFFD repair from piece bytes (``worker.core.logprobs._correct_bytes``):
+        #: None until decided, then whether this tokenizer is byte-level; id -> piece bytes
+        self.logprob_byte_level: bool | None = None
+        self.logprob_piece_bytes: dict[int, bytes] = {}
         self._tok_cache: dict[int, str] = {}
         self._fast = None             # tokenizers.Tokenizer
         self._mc = None               # mistral-common inner tokenizer
@@ -151,6 +157,11 @@ class Tokenizer:
                 cache[i] = s
             out.append(s)
         return out
+
+    @property
+    def is_byte_level(self) -> bool:
+        """The decoder is ``ByteLevel`` (GPT-2 style byte alphabet pieces)."""
+        return self._byte_level
 
     def token_bytes(self, i: int) -> bytes | None:
         """The bytes token ``i`` stands for, for byte-level BPE tokenizers (``ByteLevel`` decoder,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import cached_property
 from typing import Any
 
 import msgspec
@@ -152,10 +153,28 @@ class ParserStack:
                 (self.tool is not None and st.mode != "off" and st.tool is None):
             raise msgspec.ValidationError("parser state missing for this parser stack")
         if self.reasoning is not None and st.reasoning is not None and not isinstance(st.reasoning, msgspec.Struct):
-            st.reasoning = msgspec.convert(st.reasoning, type(self.reasoning.initial_state(RequestContext())))
+            st.reasoning = msgspec.convert(st.reasoning, self.state_types[0])
         if self.tool is not None and st.tool is not None and not isinstance(st.tool, msgspec.Struct):
-            st.tool = msgspec.convert(st.tool, type(self.tool.initial_state(RequestContext())))
+            st.tool = msgspec.convert(st.tool, self.state_types[1])
         return st
+
+    @cached_property
+    def state_types(self) -> tuple[type | None, type | None]:
+        """The Struct types of the reasoning and tool parsers' states (from their initial
+        states), computed once per stack."""
+        ctx = RequestContext()
+        return (type(self.reasoning.initial_state(ctx)) if self.reasoning is not None else None,
+                type(self.tool.initial_state(ctx)) if self.tool is not None else None)
+
+    @cached_property
+    def typed_state(self) -> type[StackState]:
+        """A ``StackState`` subclass whose ``reasoning``/``tool`` fields carry this stack's
+        parser state types, so a msgpack decoder restores them typed in one pass (same field
+        order, same encoding as ``StackState``: the bytes do not change)."""
+        r, t = self.state_types
+        return msgspec.defstruct("TypedStackState", [("reasoning", (r | None) if r else Any, None),
+                                                     ("tool", (t | None) if t else Any, None)],
+                                 bases=(StackState,), kw_only=True)
 
     def _tools(self, st: StackState, content: str, token_ids: list[int], final: bool) -> Delta:
         out = Delta()

@@ -81,6 +81,7 @@ class ThinkReasoningParser(ReasoningParser):
         self.implicit_end_ids = frozenset(
             i for i in (tok.token_to_id(m) for m in self.spec.implicit_end) if i is not None)
         self._end_markers = self.spec.end + self.spec.implicit_end
+        self._marker_ids = self.start_ids | self.end_ids | self.implicit_end_ids
 
     # -- initial state -----------------------------------------------------------------------
     def prompt_mode(self, prompt_ids: list[int] | None) -> str | None:
@@ -127,20 +128,42 @@ class ThinkReasoningParser(ReasoningParser):
         st.ws = r[k:]
 
     def _count(self, st: ThinkState, token_ids: list[int]) -> int:
-        n = 0
+        """Reasoning ids among ``token_ids`` (markers excluded), following the id-level mode in
+        ``st``. Work is C-level over the ids (``set.isdisjoint``, ``list.index`` per marker id)
+        plus one Python step per marker occurrence, never one per token."""
         r = st.tok_reasoning
+        markers = self._marker_ids
+        if markers.isdisjoint(token_ids):
+            return len(token_ids) if r else 0
+        pos: list[int] = []
+        for m in markers:  # a handful of marker ids
+            i = -1
+            try:
+                while True:
+                    i = token_ids.index(m, i + 1)
+                    pos.append(i)
+            except ValueError:
+                pass
+        pos.sort()
         explicit = st.tok_explicit
         needs_end = self.spec.explicit_needs_end
-        for t in token_ids:
+        n = prev = 0
+        for i in pos:
+            if r:
+                n += i - prev
+            prev = i + 1
+            t = token_ids[i]
             if t in self.start_ids:
                 r = True
                 explicit = needs_end
             elif t in self.end_ids:
                 r = False
-            elif t in self.implicit_end_ids and not explicit:
+            elif not explicit:  # an implicit end
                 r = False
-            elif r:
+            elif r:  # an implicit end inside an explicit block is a reasoning token
                 n += 1
+        if r:
+            n += len(token_ids) - prev
         st.tok_reasoning = r
         st.tok_explicit = explicit
         return n

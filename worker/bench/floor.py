@@ -1,0 +1,202 @@
+"""The floor pass of ``derender-worker bench core`` (also ``python -m worker.bench.floor``): the
+derender core against the tokenizer's floor.
+
+For each output length (``--tokens``, default 256, 1024 and 4096) builds ``--distinct`` Qwen3 chat
+bodies (``<think>`` reasoning over mixed English/CJK/emoji words, an answer and a Hermes tool call
+closed by ``<|im_end|>``, tokenized with the demo's real Qwen3 tokenizer) and measures, in thread
+CPU time, best of ``--repeats`` runs (``time.thread_time``: other processes on a shared machine
+do not count, but their cache and frequency effects do):
+
+* **core**: ``DerenderService.derender(body)`` (JSON decode, validation, detokenization, reasoning +
+  tool parsing, logprobs, response encode), µs per record;
+* **floor**: ``tokenizers.Tokenizer.decode`` of the same output ids (one full decode, special
+  tokens skipped), µs per record, the least any derender of those ids can cost;
+* **core/floor**: floor µs / core µs (1.0 = the core costs one tokenizer decode; higher is better).
+
+Then the logprobs cost at ``--logprob-tokens`` (default 256): the same bodies with
+``logprobs: true`` and ``top_logprobs`` 0 / 5 / 20 (engine ``logprobs.content`` with as many
+candidates), each as a multiple of the record without logprobs. Prints figures only; nothing is
+asserted (targets live in the README and issue 13).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from worker.config import ServedModelConfig
+from worker.core.service import DerenderService
+
+DEMO_TOKENIZER = Path(__file__).resolve().parent.parent / "demo_data" / "qwen3"
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+_WORDS = ("the user wants weather for a city so I should call the tool 天气 预报 with the city name 🌤️ and a "
+          "unit then summarise the answer 東京 briefly in plain words 😀 for them").split()
+
+
+def build_bodies(tok, model: str, n_tokens: int, count: int, top_logprobs: int | None = None,
+                 seed: int = 0) -> tuple[list[bytes], list[list[int]]]:
+    """``(bodies, output ids)``: ``count`` distinct chat derender bodies whose outputs are exactly
+    ``n_tokens`` ids long (``tok``: the runtime's tokenizer). ``top_logprobs`` None: no logprobs;
+    an int k: the request asks ``logprobs: true, top_logprobs: k`` and every output id carries an
+    engine logprob entry with k candidates (random ids, deterministic per ``seed``). Raises
+    ``ValueError`` when ``n_tokens`` < 64 (too short for the markup)."""
+    if n_tokens < 64:
+        raise ValueError("--tokens must be at least 64")
+    rng = random.Random(seed)
+    encode = tok.encode
+    vocab = min(tok.vocab_size, 150000)
+    prompt = encode("<|im_start|>user\nWhat's the weather like in Paris today?<|im_end|>\n<|im_start|>assistant\n")
+    pad = encode(" the")
+    if len(pad) != 1:
+        raise ValueError("the tokenizer does not encode ' the' as one token")
+    bodies, outs = [], []
+    for k in range(count):
+        tail = encode(f"</think>\n\nLet me check that.\n<tool_call>\n"
+                      f'{{"name": "get_weather", "arguments": {{"city": "Paris {k}", "unit": "c"}}}}'
+                      f"\n</tool_call>") + [tok.token_to_id("<|im_end|>")]
+        head = encode("<think>\n")
+        filler: list[int] = []
+        i = k
+        while True:  # whole words only: a cut inside a multi-byte character is not model output
+            w = encode(" " + _WORDS[i % len(_WORDS)])
+            if len(head) + len(filler) + len(w) + len(tail) > n_tokens:
+                break
+            filler.extend(w)
+            i += 1
+        filler.extend(pad * (n_tokens - len(head) - len(filler) - len(tail)))
+        ids = head + filler + tail
+        choice: dict = {"index": 0, "token_ids": ids, "finish_reason": "stop"}
+        req: dict = {"model": model, "messages": [{"role": "user", "content": "weather?"}], "tools": TOOLS}
+        if top_logprobs is not None:
+            req["logprobs"] = True
+            req["top_logprobs"] = top_logprobs
+            choice["logprobs"] = {"content": [
+                {"token_id": t, "logprob": -0.25, "rank": 1,
+                 "top_logprobs": [{"token_id": t if j == 0 else rng.randrange(vocab),
+                                   "logprob": -0.25 - j, "rank": j + 1} for j in range(top_logprobs)]}
+                for t in ids]}
+        body = {"model": model, "prompt_tokens": len(prompt), "prompt_token_ids": prompt,
+                "generate_response": {"request_id": f"bench-{k}", "choices": [choice]},
+                "chat_request": req}
+        bodies.append(json.dumps(body, ensure_ascii=False).encode())
+        outs.append(ids)
+    return bodies, outs
+
+
+def cpu_us_per_call(fn, items: list, seconds: float, repeats: int) -> tuple[float, list[float]]:
+    """Best (lowest) of ``repeats`` runs of thread CPU µs per ``fn(item)``, each run cycling
+    through ``items`` for at least ``seconds`` of CPU time (the best run is the one least
+    disturbed by other processes' cache and frequency effects, as ``timeit`` reports). Returns
+    ``(best, runs)``."""
+    runs = []
+    for _ in range(repeats):
+        n = 0
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < seconds:
+            for it in items:
+                fn(it)
+            n += len(items)
+        runs.append((time.thread_time() - t0) / n * 1e6)
+    return min(runs), runs
+
+
+def make_service(tokenizer: str) -> DerenderService:
+    """The benchmarked service: Qwen3 reasoning + Hermes tools, auto tool choice, ``max_logprobs``
+    20, no ``max_model_len`` (so 4k outputs pass). Raises ``ValueError`` on a bad tokenizer."""
+    svc = DerenderService([ServedModelConfig(name="qwen3", tokenizer=tokenizer, reasoning_parser="qwen3",
+                                             tool_parser="hermes", enable_auto_tool_choice=True,
+                                             max_logprobs=20)])
+    svc.preload()
+    return svc
+
+
+def _check(svc: DerenderService, bodies: list[bytes]) -> None:
+    for b in bodies[:2]:
+        res = svc.derender(b)
+        if res.is_error:
+            raise RuntimeError(f"benchmark body rejected: {res.body[:300]!r}")
+        msg = json.loads(res.body)["choices"][0]["message"]
+        if not (msg.get("reasoning") and msg.get("tool_calls")):
+            raise RuntimeError("benchmark body did not parse into reasoning + a tool call")
+
+
+def run(tokenizer: str, token_counts: list[int], logprob_tokens: int, distinct: int, seconds: float,
+        repeats: int) -> dict:
+    """Measure (module docstring). Returns ``{"lengths": [{"tokens", "core_us", "floor_us", "ratio"}],
+    "logprobs": [{"top_logprobs", "core_us", "x"}]}``. Raises ``RuntimeError`` if a body does not
+    derender into reasoning + a tool call (the figures would be meaningless)."""
+    from tokenizers import Tokenizer as FastTokenizer
+
+    svc = make_service(tokenizer)
+    tok = svc.runtime("qwen3").tokenizer
+    floor_tok = FastTokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
+    out: dict = {"lengths": [], "logprobs": []}
+    for n in token_counts:
+        bodies, outs = build_bodies(tok, "qwen3", n, distinct)
+        _check(svc, bodies)
+        core, _ = cpu_us_per_call(svc.derender, bodies, seconds, repeats)
+        floor, _ = cpu_us_per_call(lambda ids: floor_tok.decode(ids, skip_special_tokens=True), outs,
+                                   seconds, repeats)
+        out["lengths"].append({"tokens": n, "core_us": core, "floor_us": floor, "ratio": floor / core})
+    base = None
+    for k in (None, 0, 5, 20):
+        bodies, _ = build_bodies(tok, "qwen3", logprob_tokens, distinct, top_logprobs=k)
+        _check(svc, bodies)
+        core, _ = cpu_us_per_call(svc.derender, bodies, seconds, repeats)
+        if k is None:
+            base = core
+            continue
+        out["logprobs"].append({"top_logprobs": k, "core_us": core, "x": core / base})
+    out["no_logprobs_us"] = base
+    return out
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """Flags of the floor pass (prefixed ``--floor-`` so they sit beside ``bench core``'s own)."""
+    ap.add_argument("--floor-tokenizer", default=str(DEMO_TOKENIZER),
+                    help="a Qwen3-vocabulary tokenizer directory for the floor pass")
+    ap.add_argument("--floor-tokens", type=int, nargs="+", default=[256, 1024, 4096],
+                    help="output lengths of the floor pass")
+    ap.add_argument("--floor-logprob-tokens", type=int, default=256, help="output length of the logprobs pass")
+    ap.add_argument("--floor-distinct", type=int, default=16, help="distinct bodies cycled through")
+    ap.add_argument("--floor-seconds", type=float, default=1.0, help="CPU seconds per run")
+    ap.add_argument("--floor-repeats", type=int, default=5)
+    ap.add_argument("--no-floor", dest="floor", action="store_false", help="skip the floor pass")
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    """Print the figures (module docstring); returns 0, or 2 on a bad tokenizer/body."""
+    try:
+        r = run(args.floor_tokenizer, args.floor_tokens, args.floor_logprob_tokens, args.floor_distinct,
+                args.floor_seconds, args.floor_repeats)
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"derender-worker bench core: {e}", file=sys.stderr)
+        return 2
+    print("derender core vs tokenizer floor (thread CPU time, best of "
+          f"{args.floor_repeats} runs; Qwen3 reasoning + Hermes call, mixed CJK/emoji)")
+    for x in r["lengths"]:
+        print(f"  {x['tokens']:5d} tokens: core {x['core_us']:8.1f} us   floor {x['floor_us']:7.1f} us   "
+              f"core/floor {x['ratio']:.2f}")
+    print(f"logprobs at {args.floor_logprob_tokens} tokens (no logprobs: {r['no_logprobs_us']:.1f} us)")
+    for x in r["logprobs"]:
+        print(f"  top_logprobs={x['top_logprobs']:2d}: {x['core_us']:8.1f} us   {x['x']:.2f}x")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m worker.bench.floor [flags]``: the floor pass alone."""
+    ap = argparse.ArgumentParser(prog="python -m worker.bench.floor", description=__doc__.splitlines()[0])
+    add_args(ap)
+    return run_suite(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
