@@ -28,10 +28,13 @@ from worker.core.derender import (
     validate_completion,
 )
 from worker.core.errors import BadRequest, DerenderError, ModelNotFound, error_from_validation
+from worker.core.responses import service as responses_service  # issue 14: the Responses kinds
 
 log = logging.getLogger(__name__)
 
 KINDS = ("chat", "completion")
+#: every non-streaming kind (issue 14 added ``responses``; its stream kind is ``responses-stream``)
+ALL_KINDS = ("chat", "completion", "responses")
 
 
 class _Probe(msgspec.Struct):
@@ -41,6 +44,7 @@ class _Probe(msgspec.Struct):
     generate_response: msgspec.Raw = msgspec.Raw()
     generate_responses: msgspec.Raw = msgspec.Raw()
     generate_chunk: msgspec.Raw = msgspec.Raw()
+    responses_request: msgspec.Raw = msgspec.Raw()  # issue 14: tells a Responses body by shape
 
     @staticmethod
     def present(raw: msgspec.Raw) -> bool:
@@ -98,8 +102,10 @@ class DerenderResult:
 
 
 def kind_of(probe: _Probe) -> str:
-    """Tell a body's kind by its shape: ``generate_response`` -> chat, ``generate_responses`` ->
-    completion. Raises ``BadRequest`` when neither or both are present, or for a streaming body."""
+    """Tell a body's kind by its shape: ``generate_response`` -> chat (``responses`` when it
+    carries ``responses_request``), ``generate_responses`` -> completion. Raises ``BadRequest``
+    when neither or both are present, or for a streaming body. A Responses body without
+    ``responses_request`` (no parser configured) has chat's shape: it needs the kind header."""
     has_one, has_many = _Probe.present(probe.generate_response), _Probe.present(probe.generate_responses)
     if _Probe.present(probe.generate_chunk):
         raise BadRequest("streaming chunk bodies (generate_chunk) go to the stream path, not here",
@@ -107,6 +113,8 @@ def kind_of(probe: _Probe) -> str:
     if has_one == has_many:
         raise BadRequest("body must carry exactly one of generate_response (chat) or "
                          "generate_responses (completion)")
+    if has_one and _Probe.present(probe.responses_request):
+        return "responses"
     return "chat" if has_one else "completion"
 
 
@@ -188,6 +196,8 @@ class DerenderService:
             probe = _decode_or_400(_probe_decoder, body)
             request_id = _request_id(probe)
             shape = kind_of(probe)
+            if kind == "responses" and shape == "chat":  # same shape without responses_request
+                shape = "responses"
             if kind is not None and kind != shape:
                 raise BadRequest(f"message kind {kind!r} does not match the body's shape ({shape})")
             kind = shape
@@ -198,6 +208,8 @@ class DerenderService:
                 req = _decode_or_400(_chat_decoder, body)
                 validate_chat(rt, req)
                 resp = derender_chat(rt, req, created)
+            elif kind == "responses":
+                resp = responses_service.derender(rt, _decode_or_400(responses_service.body_decoder, body), created)
             else:
                 req = _decode_or_400(_completion_decoder, body)
                 validate_completion(rt, req)
@@ -213,6 +225,13 @@ class DerenderService:
     #: streams end with a usage chunk even without ``stream_options.include_usage`` (vLLM's
     #: ``--enable-force-include-usage``; the parity reference always carries usage)
     force_include_usage: bool = True
+
+    def derender_responses_stream(self, body: bytes, state_bytes: bytes | None, reader=None, seq: int | None = None,
+                                  created: int | None = None) -> responses_service.ResponsesStreamResult:
+        """One streaming Responses chunk (issue 14): see ``worker.core.responses.service.derender_stream``
+        (``reader(start, end)`` reads the stream's piece log; the result carries the state to
+        store and the bytes to append to the log). Never raises for bad input."""
+        return responses_service.derender_stream(self.runtime, body, state_bytes, reader, seq, created)
 
     def derender_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None = None,
                         kind: str | None = None, created: int | None = None) -> tuple[StreamResult, bytes | None]:

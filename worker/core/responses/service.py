@@ -1,0 +1,115 @@
+"""Bytes in / bytes out for the Responses kinds, behind ``DerenderService``
+(``derender(kind="responses")`` and ``derender_responses_stream``): decoding, the stale-chunk
+check, the OpenAI error objects. No I/O: the caller stores the state and the piece log.
+"""
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+from schemas.responses import DerenderResponsesRequest, ResponseObject
+from worker.core.derender import ModelRuntime
+from worker.core.errors import BadRequest, DerenderError, error_from_validation
+from worker.core.responses.derender import (
+    StreamBody,
+    decode_state,
+    derender_responses,
+    derender_responses_chunk,
+    encode_state,
+)
+from worker.core.responses.log import Reader
+
+__all__ = ["body_decoder", "derender", "ResponsesStreamResult", "derender_stream", "KIND", "STREAM_KIND"]
+
+log = logging.getLogger(__name__)
+
+KIND = "responses"
+STREAM_KIND = "responses-stream"
+
+body_decoder = msgspec.json.Decoder(DerenderResponsesRequest)
+_stream_decoder = msgspec.json.Decoder(StreamBody)
+_encoder = msgspec.json.Encoder()
+
+
+class _Rid(msgspec.Struct):
+    request_id: str | None = None
+
+
+class _Probe(msgspec.Struct):
+    model: str | None = None
+    generate_chunk: msgspec.Raw = msgspec.Raw(b"")
+
+
+_probe_decoder = msgspec.json.Decoder(_Probe)
+_rid_decoder = msgspec.json.Decoder(_Rid)
+
+
+def derender(rt: ModelRuntime, body: DerenderResponsesRequest, created: int | None) -> ResponseObject:
+    """The final Response of a decoded non-streaming body (``derender_responses``)."""
+    return derender_responses(rt, body, created)
+
+
+class ResponsesStreamResult:
+    """Outcome of one Responses chunk: ``body`` (JSON list of events, or an OpenAI error
+    object), ``status``, ``is_error``, ``request_id``, ``kind`` (``responses-stream``),
+    ``done`` (terminal event sent: delete the state and the log), ``seq`` (the chunk's sequence
+    number), ``state`` (bytes to store; None on error: keep the stored state and log),
+    ``log_append`` (bytes to append to the stream's piece log before storing ``state``) and
+    ``log_len`` (the log's length ``state`` records)."""
+
+    __slots__ = ("body", "status", "is_error", "request_id", "kind", "done", "seq", "state", "log_append",
+                 "log_len")
+
+    def __init__(self, body: bytes, status: int = 200, request_id: str | None = None, done: bool = False,
+                 seq: int | None = None, state: bytes | None = None, log_append: bytes = b"", log_len: int = 0):
+        self.body, self.status, self.is_error = body, status, status != 200
+        self.request_id, self.kind, self.done, self.seq = request_id, STREAM_KIND, done, seq
+        self.state, self.log_append, self.log_len = state, log_append, log_len
+
+    def __repr__(self) -> str:
+        return f"ResponsesStreamResult(status={self.status}, request_id={self.request_id!r}, done={self.done})"
+
+
+def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Reader | None = None,
+                    seq: int | None = None, created: int | None = None) -> ResponsesStreamResult:
+    """One streaming Responses chunk. ``runtime(name)``: the served model's runtime (raises
+    ``ModelNotFound``); ``state_bytes``: the stored state (None for the first chunk);
+    ``reader(start, end)``: the stream's stored piece log; ``seq``: the chunk's sequence number
+    when the transport has one (below the state's ``next_seq``: stale, 409, nothing changes);
+    ``created``: Unix seconds for the stream (first chunk). Never raises for bad input."""
+    request_id = None
+    try:
+        try:
+            probe = _probe_decoder.decode(body)
+            request_id = _rid_decoder.decode(probe.generate_chunk).request_id if len(probe.generate_chunk) else None
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            probe = None
+        if probe is None or probe.model is None:
+            raise BadRequest("a Responses chunk body needs model and generate_chunk", param="model")
+        if not len(probe.generate_chunk) or bytes(probe.generate_chunk) == b"null":
+            raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
+        rt = runtime(probe.model)
+        state = decode_state(rt, state_bytes) if state_bytes else None
+        if seq is not None and not 0 <= seq <= 2**63 - 2:
+            raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
+        if seq is not None and state is not None and seq < state.next_seq:
+            raise DerenderError(f"stale chunk: sequence number {seq} < next expected {state.next_seq}",
+                                param="seq", status=409)
+        try:
+            req = _stream_decoder.decode(body)
+        except RecursionError:
+            raise BadRequest("invalid request body: JSON nested too deeply") from None
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise error_from_validation(e) from None
+        events, state, append = derender_responses_chunk(rt, req, state, reader, created)
+        if seq is not None:
+            state.next_seq = seq + 1
+        return ResponsesStreamResult(_encoder.encode(events), 200, request_id, state.done, state.next_seq - 1,
+                                     encode_state(state), append, state.log_len)
+    except DerenderError as e:
+        return ResponsesStreamResult(_encoder.encode(e.to_response(request_id)), e.status, request_id)
+    except Exception as e:  # a core bug: a 500 without losing the worker
+        log.exception("responses derender_stream failed for request_id=%s", request_id)
+        err = DerenderError(f"internal error: {type(e).__name__}: {e}", status=500)
+        return ResponsesStreamResult(_encoder.encode(err.to_response(request_id)), 500, request_id)
