@@ -47,7 +47,7 @@ OUTPUT_FORMATS = ("jsonl", "openai-batch", "parquet")
 
 #: derender body fields that hold JSON objects (a Parquet string column of them is parsed)
 OBJECT_FIELDS = ("generate_response", "generate_responses", "chat_request", "completion_request",
-                 "generate_chunk", "stream_state")
+                 "generate_chunk", "stream_state", "responses_request")
 #: body fields a Parquet string column of which is parsed as JSON: every field but ``model``
 #: (``schemas/Derender*Request.schema.json``: none of these is ever a string), so a file can hold
 #: chat and completion bodies, whose ``prompt_tokens``/``prompt_token_ids`` differ in type (int
@@ -142,7 +142,32 @@ def read_jsonl(f: IO[bytes]) -> Iterator[tuple[bytes, None]]:
 
 class _BatchLine(msgspec.Struct):
     custom_id: str | None = None
+    url: str | None = None
     body: msgspec.Raw = msgspec.Raw()
+
+
+#: OpenAI Batch ``url`` of a Responses line (issue 14): its body is derendered as kind
+#: ``responses`` even without ``responses_request`` (the body alone then has chat's shape)
+RESPONSES_URL = "/v1/responses"
+
+
+class KindBody(bytes):
+    """A derender body whose kind the input told (``kind``: ``responses`` for an OpenAI Batch
+    line whose ``url`` is ``/v1/responses``), instead of the body's shape. Pickles with it."""
+
+    kind: str | None = None
+
+    @classmethod
+    def of(cls, body: bytes, kind: str) -> KindBody:
+        """``body`` tagged with ``kind``."""
+        out = cls(body)
+        out.kind = kind
+        return out
+
+
+def kind_of_item(item: bytes) -> str | None:
+    """The kind an input record was tagged with (``KindBody``), else None (tell by shape)."""
+    return getattr(item, "kind", None)
 
 
 _batch_line = msgspec.json.Decoder(_BatchLine)
@@ -150,8 +175,9 @@ _batch_line = msgspec.json.Decoder(_BatchLine)
 
 def read_openai_batch(f: IO[bytes]) -> Iterator[tuple[bytes | tuple[bytes, int], str | None]]:
     """OpenAI Batch input: ``body`` of each line is the derender body, ``custom_id`` is carried
-    to the output; ``method``/``url`` are not checked (chat vs completion is told by the body's
-    shape). A line that is not such an object gets a 400 error result."""
+    to the output; ``method`` is not checked; chat vs completion is told by the body's shape, and a
+    ``url`` of ``/v1/responses`` makes the body a Responses one (``KindBody``). A line that is not
+    such an object gets a 400 error result."""
     for raw in f:
         line = raw.strip()
         if not line:
@@ -166,6 +192,8 @@ def read_openai_batch(f: IO[bytes]) -> Iterator[tuple[bytes | tuple[bytes, int],
         if not body or body == b"null":
             yield (error_body("OpenAI Batch line has no body", 400), 400), rec.custom_id
             continue
+        if rec.url is not None and rec.url.rstrip("/") == RESPONSES_URL:
+            body = KindBody.of(body, "responses")
         yield body, rec.custom_id
 
 
