@@ -1,0 +1,338 @@
+"""Responses API derender (issue 14): parity with the Responses reference cases
+(tests/data/parity/responses_public.jsonl, compared by its own compare_responses.py) through
+``derender-worker batch`` in both modes, the one-parse rule (non-streaming == the stream's
+terminal response under any chunking), ids / sequence numbers / event order invariants, the
+piece log, and the error cases."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tests.parity_tools import compare_responses as cmp
+from tests.parity_tools import responses_to_requests as r2r
+from worker.config import load_config_file
+from worker.core.responses import memory_reader
+from worker.core.service import DerenderService
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "parity"
+CASES_PATH = DATA / "responses_public.jsonl"
+MODELS = DATA / "responses_models.json"
+CASES = r2r.load_cases(str(CASES_PATH), None)
+BY_ID = {c["id"]: c for c in CASES}
+
+#: cases whose expected cut call comes from a vLLM parser behaviour ours does not share (the
+#: reference README's "not corrected, kept as observed"): vLLM's llama3_json stream auto-closes
+#: the cut arguments ({"city": "Pa"}), vLLM's qwen3_coder stream leaves them open ({"city": "Par)
+#: while our incremental streamers do the opposite of each. Parser behaviour (worker/parsers),
+#: not the Responses layer: both modes, and only these cases, differ.
+PARSER_CUT_CALL = {"llama3-call-incomplete", "qwen3-coder-call-incomplete"}
+
+#: streaming cases whose expected delta boundaries differ from ours while the joined events
+#: match (checked by ``test_stream_events_match_when_deltas_are_joined``): vLLM's streaming tool
+#: parsers cut argument deltas at other places than ours (llama3_json partial-JSON diffs,
+#: qwen3_coder per-parameter pieces, hermes ' 3'), and vLLM's coupled stream joined two or more
+#: engine steps into one delta at the start of three plain streams (' capital of', 'osynthesis',
+#: ' is the': an async-scheduling artifact; each body here is one token, so no derender of these
+#: bodies can produce it), and R6 delivers the mistral message as one delta.
+DELTA_BOUNDARIES = {
+    "qwen3-plain", "qwen3-call-parallel", "qwen3-coder-call-one", "qwen3-coder-reasoning-text-call",
+    "llama3-call-parallel", "llama3-call-noargs", "llama3-tool-choice-required", "mistral-7b-v0.3-plain",
+    "mistral-7b-v0.3-tool-choice-none-markup", "qwen3-noparser-plain",
+} | PARSER_CUT_CALL
+
+
+@pytest.fixture(scope="module")
+def service() -> DerenderService:
+    return DerenderService(load_config_file(str(MODELS)))
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=str(ROOT))
+
+
+def _batch(tmp_path: Path, stream: bool) -> Path:
+    req, out = tmp_path / f"req{stream}.jsonl", tmp_path / f"out{stream}.jsonl"
+    r = _run([str(ROOT / "tests/parity_tools/responses_to_requests.py"), str(CASES_PATH), str(req)]
+             + (["--stream"] if stream else []))
+    assert r.returncode == 0, r.stderr
+    r = _run(["-m", "worker.cli", "batch", str(req), "-o", str(out), "--config", str(MODELS), "--workers", "1"])
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _compare(out: Path, stream: bool) -> dict[str, str]:
+    """case id -> PASS or the FAIL reason, from compare_responses.py's own output."""
+    r = _run([str(ROOT / "tests/parity_tools/compare_responses.py"), str(CASES_PATH), str(out)]
+             + (["--stream"] if stream else []))
+    res = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("PASS "):
+            res[line[5:]] = "PASS"
+        elif line.startswith("FAIL "):
+            cid, _, why = line[5:].partition(": ")
+            res[cid] = why
+    assert len(res) == len(CASES), r.stdout[-2000:]
+    return res
+
+
+@pytest.fixture(scope="module")
+def batch_outputs(tmp_path_factory) -> dict[bool, Path]:
+    tmp = tmp_path_factory.mktemp("responses_batch")
+    return {False: _batch(tmp, False), True: _batch(tmp, True)}
+
+
+def test_nonstream_parity_through_batch(batch_outputs):
+    """compare_responses.py over `derender-worker batch` output: every case but the two cut calls
+    whose reference keeps a vLLM parser behaviour (PARSER_CUT_CALL)."""
+    res = _compare(batch_outputs[False], False)
+    failed = {k: v for k, v in res.items() if v != "PASS"}
+    assert set(failed) == PARSER_CUT_CALL, failed
+    for cid in PARSER_CUT_CALL:
+        assert ".output[0].arguments" in failed[cid]
+
+
+def test_stream_parity_through_batch(batch_outputs):
+    """compare_responses.py --stream over `derender-worker batch` chunk lines: exact for every
+    case but the delta-boundary ones (DELTA_BOUNDARIES, joined view checked below)."""
+    res = _compare(batch_outputs[True], True)
+    failed = {k: v for k, v in res.items() if v != "PASS"}
+    assert set(failed) == DELTA_BOUNDARIES, failed
+    for cid, why in failed.items():
+        assert "delta" in why, (cid, why)
+
+
+def _joined(events: list[dict]) -> list[dict]:
+    """Consecutive deltas of one item joined (text and logprob entries), sequence renumbered."""
+    out: list[dict] = []
+    for e in events:
+        e = dict(e)
+        last = out[-1] if out else None
+        if last and e["type"].endswith(".delta") and last["type"] == e["type"] \
+                and last.get("item_id") == e.get("item_id"):
+            last["delta"] += e["delta"]
+            if "logprobs" in e:
+                last["logprobs"] = last["logprobs"] + e["logprobs"]
+            continue
+        out.append(e)
+    for i, e in enumerate(out):
+        e["sequence_number"] = i
+    return out
+
+
+def _stream_lines(out: Path) -> list:
+    return [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def test_stream_events_match_when_deltas_are_joined(batch_outputs):
+    """With consecutive deltas joined, every streamed case but the two parser cut calls equals
+    the reference event by event (items, ids, order, .done values, logprobs, terminal event)."""
+    lines = _stream_lines(batch_outputs[True])
+    pos, bad = 0, {}
+    for case in CASES:
+        n = len(r2r.chunk_sizes(case))
+        got = [e for chunk in lines[pos:pos + n] for e in chunk]
+        pos += n
+        want = _joined([e["data"] for e in case["expected"]["stream"]])
+        mine = _joined(cmp.norm_events(got))
+        diff = next((d for a, b in zip(want, mine) if (d := cmp.first_diff(a, b))), None)
+        if diff or len(want) != len(mine):
+            bad[case["id"]] = diff or f"{len(want)} vs {len(mine)} events"
+    assert set(bad) == PARSER_CUT_CALL, bad
+
+
+def _stream(service: DerenderService, bodies: list[dict]) -> list[list[dict]]:
+    state, log, out = None, bytearray(), []
+    for b in bodies:
+        res = service.derender_responses_stream(msgspec.json.encode(b), state, memory_reader(log))
+        assert res.status == 200, res.body
+        state = res.state
+        log += res.log_append
+        assert len(log) == res.log_len
+        out.append(json.loads(res.body))
+    assert res.done
+    return out
+
+
+def _rechunk(bodies: list[dict], rng: random.Random) -> list[dict]:
+    """The one-token chunk bodies of a case merged into random-size chunks."""
+    out, i = [], 0
+    while i < len(bodies):
+        n = rng.randint(1, 7)
+        group = bodies[i:i + n]
+        i += n
+        b = json.loads(json.dumps(group[-1]))
+        ch = b["generate_chunk"]["choices"][0]
+        ch["token_ids"] = [t for g in group for t in g["generate_chunk"]["choices"][0]["token_ids"]]
+        lps = [g["generate_chunk"]["choices"][0]["logprobs"] for g in group]
+        ch["logprobs"] = {"content": [e for lp in lps if lp for e in lp["content"]]} if any(lps) else None
+        out.append(b)
+    return out
+
+
+@pytest.mark.parametrize("cid", [c["id"] for c in CASES])
+def test_one_parse_two_views(service, cid):
+    """The non-streaming Response is byte-identical to the `response` of the stream's terminal
+    event, one token per chunk and under random chunkings; sequence numbers run 0..N-1 across
+    chunks; no delta is empty; every call's arguments.done precedes its output_item.done."""
+    case = BY_ID[cid]
+    ns = service.derender(msgspec.json.encode(r2r.nonstream_body(case)), "responses")
+    assert ns.status == 200, ns.body
+    rng = random.Random(cid)
+    bodies = r2r.stream_bodies(case)
+    for chunking in (bodies, _rechunk(bodies, rng), _rechunk(bodies, rng)):
+        events = [e for chunk in _stream(service, chunking) for e in chunk]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] in ("response.completed", "response.incomplete")
+        assert msgspec.json.encode(events[-1]["response"]) == msgspec.json.encode(json.loads(ns.body))
+        assert all(e["delta"] for e in events if e["type"].endswith(".delta"))
+        done_args = set()
+        for e in events:
+            if e["type"] == "response.function_call_arguments.done":
+                done_args.add(e["item_id"])
+            if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call":
+                assert e["item"]["id"] in done_args
+        final = events[-1]["response"]
+        assert (final["status"] == "incomplete") == (case["finish"]["finish_reason"] == "length")
+        if final["status"] == "incomplete":
+            assert events[-1]["type"] == "response.incomplete"
+            assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+            assert final["output"][-1]["status"] == "incomplete"
+
+
+def test_redelivery_is_byte_identical_and_ids_deterministic(service):
+    """The same body twice gives the same bytes; ids follow the request id (another id: other ids)."""
+    case = BY_ID["qwen3-coder-reasoning-text-call"]
+    body = r2r.nonstream_body(case)
+    a = service.derender(msgspec.json.encode(body), "responses").body
+    assert a == service.derender(msgspec.json.encode(body), "responses").body
+    out = json.loads(a)
+    assert [it["id"][:3] for it in out["output"]] == ["rs_", "msg", "fc_"]
+    assert out["output"][2]["call_id"].startswith("chatcmpl-tool-")
+    body["generate_response"]["request_id"] = "another"
+    b = json.loads(service.derender(msgspec.json.encode(body), "responses").body)
+    assert b["id"] == "another" and {i["id"] for i in b["output"]}.isdisjoint({i["id"] for i in out["output"]})
+
+
+def test_created_at_rule(service):
+    """created_at: the engine's created, else the caller's (Kafka: record time), else 0."""
+    body = r2r.nonstream_body(BY_ID["qwen3-plain"])
+    enc = msgspec.json.encode
+    assert json.loads(service.derender(enc(body), "responses").body)["created_at"] == 0
+    assert json.loads(service.derender(enc(body), "responses", created=1700000000).body)["created_at"] == 1700000000
+    body["generate_response"]["created"] = 42
+    assert json.loads(service.derender(enc(body), "responses", created=1700000000).body)["created_at"] == 42
+
+
+def _err(res) -> dict:
+    assert res.status == 400, res.body
+    return json.loads(res.body)["error"]
+
+
+def test_error_cases(service):
+    """Each bad body is an OpenAI error object (400), never a crash, no response.failed event."""
+    enc = msgspec.json.encode
+    base = r2r.nonstream_body(BY_ID["qwen3-call-one"])
+    b = json.loads(json.dumps(base))
+    b["responses_request"]["previous_response_id"] = "resp_1"
+    assert _err(service.derender(enc(b), "responses"))["param"] == "responses_request.previous_response_id"
+    b = json.loads(json.dumps(base))
+    b["generate_response"]["choices"].append(dict(b["generate_response"]["choices"][0], index=1))
+    assert "exactly one" in _err(service.derender(enc(b), "responses"))["message"]
+    b = json.loads(json.dumps(base))
+    del b["responses_request"]
+    assert _err(service.derender(enc(b), "responses"))["param"] == "responses_request"
+    b = json.loads(json.dumps(base))
+    b["generate_response"]["choices"][0]["token_ids"][3] = 10**9
+    assert "vocabulary" in _err(service.derender(enc(b), "responses"))["message"]
+    # streams: a later chunk whose request differs from the stored one; two choices in a chunk
+    bodies = r2r.stream_bodies(BY_ID["qwen3-call-one"])
+    first = service.derender_responses_stream(enc(bodies[0]), None)
+    assert first.status == 200
+    b = json.loads(json.dumps(bodies[1]))
+    b["responses_request"]["tool_choice"] = "none"
+    bad = service.derender_responses_stream(enc(b), first.state, memory_reader(first.log_append))
+    assert _err(bad)["param"] == "responses_request" and bad.state is None
+    b = json.loads(json.dumps(bodies[1]))
+    del b["responses_request"]  # later chunks may omit it
+    assert service.derender_responses_stream(enc(b), first.state, memory_reader(first.log_append)).status == 200
+    b["generate_chunk"]["choices"].append(dict(b["generate_chunk"]["choices"][0], index=1))
+    assert "exactly one" in _err(service.derender_responses_stream(enc(b), first.state,
+                                                                   memory_reader(first.log_append)))["message"]
+    b = json.loads(json.dumps(bodies[0]))
+    del b["responses_request"]
+    assert _err(service.derender_responses_stream(enc(b), None))["param"] == "responses_request"
+
+
+def test_piece_log_keeps_state_small(service):
+    """What grows with the output lives in the piece log: over a long stream the per-chunk state
+    stays the same size while the log grows; a log appended twice for one chunk (a crash
+    between append and checkpoint) reads the same once truncated to the recorded length."""
+    case = BY_ID["qwen3-reasoning-answer"]
+    body = r2r.stream_bodies(case)[0]
+    text_ids = [t for b in r2r.stream_bodies(case)[:-1] for t in b["generate_chunk"]["choices"][0]["token_ids"]]
+    enc = msgspec.json.encode
+    state, log, sizes = None, bytearray(), []
+    for k in range(2048):
+        b = json.loads(json.dumps(body))
+        b["generate_chunk"]["choices"][0]["token_ids"] = [text_ids[k % len(text_ids)]]
+        res = service.derender_responses_stream(enc(b), state, memory_reader(log))
+        assert res.status == 200, res.body
+        if k == 1000:  # the append of this chunk lands twice: the recorded length wins
+            log += res.log_append
+        log += res.log_append
+        del log[res.log_len:]
+        state = res.state
+        sizes.append(len(state))
+    assert max(sizes[100:]) - min(sizes[100:]) < 64, (min(sizes[100:]), max(sizes[100:]))
+    assert len(log) > 8 * max(sizes)  # ~6.6 bytes per 1-token chunk here, vs a flat ~0.8 kB state
+    last = json.loads(json.dumps(r2r.stream_bodies(case)[-1]))
+    res = service.derender_responses_stream(enc(last), state, memory_reader(log))
+    assert res.status == 200 and res.done
+    final = json.loads(res.body)[-1]["response"]
+    assert final["usage"]["output_tokens"] == 2049
+
+
+def test_openai_batch_url_and_parquet(tmp_path):
+    """OpenAI Batch lines with url /v1/responses are Responses bodies even without
+    responses_request (a no-parser model: chat's shape otherwise); Parquet rows with a
+    responses_request column are too."""
+    case = BY_ID["qwen3-noparser-plain"]
+    body = r2r.nonstream_body(case)
+    del body["responses_request"]
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/responses", "body": body}) + "\n"
+                   + json.dumps({"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": body})
+                   + "\n")
+    out = tmp_path / "out.jsonl"
+    r = _run(["-m", "worker.cli", "batch", str(src), "-o", str(out), "--config", str(MODELS), "--workers", "2"])
+    assert r.returncode == 0, r.stderr
+    a, b = (json.loads(x) for x in out.read_text().splitlines())
+    assert a["response"]["body"]["object"] == "response"
+    got = cmp.norm_response(a["response"]["body"])
+    for k in ("output", "usage", "status"):  # no request: its echo fields are null
+        assert cmp.first_diff(case["expected"]["nonstream"][k], got[k]) is None, k
+    assert b["response"]["body"]["object"] == "chat.completion"
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    rows = [{"model": x["model"], "generate_response": json.dumps(x["generate_response"]),
+             "prompt_tokens": json.dumps(x["prompt_tokens"]), "prompt_token_ids": json.dumps(x["prompt_token_ids"]),
+             "responses_request": json.dumps(x["responses_request"])}
+            for x in (r2r.nonstream_body(BY_ID[c]) for c in ("qwen3-noparser-plain", "qwen3-noparser-logprobs"))]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    r = _run(["-m", "worker.cli", "batch", str(tmp_path / "in.parquet"), "-o", str(tmp_path / "out.parquet"),
+              "--config", str(MODELS), "--workers", "1"])
+    assert r.returncode == 0, r.stderr
+    got = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [g["status_code"] for g in got] == [200, 200]
+    for g, cid in zip(got, ("qwen3-noparser-plain", "qwen3-noparser-logprobs")):
+        resp = json.loads(g["response"])
+        assert cmp.first_diff(BY_ID[cid]["expected"]["nonstream"], cmp.norm_response(resp)) is None, g
