@@ -243,6 +243,9 @@ class DerenderService:
         a chunk whose ``seq`` is below the state's ``next_seq`` is stale (409, state unchanged).
         ``kind``: ``chat``/``completion`` (or ``chat-stream``/``completion-stream``) or None to tell
         by the body (``completion_request`` -> completion, else chat; a stored state's kind wins).
+        A Responses stream (kind ``responses``/``responses-stream``, a packed Responses state, or a
+        first chunk carrying ``responses_request``) goes to ``responses_service.derender_stream_packed``
+        (issue 14: its stored value packs the piece log; replies are JSON lists of Responses events).
         ``created``: Unix seconds for every chunk of the request, taken on its first chunk (the
         state keeps it; the Kafka worker passes the first chunk record's timestamp; None = 0).
 
@@ -250,6 +253,9 @@ class DerenderService:
         publish (or an error object, status 400/404/409/500); ``new_state_bytes`` is the state to store
         under ``result.seq`` (None on error: keep the stored state); when ``result.done`` the stream
         is complete and the stored state should be deleted. Never raises for bad input."""
+        if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
+            rres, packed = responses_service.derender_stream_packed(self.runtime, body, state_bytes, seq, created)
+            return StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq), packed
         request_id = None
         kind_used = None
         try:

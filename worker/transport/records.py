@@ -101,8 +101,8 @@ HDR_DLQ_REASON = "x-dlq-reason"
 HDR_SEQ = "derender-seq"  # stream chunk sequence number (see worker.transport.streams)
 HDR_STREAM_END = "derender-stream-end"
 JSON_CT = b"application/json"
-KINDS = ("chat", "completion")
-STREAM_KINDS = ("chat-stream", "completion-stream")  # also accepted on stream chunk records
+KINDS = ("chat", "completion", "responses")  # responses: issue 14 (Responses API)
+STREAM_KINDS = ("chat-stream", "completion-stream", "responses-stream")  # also accepted on stream chunk records
 TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
 
 
@@ -196,8 +196,9 @@ def parse_seq(msg) -> int | None:
 
 def bad_kind_message(kind: str) -> str:
     """Error message of an unknown ``derender-kind`` header value (lists every accepted value)."""
-    return (f"unknown {HDR_KIND} header {kind!r}; expected 'chat' or 'completion' (stream chunk records, "
-            f"which carry a {HDR_SEQ} header, also accept 'chat-stream' or 'completion-stream')")
+    return (f"unknown {HDR_KIND} header {kind!r}; expected 'chat', 'completion' or 'responses' (stream chunk "
+            f"records, which carry a {HDR_SEQ} header, also accept 'chat-stream', 'completion-stream' or "
+            "'responses-stream')")
 
 
 def record_created(msg) -> int | None:

@@ -18,9 +18,10 @@ from worker.core.responses.derender import (
     derender_responses_chunk,
     encode_state,
 )
-from worker.core.responses.log import Reader
+from worker.core.responses.log import Reader, memory_reader
 
-__all__ = ["body_decoder", "derender", "ResponsesStreamResult", "derender_stream", "KIND", "STREAM_KIND"]
+__all__ = ["body_decoder", "derender", "ResponsesStreamResult", "derender_stream", "derender_stream_packed",
+           "is_responses_stream", "PACKED_MAGIC", "KIND", "STREAM_KIND"]
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +114,59 @@ def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Rea
         log.exception("responses derender_stream failed for request_id=%s", request_id)
         err = DerenderError(f"internal error: {type(e).__name__}: {e}", status=500)
         return ResponsesStreamResult(_encoder.encode(err.to_response(request_id)), 500, request_id)
+
+
+# ------------------------------------------------------- the stream kind on the chat stream API ---
+#: first bytes of a packed Responses stream state (0xc1 is never used by msgpack, so no chat /
+#: completion state starts with it)
+PACKED_MAGIC = b"\xc1RSP1"
+
+
+class _ReqProbe(msgspec.Struct):
+    responses_request: msgspec.Raw = msgspec.Raw(b"")
+
+
+_req_probe = msgspec.json.Decoder(_ReqProbe)
+_packed_decoder = msgspec.msgpack.Decoder(tuple[bytes, bytes])
+_packed_encoder = msgspec.msgpack.Encoder()
+
+
+def is_responses_stream(body: bytes, state_bytes: bytes | None, kind: str | None) -> bool:
+    """Whether a chunk given to ``DerenderService.derender_stream`` belongs to a Responses stream:
+    the kind header (``responses`` / ``responses-stream``), a packed Responses state, or (first
+    chunk, no kind) a ``responses_request`` in the body."""
+    if kind is not None:
+        return kind.removesuffix("-stream") == KIND
+    if state_bytes:
+        return state_bytes[:len(PACKED_MAGIC)] == PACKED_MAGIC
+    if b'"responses_request"' not in body:
+        return False
+    try:
+        raw = bytes(_req_probe.decode(body).responses_request)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return False
+    return bool(raw) and raw != b"null"
+
+
+def derender_stream_packed(runtime, body: bytes, packed: bytes | None, seq: int | None = None,
+                           created: int | None = None) -> tuple[ResponsesStreamResult, bytes | None]:
+    """A Responses chunk for a caller that keeps one opaque state value per stream (the Kafka
+    transport's checkpoint): that value packs the per-chunk state and the piece log together
+    (``PACKED_MAGIC`` + msgpack ``[state, log]``). Interim: with it the stored value grows with
+    the output; a transport that stores the log apart (``worker.state.pieces``) calls
+    ``derender_stream`` with a reader instead. Returns ``(result, new packed value or None on
+    error)``; never raises for bad input."""
+    state, log = None, b""
+    if packed:
+        try:
+            if packed[:len(PACKED_MAGIC)] != PACKED_MAGIC:
+                raise ValueError("not a Responses stream state")
+            state, log = _packed_decoder.decode(packed[len(PACKED_MAGIC):])
+        except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            err = BadRequest(f"stored Responses stream state is unreadable: {e}")
+            return ResponsesStreamResult(_encoder.encode(err.to_response(None)), 400), None
+    res = derender_stream(runtime, body, state, memory_reader(log), seq, created)
+    if res.state is None:
+        return res, None
+    new_log = (log + res.log_append)[:res.log_len]
+    return res, PACKED_MAGIC + _packed_encoder.encode((res.state, new_log))
