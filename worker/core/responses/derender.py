@@ -35,7 +35,7 @@ from worker.core.derender import (
     check_prompt_ids,
     effective_skip_special_tokens,
 )
-from worker.core.detokenize import IncrementalDetokenizer, stop_token_trimmed
+from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, stop_token_trimmed
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, next_context
 from worker.core.responses.echo import (
@@ -125,9 +125,12 @@ def _entries(rt: ModelRuntime, st: ResponsesStreamState, c) -> list[ResponseLogp
     return out
 
 
-def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c) -> ResponseObject | None:
+def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
+          prompt_ids: list[int] | None = None) -> ResponseObject | None:
     """Feed one choice's tokens (``c``: a generate choice or chunk choice) to the builder;
-    returns the final Response when ``c`` finishes the output."""
+    returns the final Response when ``c`` finishes the output. ``prompt_ids`` (non-streaming
+    only: the whole output in one call): detokenize it in one shot
+    (``detokenize_with_stop``: equal to stepping, no per-token loop) instead of from the state."""
     ids = list(c.token_ids or [])
     final = c.finish_reason is not None
     text_ids = stop_token_trimmed(ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids, False) \
@@ -145,7 +148,13 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c) -> Res
             return Delta(content=text)
         return stack.feed(st.parser, text, pids) if (text or pids) else Delta()
 
-    if entries is None:  # one step per chunk
+    if entries is None and prompt_ids is not None:  # the whole output at once (non-streaming)
+        text = detokenize_with_stop(rt.tokenizer, text_ids, (), skip_special_tokens=st.skip_special,
+                                    prompt_token_ids=prompt_ids)[0] if text_ids else ""
+        d = parse(text, text_ids + stop_ids)
+        st.reasoning_tokens += d.reasoning_tokens
+        b.feed(d, None)
+    elif entries is None:  # one step per chunk
         d = parse(detok.add(text_ids) if text_ids else "", text_ids + stop_ids)
         st.reasoning_tokens += d.reasoning_tokens
         b.feed(d, None)
@@ -230,7 +239,7 @@ def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created
     b.start()
     chunk = GenerateTokensStreamChoice(index=0, token_ids=c.token_ids, finish_reason=c.finish_reason or "stop",
                                        stop_reason=c.stop_reason, logprobs=c.logprobs)
-    resp = _step(rt, st, b, chunk)
+    resp = _step(rt, st, b, chunk, pids or [])
     assert resp is not None
     return resp
 
