@@ -87,3 +87,51 @@ def test_responses_through_kafka_worker(kafka_bootstrap, kafka_broker_kind, redi
     assert _h(b)[STATUS] == b"400" and _h(b)[END] == b"1" and "exactly one" in json.loads(b.value)["error"]["message"]
     (p,) = by_key[f"prev-{u}"]
     assert _h(p)[STATUS] == b"400" and json.loads(p.value)["error"]["param"].endswith("previous_response_id")
+
+
+def _top20(case: dict) -> list[dict]:
+    """The case's stream bodies asking for top_logprobs 20 (engine entries with 20 candidates)."""
+    bodies = r2r.stream_bodies(case)
+    for b in bodies:
+        b["responses_request"]["top_logprobs"] = 20
+        for ch in b["generate_chunk"]["choices"]:
+            for e in (ch["logprobs"] or {}).get("content", []):
+                e["top_logprobs"] = [{"token_id": e["token_id"], "logprob": e["logprob"]}] + [
+                    {"token_id": 1000 + j, "logprob": -5.0 - j, "rank": j + 1} for j in range(19)]
+    return bodies
+
+
+def test_terminal_reply_over_the_size_limit(kafka_bootstrap, kafka_broker_kind, redis_prefix):  # noqa: F811
+    """A terminal chunk repeats the whole response (with logprobs: the per-token list four times:
+    output_text.done, content_part.done, output_item.done, the terminal response). When that
+    reply exceeds the producer's --max-request-size the broker never sees it: the chunk is
+    dead-lettered (reason reply-publish-failed) and the earlier replies stand."""
+    models = load_config_file(str(MODELS))
+    n = _names()
+    case = next(c for c in CASES if c["id"] == "qwen3-logprobs")
+    bodies = _top20(case)
+    rid = f"big-{uuid.uuid4().hex[:6]}"
+    recs = []
+    for k, b in enumerate(bodies):
+        b["generate_chunk"]["request_id"] = rid
+        recs.append((rid.encode(), json.dumps(b).encode(), [(SEQ, str(k).encode())]))
+    redis = RedisSettings(url=REDIS_URL, prefix=redis_prefix, ttl_s=120)
+    settings = _settings(kafka_bootstrap, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
+                         dead_letter_topic=n.dlq, group_id=n.group, redis=redis,
+                         max_request_size=65536, dead_letter_max_bytes=16384)
+
+    async def go():
+        await ensure_topics(kafka_bootstrap, {n.inp: 1, n.reply: 1, n.dlq: 1})
+        async with KafkaDerenderWorker(settings, models) as w:
+            await w.wait_assigned(30)
+            await _produce(kafka_bootstrap, n.inp, recs)
+            return await _collect(kafka_bootstrap, [n.reply, n.dlq], len(recs), timeout=60, settle=1.0)
+
+    got = asyncio.run(go())
+    replies, dlq = got[n.reply], got[n.dlq]
+    assert len(replies) == len(recs) - 1 and len(dlq) == 1
+    assert sorted(int(_h(r)[SEQ]) for r in replies) == list(range(len(recs) - 1))
+    assert all(_h(r)[STATUS] == b"200" and END not in _h(r) for r in replies)
+    h = _h(dlq[0])
+    assert h["x-dlq-reason"].startswith(b"reply-publish-failed: MessageSizeTooLargeError")
+    assert h[SEQ] == str(len(recs) - 1).encode() and dlq[0].value == recs[-1][1]
