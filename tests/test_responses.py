@@ -336,3 +336,17 @@ def test_openai_batch_url_and_parquet(tmp_path):
     for g, cid in zip(got, ("qwen3-noparser-plain", "qwen3-noparser-logprobs")):
         resp = json.loads(g["response"])
         assert cmp.first_diff(BY_ID[cid]["expected"]["nonstream"], cmp.norm_response(resp)) is None, g
+
+
+def test_readme_responses_record_and_reply():
+    """The README's Responses record gives exactly its literal reply (demo model config)."""
+    import re
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    sec = readme[readme.index("## Responses API"):readme.index("## Parsers")]
+    rec, rep = re.findall(r"```\n(.*?)```", sec, re.S)[:2]
+    value = rec.split("value   ", 1)[1].strip()
+    reply = rep.split("value   ", 1)[1].strip()
+    svc = DerenderService(load_config_file(str(ROOT / "worker" / "demo_data" / "models.json")))
+    res = svc.derender(value.encode(), created=json.loads(reply)["created_at"])
+    assert res.status == 200 and res.kind == "responses"
+    assert res.body.decode() == reply
