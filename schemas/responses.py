@@ -84,7 +84,6 @@ class ResponsesRequest(Struct, kw_only=True):
     stream: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     skip_special_tokens: bool = True
-    include_reasoning: bool = True
 
 
 class DerenderResponsesRequest(Struct, kw_only=True):

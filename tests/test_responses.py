@@ -350,3 +350,51 @@ def test_readme_responses_record_and_reply():
     res = svc.derender(value.encode(), created=json.loads(reply)["created_at"])
     assert res.status == 200 and res.kind == "responses"
     assert res.body.decode() == reply
+
+
+_HOSTILE = [None, 0, -1, 2**63, 2**64, 1.5, "x", "", [], [1], {}, {"a": 1}, True, [[]], {"type": "function"},
+            {"type": "function", "name": 5}, {"type": "function", "name": "get_weather"}, [{"type": "function"}],
+            ["x"], "required", "none", [{"type": "function", "name": "x", "parameters": "bad"}]]
+
+
+def _paths(o, p=()):
+    yield p
+    if isinstance(o, dict):
+        for k, v in o.items():
+            yield from _paths(v, (*p, k))
+    elif isinstance(o, list):
+        for i, v in enumerate(o[:3]):
+            yield from _paths(v, (*p, i))
+
+
+def test_hostile_bodies_never_crash(service):
+    """Random fields of Responses bodies (non-streaming, first and later stream chunks) replaced
+    by hostile values (wrong types, 2**64, nameless tools, ...): every answer is a Response, a
+    list of events or a 400/404 error object, never a 500 (derandomized)."""
+    rng = random.Random(14)
+    enc = msgspec.json.encode
+    for _ in range(600):
+        case = rng.choice(CASES)
+        sb = r2r.stream_bodies(case)
+        mode = rng.choice(("nonstream", "first", "later"))
+        body = r2r.nonstream_body(case) if mode == "nonstream" else (sb[1] if mode == "later" and len(sb) > 1
+                                                                       else sb[0])
+        paths = [p for p in _paths(body) if p]
+        for _ in range(rng.randint(1, 3)):
+            p = rng.choice(paths)
+            target = body
+            try:
+                for k in p[:-1]:
+                    target = target[k]
+                target[p[-1]] = json.loads(json.dumps(rng.choice(_HOSTILE)))
+            except (KeyError, IndexError, TypeError):
+                continue
+        raw = enc(body)
+        if mode == "nonstream":
+            statuses = [service.derender(raw, "responses").status, service.derender(raw).status]
+        else:
+            first = service.derender_responses_stream(enc(sb[0]), None) if mode == "later" else None
+            statuses = [service.derender_responses_stream(raw, first.state if first else None,
+                                                          memory_reader(first.log_append if first else b"")).status,
+                        service.derender_stream(raw, None)[0].status]
+        assert all(s in (200, 400, 404) for s in statuses), (statuses, body)

@@ -295,6 +295,11 @@ def derender_responses_chunk(rt: ModelRuntime, body: StreamBody, state: Response
         state = _new_state(rt, req or DEFAULT_REQUEST, request_id=gc.request_id or "", model=body.model,
                            created=created or 0, prompt_ids=pids, prompt_tokens=body.prompt_tokens)
         state.req_digest = request_digest(raw) if has_req else b""
+        try:  # the echoed fields travel in the msgpack state: 64-bit integers only
+            _state_encoder.encode(state.head)
+        except OverflowError:
+            raise BadRequest("a number in responses_request is outside the 64-bit range a stream state can hold",
+                             param="responses_request") from None
         b = EventBuilder(state, log)
         b.start()
     else:

@@ -110,8 +110,7 @@ def parser_context(req: ResponsesRequest, prompt_ids: list[int] | None) -> Reque
              for t in (req.tools or []) if isinstance(t, dict) and t.get("type") == "function"]
     chat = ChatCompletionRequest(tools=tools or None, tool_choice=_chat_tool_choice(req.tool_choice),
                                  parallel_tool_calls=req.parallel_tool_calls,
-                                 chat_template_kwargs=req.chat_template_kwargs,
-                                 include_reasoning=req.include_reasoning)
+                                 chat_template_kwargs=req.chat_template_kwargs)
     return request_context(chat, prompt_ids)
 
 
