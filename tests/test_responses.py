@@ -336,6 +336,11 @@ def test_openai_batch_url_and_parquet(tmp_path):
     for g, cid in zip(got, ("qwen3-noparser-plain", "qwen3-noparser-logprobs")):
         resp = json.loads(g["response"])
         assert cmp.first_diff(BY_ID[cid]["expected"]["nonstream"], cmp.norm_response(resp)) is None, g
+        # flat columns: the message text, the status, usage from input/output tokens
+        want = BY_ID[cid]["expected"]["nonstream"]
+        assert g["content"] == want["output"][0]["content"][0]["text"] and g["finish_reason"] == "completed"
+        assert (g["prompt_tokens"], g["completion_tokens"]) == (want["usage"]["input_tokens"],
+                                                                want["usage"]["output_tokens"])
 
 
 def test_readme_responses_record_and_reply():
