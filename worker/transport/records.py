@@ -23,9 +23,10 @@ Input (``--input-topic``, default ``engine-outputs``)
       opaque bytes echoed unchanged on the reply; default: the key, else the body's
       ``generate_response.request_id``.
   ``derender-kind``
-      ``chat`` or ``completion``. When absent the body's shape decides:
-      ``generate_response`` => chat, ``generate_responses`` => completion. Any other value is
-      answered with a 400 error.
+      ``chat``, ``completion`` or ``responses`` (Responses API, issue 14). When absent the body's
+      shape decides: ``generate_response`` => chat (responses when it carries
+      ``responses_request``), ``generate_responses`` => completion. Any other value is answered
+      with a 400 error.
   ``content-type``
       ``application/json`` (informational; the value is always parsed as JSON).
 
