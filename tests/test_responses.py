@@ -403,3 +403,33 @@ def test_hostile_bodies_never_crash(service):
                                                           memory_reader(first.log_append if first else b"")).status,
                         service.derender_stream(raw, None)[0].status]
         assert all(s in (200, 400, 404) for s in statuses), (statuses, body)
+
+
+def test_pieces_only_when_needed(service):
+    """Without a reader, a chunk that needs the stored log says which bytes (``needs_pieces``:
+    only when an item closes or the stream ends) and derenders nothing; called again with those
+    bytes it answers as with a full reader. A reader that lost bytes gives a 409."""
+    case = BY_ID["qwen3-coder-reasoning-text-call"]
+    enc = msgspec.json.encode
+    state, log, asked, events = None, bytearray(), 0, []
+    for b in r2r.stream_bodies(case):
+        res = service.derender_responses_stream(enc(b), state, None)
+        if res.needs_pieces is not None:
+            asked += 1
+            start, end = res.needs_pieces
+            assert res.state is None and not res.body and 0 <= start < end == len(log)
+            part = bytes(log[start:end])
+            res = service.derender_responses_stream(enc(b), state, lambda s, e, p=part, o=start: p[s - o:e - o])
+        assert res.status == 200, res.body
+        state, log = res.state, log + res.log_append
+        events.extend(json.loads(res.body))
+    assert asked == 3  # the reasoning item closes, the message closes, the end (whole log)
+    ns = json.loads(service.derender(enc(r2r.nonstream_body(case)), "responses").body)
+    assert events[-1]["response"] == ns
+    bodies = r2r.stream_bodies(case)
+    res = service.derender_responses_stream(enc(bodies[0]), None)
+    for b in bodies[1:]:
+        res = service.derender_responses_stream(enc(b), res.state, memory_reader(b""))  # the log is gone
+        if res.status != 200:
+            break
+    assert res.status == 409 and "lost" in json.loads(res.body)["error"]["message"]

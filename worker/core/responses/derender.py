@@ -46,7 +46,7 @@ from worker.core.responses.echo import (
     wants_logprobs,
 )
 from worker.core.responses.events import STATE_VERSION, EventBuilder, ResponsesStreamState
-from worker.core.responses.log import PieceLog, Reader
+from worker.core.responses.log import PieceLog, PiecesNeeded, Reader
 from worker.parsers.base import Delta
 
 __all__ = ["StreamBody", "derender_responses", "derender_responses_chunk", "encode_state", "decode_state",
@@ -250,8 +250,9 @@ def derender_responses_chunk(rt: ModelRuntime, body: StreamBody, state: Response
                              ) -> tuple[list, ResponsesStreamState, bytes]:
     """Derender one streaming Responses chunk. ``state``: None on the first chunk (then
     ``responses_request`` is required when a parser is configured); ``reader(start, end)``:
-    bytes of the stream's piece log persisted so far (``state.log_len`` of them; None on the
-    first chunk); ``created``: Unix seconds for the whole stream, read on the first chunk.
+    bytes of the stream's piece log persisted so far (``state.log_len`` of them; None: raise
+    ``PiecesNeeded(start, end)`` if this chunk needs some, i.e. when an item whose records were
+    persisted closes, or the whole log when the chunk ends the output); ``created``: Unix seconds for the whole stream, read on the first chunk.
 
     Returns ``(events, state, log_append)``: the chunk's events (possibly none), the advanced
     state (``done`` after the terminal event) and the bytes to append to the piece log
@@ -291,6 +292,8 @@ def derender_responses_chunk(rt: ModelRuntime, body: StreamBody, state: Response
     for c in gc.choices:
         _check_tokens(rt, c, prior, "choice 0")
     log = PieceLog(reader, state.log_len if state is not None else 0)
+    if reader is None and log.base_len and any(c.finish_reason is not None for c in gc.choices):
+        raise PiecesNeeded(0, log.base_len)  # the terminal event lists every item: the whole log
     if state is None:
         state = _new_state(rt, req or DEFAULT_REQUEST, request_id=gc.request_id or "", model=body.model,
                            created=created or 0, prompt_ids=pids, prompt_tokens=body.prompt_tokens)

@@ -29,7 +29,7 @@ import msgspec
 
 from schemas.responses import OutputItem, ResponseLogprob
 
-__all__ = ["PieceLog", "Reader", "memory_reader"]
+__all__ = ["PieceLog", "Reader", "memory_reader", "PiecesNeeded", "PiecesLost"]
 
 Reader = Callable[[int, int], bytes]
 
@@ -37,6 +37,21 @@ _enc = msgspec.json.Encoder()
 _item_dec = msgspec.json.Decoder(OutputItem)
 _lp_dec = msgspec.json.Decoder(list[ResponseLogprob])
 _str_dec = msgspec.json.Decoder(str)
+
+
+class PiecesNeeded(Exception):
+    """The chunk needs persisted log bytes ``[start, end)`` and no reader was given: call again
+    with a reader over them (a transport that ships the log to its derender pool only when an
+    item closes or the stream ends; most chunks need none)."""
+
+    def __init__(self, start: int, end: int):
+        super().__init__(f"piece log bytes [{start}, {end}) needed")
+        self.start, self.end = start, end
+
+
+class PiecesLost(Exception):
+    """The reader returned fewer bytes than the state records: the stream's log was lost
+    (expired or deleted); the stream cannot go on."""
 
 
 def memory_reader(data: bytes | bytearray) -> Reader:
@@ -72,18 +87,19 @@ class PieceLog:
         self.new += b"i" + _enc.encode(item) + b"\n"
 
     def read(self, start: int, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of the log (``end`` None: to the end). Raises ``ValueError``
-        when persisted bytes are needed and the caller gave no reader or the store returned
-        fewer bytes than the state recorded (a lost log: the stream cannot be continued)."""
+        """Bytes ``[start, end)`` of the log (``end`` None: to the end). Raises ``PiecesNeeded``
+        when persisted bytes are needed and the caller gave no reader, ``PiecesLost`` when the
+        reader returned fewer bytes than the state recorded."""
         end = len(self) if end is None else end
         out = bytearray()
         if start < self.base_len:
-            if self.reader is None:
-                raise ValueError("the stream's piece log is needed but no reader was given")
             stop = min(end, self.base_len)
+            if self.reader is None:
+                raise PiecesNeeded(start, stop)
             got = self.reader(start, stop)
             if len(got) != stop - start:
-                raise ValueError(f"the stream's piece log is shorter than recorded ({start + len(got)} < {stop})")
+                raise PiecesLost(f"the stream's piece log is shorter than its state records "
+                                 f"({start + len(got)} < {stop} bytes): it was lost or expired")
             out += got
         if end > self.base_len:
             out += self.new[max(start - self.base_len, 0):end - self.base_len]

@@ -18,7 +18,7 @@ from worker.core.responses.derender import (
     derender_responses_chunk,
     encode_state,
 )
-from worker.core.responses.log import Reader, memory_reader
+from worker.core.responses.log import PiecesLost, PiecesNeeded, Reader, memory_reader
 
 __all__ = ["body_decoder", "derender", "ResponsesStreamResult", "derender_stream", "derender_stream_packed",
            "is_responses_stream", "PACKED_MAGIC", "KIND", "STREAM_KIND"]
@@ -57,16 +57,19 @@ class ResponsesStreamResult:
     ``done`` (terminal event sent: delete the state and the log), ``seq`` (the chunk's sequence
     number), ``state`` (bytes to store; None on error: keep the stored state and log),
     ``log_append`` (bytes to append to the stream's piece log before storing ``state``) and
-    ``log_len`` (the log's length ``state`` records)."""
+    ``log_len`` (the log's length ``state`` records). ``needs_pieces``: ``(start, end)`` when
+    the call was made without a reader and this chunk needs those persisted log bytes (nothing
+    was derendered, ``body`` is empty: call again with a reader over them)."""
 
     __slots__ = ("body", "status", "is_error", "request_id", "kind", "done", "seq", "state", "log_append",
-                 "log_len")
+                 "log_len", "needs_pieces")
 
     def __init__(self, body: bytes, status: int = 200, request_id: str | None = None, done: bool = False,
                  seq: int | None = None, state: bytes | None = None, log_append: bytes = b"", log_len: int = 0):
         self.body, self.status, self.is_error = body, status, status != 200
         self.request_id, self.kind, self.done, self.seq = request_id, STREAM_KIND, done, seq
         self.state, self.log_append, self.log_len = state, log_append, log_len
+        self.needs_pieces: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
         return f"ResponsesStreamResult(status={self.status}, request_id={self.request_id!r}, done={self.done})"
@@ -78,7 +81,9 @@ def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Rea
     ``ModelNotFound``); ``state_bytes``: the stored state (None for the first chunk);
     ``reader(start, end)``: the stream's stored piece log; ``seq``: the chunk's sequence number
     when the transport has one (below the state's ``next_seq``: stale, 409, nothing changes);
-    ``created``: Unix seconds for the stream (first chunk). Never raises for bad input."""
+    ``created``: Unix seconds for the stream (first chunk). Never raises for bad input. With
+    ``reader`` None a chunk that needs persisted log bytes returns ``needs_pieces`` instead of a
+    reply; a reader that returns fewer bytes than recorded gives a 409 (the log was lost)."""
     request_id = None
     try:
         try:
@@ -108,6 +113,13 @@ def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Rea
             state.next_seq = seq + 1
         return ResponsesStreamResult(_encoder.encode(events), 200, request_id, state.done, state.next_seq - 1,
                                      encode_state(state), append, state.log_len)
+    except PiecesNeeded as e:
+        res = ResponsesStreamResult(b"", 0, request_id)
+        res.needs_pieces = (e.start, e.end)
+        return res
+    except PiecesLost as e:
+        err = DerenderError(str(e), param="stream_state", status=409)
+        return ResponsesStreamResult(_encoder.encode(err.to_response(request_id)), 409, request_id)
     except DerenderError as e:
         return ResponsesStreamResult(_encoder.encode(e.to_response(request_id)), e.status, request_id)
     except Exception as e:  # a core bug: a 500 without losing the worker
