@@ -433,3 +433,19 @@ def test_pieces_only_when_needed(service):
         if res.status != 200:
             break
     assert res.status == 409 and "lost" in json.loads(res.body)["error"]["message"]
+
+
+def test_one_parse_with_whole_tool_call_streaming():
+    """``--tool-call-streaming whole`` (calls in one delta when they close; a cut call stays
+    text): the non-streaming Response still equals the stream's terminal response, every case."""
+    cfgs = load_config_file(str(MODELS))
+    for c in cfgs:
+        c.tool_call_streaming = "whole"
+    svc = DerenderService(cfgs)
+    for case in CASES:
+        ns = svc.derender(msgspec.json.encode(r2r.nonstream_body(case)), "responses")
+        events = [e for chunk in _stream(svc, r2r.stream_bodies(case)) for e in chunk]
+        assert msgspec.json.encode(events[-1]["response"]) == ns.body, case["id"]
+        calls = [it for it in events[-1]["response"]["output"] if it["type"] == "function_call"]
+        deltas = [e for e in events if e["type"] == "response.function_call_arguments.delta"]
+        assert len(deltas) <= len(calls)  # whole: at most one argument delta per call
