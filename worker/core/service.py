@@ -32,9 +32,7 @@ from worker.core.responses import service as responses_service  # issue 14: the 
 
 log = logging.getLogger(__name__)
 
-KINDS = ("chat", "completion")
-#: every non-streaming kind (issue 14 added ``responses``; its stream kind is ``responses-stream``)
-ALL_KINDS = ("chat", "completion", "responses")
+KINDS = ("chat", "completion")  # the chat stream API's kinds; ``responses``: worker.core.responses (issue 14)
 
 
 class _Probe(msgspec.Struct):
