@@ -97,14 +97,19 @@ def decode_state(rt: ModelRuntime, data: bytes) -> ResponsesStreamState:
 
 # ------------------------------------------------------------------------------ shared step ---
 def _new_state(rt: ModelRuntime, req: ResponsesRequest, *, request_id: str, model: str, created: int,
-               prompt_ids: list[int] | None, prompt_tokens: int | None, kv=None, ec=None) -> ResponsesStreamState:
+               prompt_ids: list[int] | None, prompt_tokens: int | None, kv=None, ec=None,
+               whole: bool = False) -> ResponsesStreamState:
+    """A fresh stream state. ``whole``: the output comes in one call without logprobs (the
+    non-streaming path detokenizes it in one shot: no detokenizer seed needed)."""
     ctx = parser_context(req, prompt_ids)
     stack = rt.stack
     mode = stack.tool_mode(ctx)
     skip = effective_skip_special_tokens(rt, req.skip_special_tokens, mode)
     head = response_head(rt, req, response_id=request_id, model=model, created_at=created,
                          kv_transfer_params=kv, ec_transfer_params=ec)
-    detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=skip, prompt_token_ids=prompt_ids).state()
+    seeded = not (whole and not wants_logprobs(req))
+    detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=skip,
+                                   prompt_token_ids=prompt_ids).state() if seeded else None
     return ResponsesStreamState(
         request_id=request_id, model=model, head=head, want_lp=wants_logprobs(req),
         top_logprobs=req.top_logprobs or 0, skip_special=skip, fmt=stack.id_format, detok=detok,
@@ -234,7 +239,7 @@ def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created
     st = _new_state(rt, req, request_id=gr.request_id or "", model=body.model,
                     created=gr.created if gr.created is not None else (created or 0),
                     prompt_ids=pids, prompt_tokens=body.prompt_tokens,
-                    kv=gr.kv_transfer_params, ec=gr.ec_transfer_params)
+                    kv=gr.kv_transfer_params, ec=gr.ec_transfer_params, whole=True)
     b = EventBuilder(st, PieceLog(None, 0))
     b.start()
     chunk = GenerateTokensStreamChoice(index=0, token_ids=c.token_ids, finish_reason=c.finish_reason or "stop",

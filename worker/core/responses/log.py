@@ -63,12 +63,13 @@ class PieceLog:
     """The log as one chunk sees it: ``base_len`` persisted bytes behind ``reader`` plus the
     records this chunk appends (``new``). Offsets are absolute (persisted + new)."""
 
-    __slots__ = ("reader", "base_len", "new")
+    __slots__ = ("reader", "base_len", "new", "_new_items")
 
     def __init__(self, reader: Reader | None, base_len: int):
         self.reader = reader
         self.base_len = base_len
         self.new = bytearray()
+        self._new_items: list[OutputItem] = []  # items closed in this chunk (never decoded back)
 
     def __len__(self) -> int:
         return self.base_len + len(self.new)
@@ -85,6 +86,7 @@ class PieceLog:
     def append_item(self, item: OutputItem) -> None:
         """Record a closed output item."""
         self.new += b"i" + _enc.encode(item) + b"\n"
+        self._new_items.append(item)
 
     def read(self, start: int, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of the log (``end`` None: to the end). Raises ``PiecesNeeded``
@@ -117,5 +119,7 @@ class PieceLog:
         return "".join(texts), entries
 
     def items(self) -> list[OutputItem]:
-        """Every closed item, in output order (reads the whole log: once, for the terminal event)."""
-        return [_item_dec.decode(line[1:]) for line in self.read(0).splitlines() if line[:1] == b"i"]
+        """Every closed item, in output order (reads the persisted log: once, for the terminal
+        event; items closed in this chunk are taken as they are)."""
+        old = self.read(0, self.base_len) if self.base_len else b""
+        return [_item_dec.decode(line[1:]) for line in old.splitlines() if line[:1] == b"i"] + self._new_items
