@@ -190,9 +190,14 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
     return b.finish(c.finish_reason)
 
 
-def _check_tokens(rt: ModelRuntime, c, prior: int, where: str) -> None:
+def _check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = False) -> None:
+    """A choice's ids within the vocabulary and ``max_model_len`` (with the ``prior`` ids of
+    the stream), logprobs matching them. Null ``token_ids``: 400, except in a stream chunk
+    (no new ids, as chat streams take it)."""
     ids = c.token_ids
     if ids is None:
+        if stream:
+            return
         raise BadRequest(f"{where} has null token_ids", param=f"{where}.token_ids")
     cfg = rt.config
     if cfg.max_model_len is not None and prior + len(ids) > cfg.max_model_len:
@@ -295,7 +300,7 @@ def derender_responses_chunk(rt: ModelRuntime, body: StreamBody, state: Response
                              param="responses_request")
         prior = state.completion_tokens
     for c in gc.choices:
-        _check_tokens(rt, c, prior, "choice 0")
+        _check_tokens(rt, c, prior, "choice 0", stream=True)
     log = PieceLog(reader, state.log_len if state is not None else 0)
     if reader is None and log.base_len and any(c.finish_reason is not None for c in gc.choices):
         raise PiecesNeeded(0, log.base_len)  # the terminal event lists every item: the whole log
