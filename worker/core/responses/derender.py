@@ -38,6 +38,7 @@ from worker.core.derender import (
 from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, stop_token_trimmed
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, next_context
+from worker.core.responses import argshape
 from worker.core.responses.echo import (
     DEFAULT_REQUEST,
     check_responses_request,
@@ -114,7 +115,8 @@ def _new_state(rt: ModelRuntime, req: ResponsesRequest, *, request_id: str, mode
         request_id=request_id, model=model, head=head, want_lp=wants_logprobs(req),
         top_logprobs=req.top_logprobs or 0, skip_special=skip, fmt=stack.id_format, detok=detok,
         parser=stack.initial_state(ctx, streaming=True) if rt.has_parser else None,
-        prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt_ids or []))
+        prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt_ids or []),
+        arg_shape=rt.config.tool_parser in argshape.SHAPED_PARSERS)
 
 
 def _entries(rt: ModelRuntime, st: ResponsesStreamState, c) -> list[ResponseLogprob] | None:

@@ -59,6 +59,7 @@ from schemas.responses import (
     ResponseUsage,
 )
 from worker.core.detokenize import DetokState
+from worker.core.responses import argshape
 from worker.core.responses.ids import call_id, item_id
 from worker.core.responses.log import PieceLog
 from worker.parsers.base import Delta
@@ -72,7 +73,9 @@ STATE_VERSION = 1
 class OpenItem(msgspec.Struct, kw_only=True, array_like=True):
     """The output item being generated: ``type`` (message | reasoning | function_call), its
     ``output_index``, ``id``, and for a call ``call_id``/``name``/``tool_index`` (the parser's
-    call index); ``log_start``: where its records start in the piece log."""
+    call index); ``log_start``: where its records start in the piece log; ``raw`` / ``sent``:
+    a call's raw argument text so far and the characters of arguments sent, kept only when
+    its arguments are shaped (``worker.core.responses.argshape``, llama3_json)."""
 
     type: str
     output_index: int
@@ -81,6 +84,8 @@ class OpenItem(msgspec.Struct, kw_only=True, array_like=True):
     call_id: str = ""
     name: str = ""
     tool_index: int = -1
+    raw: str = ""
+    sent: int = 0
 
 
 class ResponsesStreamState(msgspec.Struct, kw_only=True, array_like=True):
@@ -90,7 +95,9 @@ class ResponsesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     object); ``seq_no``: next event ``sequence_number``; ``next_seq``: next chunk sequence
     number (a lower one is stale); ``log_len``: the piece log's length after the last chunk;
     ``req_digest``: blake2b of the first chunk's raw ``responses_request``; ``pending_lp``:
-    logprob entries of tokens that produced no text yet (a few partial-UTF-8 tokens)."""
+    logprob entries of tokens that produced no text yet (a few partial-UTF-8 tokens);
+    ``arg_shape``: call arguments follow vLLM's llama3_json delta rule
+    (``worker.core.responses.argshape``)."""
 
     v: int = STATE_VERSION
     request_id: str = ""
@@ -116,6 +123,7 @@ class ResponsesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     log_len: int = 0
     req_digest: bytes = b""
     done: bool = False
+    arg_shape: bool = False
 
 
 def delta_form(entries: list[ResponseLogprob]) -> list[DeltaLogprob]:
@@ -197,6 +205,13 @@ class EventBuilder:
         text, entries = self.log.open_item(it.log_start)
         idx, iid = it.output_index, it.id
         ev = self.events
+        if it.type == "function_call" and st.arg_shape:
+            rest = argshape.final_rest(it.raw, text)
+            if rest:
+                self.log.append_text(rest)
+                ev.append(FunctionCallArgumentsDelta(delta=rest, item_id=iid, output_index=idx,
+                                                     sequence_number=self._seq()))
+                text += rest
         if it.type == "message":
             ev.append(OutputTextDone(content_index=0, item_id=iid, logprobs=entries, output_index=idx, text=text,
                                      sequence_number=self._seq()))
@@ -258,8 +273,14 @@ class EventBuilder:
                 self._open("function_call", call_id=cid, name=tc.name or "", tool_index=tc.index)
                 o = st.open
             st.pending_lp = []
-            if tc.arguments:
-                self.log.append_text(tc.arguments)
-                self.events.append(FunctionCallArgumentsDelta(delta=tc.arguments, item_id=o.id,
+            args = tc.arguments
+            if args and st.arg_shape:
+                prev = o.raw
+                o.raw = prev + args
+                args = argshape.step(prev, o.raw, o.sent)
+                o.sent += len(args)
+            if args:
+                self.log.append_text(args)
+                self.events.append(FunctionCallArgumentsDelta(delta=args, item_id=o.id,
                                                               output_index=o.output_index,
                                                               sequence_number=self._seq()))
