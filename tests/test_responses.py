@@ -483,3 +483,32 @@ def test_one_parse_with_whole_tool_call_streaming():
         calls = [it for it in events[-1]["response"]["output"] if it["type"] == "function_call"]
         deltas = [e for e in events if e["type"] == "response.function_call_arguments.delta"]
         assert len(deltas) <= len(calls)  # whole: at most one argument delta per call
+
+
+def _shape(pieces: list[str]) -> tuple[list[str], str]:
+    """argshape over a call's raw argument pieces (one per engine output): the deltas sent and
+    the rest sent at the close."""
+    from worker.core.responses import argshape
+    raw, sent, out = "", 0, []
+    for p in pieces:
+        prev, raw = raw, raw + p
+        d = argshape.step(prev, raw, sent)
+        sent += len(d)
+        out.append(d)
+    return out, argshape.final_rest(raw, "".join(out))
+
+
+def test_llama3_argument_rule():
+    """vLLM's llama3_json streaming rule (argshape.py), on the llama3 cases' token pieces: a
+    string value lags one output, the rest goes out when the JSON completes, ``{}`` is never
+    streamed (sent at the close), a cut call ends auto-closed, unparseable text goes out raw
+    at the close, several pieces in one output are one step."""
+    assert _shape(['{"', 'city', '":', ' "', 'L', 'yon', '"}']) == (
+        ["", "", "", "", '{"city": "', "L", 'yon"}'], "")
+    assert _shape(["{", "}"]) == (["", ""], "{}")
+    assert _shape(['{"', 'city', '":', ' "', 'Pa']) == (["", "", "", "", '{"city": "'], 'Pa"}')
+    assert _shape(['{"city": "Pa']) == ([""], '{"city": "Pa"}')  # one output: nothing, all at close
+    assert _shape(['{"q": "', 'J', 'W', 'ST', '",', ' "', 'limit', '":', ' ', '3', '}']) == (
+        ["", '{"q": "', "J", "W", "", "", "", "", "", 'ST"', ', "limit": 3}'], "")  # a key shows with its value
+    assert _shape(['{"city":"Par', 'ís"}']) == (["", '{"city": "París"}'], "")  # json.dumps spacing, no \\u escapes
+    assert _shape(["{bad", " json"]) == (["", ""], "{bad json")
