@@ -512,3 +512,17 @@ def test_llama3_argument_rule():
         ["", '{"q": "', "J", "W", "", "", "", "", "", 'ST"', ', "limit": 3}'], "")  # a key shows with its value
     assert _shape(['{"city":"Par', 'ís"}']) == (["", '{"city": "París"}'], "")  # json.dumps spacing, no \\u escapes
     assert _shape(["{bad", " json"]) == (["", ""], "{bad json")
+
+
+def test_llama3_argument_rule_is_bounded():
+    """Past argshape.SHAPE_LIMIT raw characters nothing more is sent per step (per-step cost
+    stays bounded); the close sends the rest, so deltas + rest == json.dumps(arguments)."""
+    from worker.core.responses import argshape
+    val = {"content": "line of code\n" * 400, "path": "a.py"}
+    raw_full = json.dumps(val)
+    assert len(raw_full) > argshape.SHAPE_LIMIT
+    out, rest = _shape([raw_full[i:i + 3] for i in range(0, len(raw_full), 3)])
+    sent = "".join(out)
+    assert sent and len(sent) <= argshape.SHAPE_LIMIT and rest
+    assert sent + rest == json.dumps(val, ensure_ascii=False)
+    assert _shape(["[" * 5000]) == ([""], "[" * 5000)  # unparseable: out raw at the close, no raise

@@ -25,8 +25,10 @@ value from the close alone).
 Completeness is judged on the arguments value (vLLM judges the whole ``{"name",
 "parameters"}`` object, which closes one ``}`` later: the same engine output for the cases
 where both braces are one token). Cost: two partial parses of the call's raw arguments per
-engine output (as vLLM): O(arguments) per step; the raw text is kept in the open item's
-state (``OpenItem.raw``, as the llama3_json parser state keeps the whole body).
+engine output (as vLLM), O(arguments) per step, so O(arguments^2) per call: bounded by
+``SHAPE_LIMIT``: once the raw arguments are longer, nothing more is sent until the close,
+which sends the rest in one delta (one parse). The raw text is kept in the open item's state
+(``OpenItem.raw``, as the llama3_json parser state keeps the whole body).
 """
 from __future__ import annotations
 
@@ -36,7 +38,11 @@ from typing import Any
 import partial_json_parser
 from partial_json_parser.core.options import Allow
 
-__all__ = ["SHAPED_PARSERS", "step", "final_rest"]
+__all__ = ["SHAPED_PARSERS", "SHAPE_LIMIT", "step", "final_rest"]
+
+#: raw argument characters up to which each engine output is shaped (two partial parses of at
+#: most this much per step: ~0.3 ms here); past it the rest goes out at the close
+SHAPE_LIMIT = 2048
 
 #: tool parsers whose vLLM streaming parser is ``Llama3JsonToolParser`` (vLLM registers
 #: ``llama3_json`` and ``llama4_json`` on that class)
@@ -59,13 +65,16 @@ def _parse(raw: str) -> Any:
 def _complete(raw: str) -> bool:
     try:
         json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)
+def _dumps(obj: Any) -> str | None:
+    try:
+        return json.dumps(obj, ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError):  # a value json cannot write: nothing to send
+        return None
 
 
 def _common_prefix(a: str, b: str) -> str:
@@ -81,18 +90,22 @@ def step(prev_raw: str, raw: str, sent: int) -> str:
 
     ``prev_raw``: the call's raw argument text before this output; ``raw``: after it;
     ``sent``: characters of arguments already sent. Returns the text to send ("" for none).
-    Never raises."""
+    Past ``SHAPE_LIMIT`` raw characters: "" (the close sends the rest). Never raises."""
+    if len(raw) > SHAPE_LIMIT:
+        return ""
     cur = _parse(raw)
     if cur is _NONE or not cur:
         return ""
     cur_json = _dumps(cur)
+    if cur_json is None:
+        return ""
     if _complete(raw):
         return cur_json[sent:]
     prev = _parse(prev_raw)
     if prev is _NONE or not prev:
         return ""
     prev_json = _dumps(prev)
-    if prev_json == cur_json:
+    if prev_json is None or prev_json == cur_json:
         return ""
     return _common_prefix(prev_json, cur_json)[sent:]
 
@@ -103,7 +116,7 @@ def final_rest(raw: str, sent_text: str) -> str:
     the sent text is not a prefix (the arguments then stay what was sent). Raw text that does
     not parse at all goes out as it is (as the unshaped stream would send it). Never raises."""
     obj = _parse(raw)
-    if obj is _NONE:
+    full = None if obj is _NONE else _dumps(obj)
+    if full is None:
         return raw[len(sent_text):] if raw.startswith(sent_text) else ""
-    full = _dumps(obj)
     return full[len(sent_text):] if full.startswith(sent_text) else ""
