@@ -513,6 +513,11 @@ MESSAGE_TYPES: dict[str, type] = {
     "ErrorResponse": ErrorResponse,
 }
 
+# Responses API (``schemas/responses.py``): its message types join the table (issue 14)
+from schemas.responses import RESPONSES_MESSAGE_TYPES  # noqa: E402
+
+MESSAGE_TYPES.update(RESPONSES_MESSAGE_TYPES)
+
 AnyDerenderRequest = (
     DerenderChatRequest | DerenderCompletionRequest | DerenderChatStreamRequest | DerenderCompletionStreamRequest
 )

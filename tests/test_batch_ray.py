@@ -97,3 +97,26 @@ def test_derender_class_on_ray_data_parquet(tmp_path, local_ray, qwen3_service):
     assert [r["index"] for r in rows] == list(range(len(bodies)))
     assert [json.loads(r["response"]) for r in rows] == [json.loads(r["response"]) for r in want]
     assert [r["content"] for r in rows] == [r["content"] for r in want]
+
+
+def test_ray_engine_responses_equals_local_engine(tmp_path, local_ray):
+    """Responses bodies (issue 14) and whole-request Responses stream lines through Ray Data:
+    the same bytes as the local engine, and the reference's answers (compare_responses.py)."""
+    from tests.parity_tools import compare_responses as cmp
+    from tests.parity_tools import responses_to_requests as r2r
+    from tests.test_responses import CASES, MODELS, PARSER_CUT_CALL
+    svc = DerenderService(load_config_file(str(MODELS)))
+    lines = [r2r.nonstream_body(c) for c in CASES] + [r2r.stream_bodies(c) for c in CASES[:6]]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    ref, out = tmp_path / "ref.jsonl", tmp_path / "ray.jsonl"
+    run_batch(svc, str(src), str(ref), workers=1, progress=False)
+    run_ray(svc, str(src), str(out), workers=2, actor_cpus=0.5, batch_size=8, progress=False)
+    got = out.read_text().splitlines()
+    assert got == ref.read_text().splitlines() and len(got) == len(lines)
+    for case, line in zip(CASES, got):
+        assert (cmp.compare_nonstream(case, json.loads(line)) is None) == (case["id"] not in PARSER_CUT_CALL)
+    for case, line in zip(CASES[:6], got[len(CASES):]):
+        events = json.loads(line)
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert cmp.norm_response(events[-1]["response"]) == case["expected"]["nonstream"]

@@ -115,6 +115,8 @@ def test_finished_counts_outcomes_kinds_and_end_to_end():
     m.finished("unary", None, "unparseable-no-reply-topic", None, now_ms)
     m.finished("stream", "chat-stream", None, 200, None)  # no timestamp: no end-to-end sample
     m.finished("stream", "bogus", None, None, -1, duplicate=True)
+    m.finished("unary", "responses", None, 200, None)
+    m.finished("stream", "responses-stream", None, 400, None)
     s = _samples(m.registry)
 
     def proc(mode, kind, outcome):
@@ -122,6 +124,8 @@ def test_finished_counts_outcomes_kinds_and_end_to_end():
     assert proc("unary", "chat", "ok") == 1 and proc("unary", "completion", "error") == 1
     assert proc("unary", "unknown", "dead_letter") == 1 and proc("stream", "chat", "ok") == 1
     assert proc("stream", "unknown", "duplicate") == 1
+    assert proc("unary", "responses", "ok") == 1 and proc("stream", "responses", "error") == 1
+    assert proc("stream", "completion", "ok") == 0  # every bounded series exists from the start
     assert s[("derender_dead_letters_total", (("reason", "unparseable-no-reply-topic"),))] == 1
     assert s[("derender_end_to_end_seconds_count", (("mode", "unary"),))] == 3
     assert s[("derender_end_to_end_seconds_count", (("mode", "stream"),))] == 0

@@ -345,11 +345,21 @@ def make_singles(n: int, tag: str, small: bool = False) -> list[Single]:
     return [Single(f"{tag}-{i}-{uuid.uuid4().hex[:6]}", *pool[i % len(pool)]) for i in range(n)]
 
 
-def make_streams(n: int, tag: str) -> list[Stream]:
-    """``n`` valid streams cycling over the corpus' streams, each with its own request id (so its
-    own key and state), with the core's reply for every chunk; a stream is cut after the chunk
-    that ends it (an error reply, or the request complete)."""
-    _, streams = corpus_bodies()
+@cache
+def responses_streams() -> list[list[dict]]:
+    """The Responses reference cases (issue 14) of the served models as streams of chunk bodies
+    (kind told by ``responses_request``; replies are JSON arrays of Responses events)."""
+    from tests.parity_tools import responses_to_requests as r2r
+    served = json.loads(MODELS_JSON.read_text())
+    cases = r2r.load_cases(str(REPO / "tests" / "data" / "parity" / "responses_public.jsonl"), None)
+    return [r2r.stream_bodies(c) for c in cases if r2r.served_name(c) in served]
+
+
+def make_streams(n: int, tag: str, source: list[list[dict]] | None = None) -> list[Stream]:
+    """``n`` valid streams cycling over the corpus' streams (or ``source``), each with its own
+    request id (so its own key and state), with the core's reply for every chunk; a stream is cut
+    after the chunk that ends it (an error reply, or the request complete)."""
+    streams = source if source is not None else corpus_bodies()[1]
     svc = service()
     out = []
     for i in range(n):

@@ -29,10 +29,11 @@ from worker.core.derender import (
     validate_completion,
 )
 from worker.core.errors import BadRequest, DerenderError, ModelNotFound, error_from_validation
+from worker.core.responses import service as responses_service  # issue 14: the Responses kinds
 
 log = logging.getLogger(__name__)
 
-KINDS = ("chat", "completion")
+KINDS = ("chat", "completion")  # the chat stream API's kinds; ``responses``: worker.core.responses (issue 14)
 
 
 class _Probe(msgspec.Struct):
@@ -42,6 +43,7 @@ class _Probe(msgspec.Struct):
     generate_response: msgspec.Raw = msgspec.Raw()
     generate_responses: msgspec.Raw = msgspec.Raw()
     generate_chunk: msgspec.Raw = msgspec.Raw()
+    responses_request: msgspec.Raw = msgspec.Raw()  # issue 14: tells a Responses body by shape
 
     @staticmethod
     def present(raw: msgspec.Raw) -> bool:
@@ -116,8 +118,10 @@ class DerenderResult:
 
 
 def kind_of(probe: _Probe) -> str:
-    """Tell a body's kind by its shape: ``generate_response`` -> chat, ``generate_responses`` ->
-    completion. Raises ``BadRequest`` when neither or both are present, or for a streaming body."""
+    """Tell a body's kind by its shape: ``generate_response`` -> chat (``responses`` when it
+    carries ``responses_request``), ``generate_responses`` -> completion. Raises ``BadRequest``
+    when neither or both are present, or for a streaming body. A Responses body without
+    ``responses_request`` (no parser configured) has chat's shape: it needs the kind header."""
     has_one, has_many = _Probe.present(probe.generate_response), _Probe.present(probe.generate_responses)
     if _Probe.present(probe.generate_chunk):
         raise BadRequest("streaming chunk bodies (generate_chunk) go to the stream path, not here",
@@ -125,6 +129,8 @@ def kind_of(probe: _Probe) -> str:
     if has_one == has_many:
         raise BadRequest("body must carry exactly one of generate_response (chat) or "
                          "generate_responses (completion)")
+    if has_one and _Probe.present(probe.responses_request):
+        return "responses"
     return "chat" if has_one else "completion"
 
 
@@ -230,6 +236,8 @@ class DerenderService:
             probe = _decode_or_400(_probe_decoder, body)
             request_id = _request_id(probe)
             shape = kind_of(probe)
+            if kind == "responses" and shape == "chat":  # same shape without responses_request
+                shape = "responses"
             if kind is not None and kind != shape:
                 raise BadRequest(f"message kind {kind!r} does not match the body's shape ({shape})")
             kind = shape
@@ -240,6 +248,8 @@ class DerenderService:
                 req = _decode_or_400(_chat_decoder, body)
                 validate_chat(rt, req)
                 resp = derender_chat(rt, req, created)
+            elif kind == "responses":
+                resp = responses_service.derender(rt, _decode_or_400(responses_service.body_decoder, body), created)
             else:
                 req = _decode_or_400(_completion_decoder, body)
                 validate_completion(rt, req)
@@ -256,6 +266,13 @@ class DerenderService:
     #: ``--enable-force-include-usage``; the parity reference always carries usage)
     force_include_usage: bool = True
 
+    def derender_responses_stream(self, body: bytes, state_bytes: bytes | None, reader=None, seq: int | None = None,
+                                  created: int | None = None) -> responses_service.ResponsesStreamResult:
+        """One streaming Responses chunk (issue 14): see ``worker.core.responses.service.derender_stream``
+        (``reader(start, end)`` reads the stream's piece log; the result carries the state to
+        store and the bytes to append to the log). Never raises for bad input."""
+        return responses_service.derender_stream(self.runtime, body, state_bytes, reader, seq, created)
+
     def derender_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None = None,
                         kind: str | None = None, created: int | None = None) -> tuple[StreamResult, bytes | None]:
         """Derender one streaming chunk body (``generate_chunk``) against the request's stored state.
@@ -266,6 +283,9 @@ class DerenderService:
         a chunk whose ``seq`` is below the state's ``next_seq`` is stale (409, state unchanged).
         ``kind``: ``chat``/``completion`` (or ``chat-stream``/``completion-stream``) or None to tell
         by the body (``completion_request`` -> completion, else chat; a stored state's kind wins).
+        A Responses stream (kind ``responses``/``responses-stream``, a packed Responses state, or a
+        first chunk carrying ``responses_request``) goes to ``responses_service.derender_stream_packed``
+        (issue 14: its stored value packs the piece log; replies are JSON lists of Responses events).
         ``created``: Unix seconds for every chunk of the request, taken on its first chunk (the
         state keeps it; the Kafka worker passes the first chunk record's timestamp; None = 0).
 
@@ -273,6 +293,9 @@ class DerenderService:
         publish (or an error object, status 400/404/409/500); ``new_state_bytes`` is the state to store
         under ``result.seq`` (None on error: keep the stored state); when ``result.done`` the stream
         is complete and the stored state should be deleted. Never raises for bad input."""
+        if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
+            rres, packed = responses_service.derender_stream_packed(self.runtime, body, state_bytes, seq, created)
+            return StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq), packed
         request_id = None
         kind_used = None
         try:

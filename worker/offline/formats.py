@@ -47,7 +47,7 @@ OUTPUT_FORMATS = ("jsonl", "openai-batch", "parquet")
 
 #: derender body fields that hold JSON objects (a Parquet string column of them is parsed)
 OBJECT_FIELDS = ("generate_response", "generate_responses", "chat_request", "completion_request",
-                 "generate_chunk", "stream_state")
+                 "generate_chunk", "stream_state", "responses_request")
 #: body fields a Parquet string column of which is parsed as JSON: every field but ``model``
 #: (``schemas/Derender*Request.schema.json``: none of these is ever a string), so a file can hold
 #: chat and completion bodies, whose ``prompt_tokens``/``prompt_token_ids`` differ in type (int
@@ -142,7 +142,32 @@ def read_jsonl(f: IO[bytes]) -> Iterator[tuple[bytes, None]]:
 
 class _BatchLine(msgspec.Struct):
     custom_id: str | None = None
+    url: str | None = None
     body: msgspec.Raw = msgspec.Raw()
+
+
+#: OpenAI Batch ``url`` of a Responses line (issue 14): its body is derendered as kind
+#: ``responses`` even without ``responses_request`` (the body alone then has chat's shape)
+RESPONSES_URL = "/v1/responses"
+
+
+class KindBody(bytes):
+    """A derender body whose kind the input told (``kind``: ``responses`` for an OpenAI Batch
+    line whose ``url`` is ``/v1/responses``), instead of the body's shape. Pickles with it."""
+
+    kind: str | None = None
+
+    @classmethod
+    def of(cls, body: bytes, kind: str) -> KindBody:
+        """``body`` tagged with ``kind``."""
+        out = cls(body)
+        out.kind = kind
+        return out
+
+
+def kind_of_item(item: bytes) -> str | None:
+    """The kind an input record was tagged with (``KindBody``), else None (tell by shape)."""
+    return getattr(item, "kind", None)
 
 
 _batch_line = msgspec.json.Decoder(_BatchLine)
@@ -150,8 +175,9 @@ _batch_line = msgspec.json.Decoder(_BatchLine)
 
 def read_openai_batch(f: IO[bytes]) -> Iterator[tuple[bytes | tuple[bytes, int], str | None]]:
     """OpenAI Batch input: ``body`` of each line is the derender body, ``custom_id`` is carried
-    to the output; ``method``/``url`` are not checked (chat vs completion is told by the body's
-    shape). A line that is not such an object gets a 400 error result."""
+    to the output; ``method`` is not checked; chat vs completion is told by the body's shape, and a
+    ``url`` of ``/v1/responses`` makes the body a Responses one (``KindBody``). A line that is not
+    such an object gets a 400 error result."""
     for raw in f:
         line = raw.strip()
         if not line:
@@ -166,6 +192,8 @@ def read_openai_batch(f: IO[bytes]) -> Iterator[tuple[bytes | tuple[bytes, int],
         if not body or body == b"null":
             yield (error_body("OpenAI Batch line has no body", 400), 400), rec.custom_id
             continue
+        if rec.url is not None and rec.url.rstrip("/") == RESPONSES_URL:
+            body = KindBody.of(body, "responses")
         yield body, rec.custom_id
 
 
@@ -328,12 +356,12 @@ PARQUET_OUTPUT_COLUMNS = (
     ("response", "string", "the OpenAI response JSON (a JSON list of chunks for a stream line), or the error object"),
     ("error", "string", "error.message when status_code != 200"),
     ("num_choices", "int32", "len(choices)"),
-    ("content", "string", "choice 0: message.content (chat) / text (completion)"),
+    ("content", "string", "choice 0: message.content (chat) / text (completion) / the message text (Responses)"),
     ("reasoning", "string", "choice 0: message.reasoning"),
-    ("tool_calls", "string", "choice 0: message.tool_calls as JSON"),
-    ("finish_reason", "string", "choice 0: finish_reason"),
-    ("prompt_tokens", "int64", "usage.prompt_tokens"),
-    ("completion_tokens", "int64", "usage.completion_tokens"),
+    ("tool_calls", "string", "choice 0: message.tool_calls as JSON (Responses: its function calls, that shape)"),
+    ("finish_reason", "string", "choice 0: finish_reason (a Responses result: its status)"),
+    ("prompt_tokens", "int64", "usage.prompt_tokens (Responses: input_tokens)"),
+    ("completion_tokens", "int64", "usage.completion_tokens (Responses: output_tokens)"),
     ("total_tokens", "int64", "usage.total_tokens"),
 )
 
@@ -387,9 +415,15 @@ def flat_row(index: int, body: bytes, status: int, custom_id: str | None) -> dic
         row["error"] = error_message(body) or None
         return row
     if body[:1] == b"[":
-        _flat_stream(row, body)
+        if body[:40].find(b'"type":"response.') >= 0:  # Responses events (issue 14)
+            _flat_responses_events(row, body)
+        else:
+            _flat_stream(row, body)
         return row
     if body[:1] != b"{":
+        return row
+    if b'"object":"response"' in body and _is_response(body):  # a Responses result (issue 14)
+        _flat_response(row, body)
         return row
     try:
         r = _resp.decode(body)
@@ -413,6 +447,103 @@ def flat_row(index: int, body: bytes, status: int, custom_id: str | None) -> dic
         row["completion_tokens"] = r.usage.completion_tokens
         row["total_tokens"] = r.usage.total_tokens
     return row
+
+
+# -------------------------------------------------- Responses API results (issue 14) ---
+class _RPart(msgspec.Struct):
+    text: str | None = None
+
+
+class _RItem(msgspec.Struct):
+    type: str = ""
+    content: list[_RPart] | None = None
+    arguments: str | None = None
+    name: str | None = None
+    call_id: str | None = None
+
+
+class _RUsage(msgspec.Struct):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class _RResp(msgspec.Struct):
+    object: str | None = None
+    output: list[_RItem] | None = None
+    usage: _RUsage | None = None
+    status: str | None = None
+
+
+class _REvent(msgspec.Struct):
+    type: str = ""
+    delta: str | None = None
+    response: _RResp | None = None
+
+
+class _ObjectProbe(msgspec.Struct):
+    object: str | None = None
+
+
+_r_resp = msgspec.json.Decoder(_RResp)
+_object_probe = msgspec.json.Decoder(_ObjectProbe)
+
+
+def _is_response(body: bytes) -> bool:
+    try:
+        return _object_probe.decode(body).object == "response"
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+_r_events = msgspec.json.Decoder(list[_REvent])
+
+
+def _fill_response(row: dict[str, Any], r: _RResp) -> None:
+    """A Response's flat columns: ``content`` / ``reasoning`` the message / reasoning texts
+    joined, ``tool_calls`` its function calls in chat's shape (``id`` = ``call_id``),
+    ``finish_reason`` the Response ``status``, usage from ``input_tokens`` / ``output_tokens``."""
+    items = r.output or []
+    texts = {"message": [], "reasoning": []}
+    calls = []
+    for it in items:
+        if it.type in texts:
+            texts[it.type].extend(p.text or "" for p in it.content or [])
+        elif it.type == "function_call":
+            calls.append({"id": it.call_id, "type": "function",
+                          "function": {"name": it.name, "arguments": it.arguments}})
+    row["num_choices"] = 1
+    row["content"] = "".join(texts["message"]) if texts["message"] else None
+    row["reasoning"] = "".join(texts["reasoning"]) if texts["reasoning"] else None
+    row["tool_calls"] = _encoder.encode(calls).decode() if calls else None
+    row["finish_reason"] = r.status
+    if r.usage is not None:
+        row["prompt_tokens"] = r.usage.input_tokens
+        row["completion_tokens"] = r.usage.output_tokens
+        row["total_tokens"] = r.usage.total_tokens
+
+
+def _flat_response(row: dict[str, Any], body: bytes) -> None:
+    try:
+        _fill_response(row, _r_resp.decode(body))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+
+
+def _flat_responses_events(row: dict[str, Any], body: bytes) -> None:
+    """A list of Responses events: from the terminal event's response when the list has it,
+    else the list's text / reasoning deltas joined (one chunk line of a longer stream)."""
+    try:
+        events = _r_events.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+    end = next((e.response for e in reversed(events) if e.type in ("response.completed", "response.incomplete")
+                and e.response is not None), None)
+    if end is not None:
+        _fill_response(row, end)
+        return
+    text = [e.delta for e in events if e.type == "response.output_text.delta" and e.delta]
+    reasoning = [e.delta for e in events if e.type == "response.reasoning_text.delta" and e.delta]
+    row["content"] = "".join(text) or None
+    row["reasoning"] = "".join(reasoning) or None
 
 
 class _FnDelta(msgspec.Struct):

@@ -87,7 +87,7 @@ class Derender:
             return stream_list(self.service, item)
         if stream_request_id(item) is not None:
             return error_body(STREAM_CHUNK_REFUSED, 400), 400
-        res = self.service.derender(item)
+        res = self.service.derender(item, formats.kind_of_item(item))  # kind: an OpenAI Batch url (issue 14)
         return res.body, res.status
 
     def _items(self, table) -> Iterator[tuple[bytes | tuple[bytes, int], str | None]]:

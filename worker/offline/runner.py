@@ -45,7 +45,7 @@ def _work(item: bytes | tuple[bytes, int]) -> tuple[bytes, int]:
     if isinstance(item, tuple):  # already a result (stream line, blank line, unreadable record)
         return item
     assert _service is not None
-    res = _service.derender(item)
+    res = _service.derender(item, formats.kind_of_item(item))  # kind: an OpenAI Batch url (issue 14)
     return res.body, res.status
 
 

@@ -10,17 +10,69 @@ A record holding a JSON *array* of chunk bodies is one whole streamed request (t
 suite's ``to_requests.py --stream`` format): it yields the JSON array of all its OpenAI chunks
 (an error object in the array where a chunk was refused; ``stream_state`` in the bodies is
 ignored: the state is kept here). Other records pass through to the worker processes.
+
+Responses streams (issue 14): a chunk body whose request's first chunk carried
+``responses_request`` (or an OpenAI Batch line with ``url`` ``/v1/responses``) yields the JSON
+list of the Responses events it produced, the stream state and its piece log (what grows with
+the output, ``worker.core.responses.log``) kept in memory per request id; a stream-list record
+of Responses chunks yields the JSON array of all its events.
 """
 from __future__ import annotations
 
 import msgspec
 
+from worker.core.responses import memory_reader
 from worker.core.service import DerenderService, error_body
+from worker.offline.formats import kind_of_item
 
 
 class _ChunkProbe(msgspec.Struct):
     generate_chunk: msgspec.Raw = msgspec.Raw()
     request_id: str | None = None
+
+
+class _ResponsesProbe(msgspec.Struct):
+    responses_request: msgspec.Raw = msgspec.Raw()
+
+
+_responses_probe = msgspec.json.Decoder(_ResponsesProbe)
+
+
+def is_responses_chunk(line: bytes) -> bool:
+    """True for a chunk body tagged ``responses`` or carrying a ``responses_request``."""
+    if kind_of_item(line) == "responses":
+        return True
+    if b'"responses_request"' not in line:
+        return False
+    try:
+        raw = bytes(_responses_probe.decode(line).responses_request)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return bool(raw) and raw != b"null"
+
+
+class ResponsesStreams:
+    """In-memory Responses streams of a run: request id -> (state bytes, piece log)."""
+
+    def __init__(self, service: DerenderService):
+        self.service = service
+        self.streams: dict[str, tuple[bytes, bytearray]] = {}
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self.streams
+
+    def chunk(self, rid: str, item: bytes) -> tuple[bytes, int]:
+        """Derender one chunk of stream ``rid``: (JSON list of events or error object, status)."""
+        state, log = self.streams.get(rid, (None, bytearray()))
+        res = self.service.derender_responses_stream(item, state, memory_reader(log))
+        if res.state is not None:
+            log += res.log_append
+            del log[res.log_len:]  # the state's recorded length wins (a replayed append reads the same)
+            if res.done:
+                self.streams.pop(rid, None)
+            else:
+                self.streams[rid] = (res.state, log)
+        return res.body, res.status
 
 
 class _ChunkRid(msgspec.Struct):
@@ -64,6 +116,17 @@ def stream_list(service: DerenderService, line: bytes) -> tuple[bytes, int]:
     parts: list[bytes] = []
     state: bytes | None = None
     status = 200
+    if bodies and is_responses_chunk(bytes(bodies[0])):  # a Responses stream (issue 14)
+        streams = ResponsesStreams(service)
+        for raw in bodies:
+            body, st = streams.chunk("", bytes(raw))
+            status = status if status != 200 or st == 200 else st
+            body = bytes(body).strip()
+            if st != 200:
+                parts.append(body)
+            elif body != b"[]":
+                parts.append(body[1:-1])
+        return b"[" + b",".join(parts) + b"]", status
     for raw in bodies:
         res, new_state = service.derender_stream(bytes(raw), state)
         if res.is_error:
@@ -84,6 +147,7 @@ class StreamLines:
     def __init__(self, service: DerenderService):
         self.service = service
         self.states: dict[str, bytes] = {}
+        self.responses = ResponsesStreams(service)
 
     def route(self, item: bytes | tuple[bytes, int]) -> bytes | tuple[bytes, int]:
         """A finished result ``(body, status)`` for blank, stream-chunk and stream-list records
@@ -108,6 +172,8 @@ class StreamLines:
                 self._chunk(rid, item)
 
     def _chunk(self, rid: str, item: bytes) -> tuple[bytes, int]:
+        if rid in self.responses or (rid not in self.states and is_responses_chunk(item)):
+            return self.responses.chunk(rid, item)
         res, new_state = self.service.derender_stream(item, self.states.get(rid))
         if new_state is not None:
             if res.done:

@@ -27,6 +27,7 @@ class _Shape(msgspec.Struct):
 
     generate_response: msgspec.Raw = msgspec.Raw(b"")
     generate_responses: msgspec.Raw = msgspec.Raw(b"")
+    responses_request: msgspec.Raw = msgspec.Raw(b"")  # issue 14: a Responses body
 
 
 def _present(raw: msgspec.Raw) -> bool:
@@ -92,8 +93,8 @@ def _derender_job(service: Any, body: bytes, kind: str | None, t0: float,
     try:
         shape = _shape_decoder.decode(body)
         is_object = True
-        detected = "chat" if _present(shape.generate_response) else (
-            "completion" if _present(shape.generate_responses) else None)
+        detected = ("responses" if _present(shape.responses_request) else "chat") if _present(
+            shape.generate_response) else ("completion" if _present(shape.generate_responses) else None)
     except (msgspec.DecodeError, msgspec.ValidationError):
         is_object, detected = False, None
     except RecursionError:  # nested deeper than the decoder allows: the core answers 400

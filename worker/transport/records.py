@@ -23,9 +23,10 @@ Input (``--input-topic``, default ``engine-outputs``)
       opaque bytes echoed unchanged on the reply; default: the key, else the body's
       ``generate_response.request_id``.
   ``derender-kind``
-      ``chat`` or ``completion``. When absent the body's shape decides:
-      ``generate_response`` => chat, ``generate_responses`` => completion. Any other value is
-      answered with a 400 error.
+      ``chat``, ``completion`` or ``responses`` (Responses API, issue 14). When absent the body's
+      shape decides: ``generate_response`` => chat (responses when it carries
+      ``responses_request``), ``generate_responses`` => completion. Any other value is answered
+      with a 400 error.
   ``content-type``
       ``application/json`` (informational; the value is always parsed as JSON).
 
@@ -103,8 +104,8 @@ HDR_DLQ_REASON = "x-dlq-reason"
 HDR_SEQ = "derender-seq"  # stream chunk sequence number (see worker.transport.streams)
 HDR_STREAM_END = "derender-stream-end"
 JSON_CT = b"application/json"
-KINDS = ("chat", "completion")
-STREAM_KINDS = ("chat-stream", "completion-stream")  # also accepted on stream chunk records
+KINDS = ("chat", "completion", "responses")  # responses: issue 14 (Responses API)
+STREAM_KINDS = ("chat-stream", "completion-stream", "responses-stream")  # also accepted on stream chunk records
 TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
 
 
@@ -198,8 +199,9 @@ def parse_seq(msg) -> int | None:
 
 def bad_kind_message(kind: str) -> str:
     """Error message of an unknown ``derender-kind`` header value (lists every accepted value)."""
-    return (f"unknown {HDR_KIND} header {kind!r}; expected 'chat' or 'completion' (stream chunk records, "
-            f"which carry a {HDR_SEQ} header, also accept 'chat-stream' or 'completion-stream')")
+    return (f"unknown {HDR_KIND} header {kind!r}; expected 'chat', 'completion' or 'responses' (stream chunk "
+            f"records, which carry a {HDR_SEQ} header, also accept 'chat-stream', 'completion-stream' or "
+            "'responses-stream')")
 
 
 def record_created(msg) -> int | None:

@@ -1,0 +1,326 @@
+"""Responses derender: engine token ids -> ``Response`` (non-streaming) or Responses streaming
+events (one chunk), through the served model's detokenizer and parser stack (the chat path's
+public pieces: ``IncrementalDetokenizer``, ``ParserStack``, ``chat_logprobs``). No I/O.
+
+One parse, two views: ``derender_responses`` runs the streaming builder over the whole output
+as one chunk and returns the terminal event's ``response``; the parser stack is split-
+independent, so that object equals the ``response`` of a stream's terminal event for the same
+tokens under any chunking (item ids, ``call_id``s, text, arguments, logprobs, usage).
+
+Rules (issue 14; sources in ``schemas/responses.py`` and ``events.py``): the parsers run in
+their streaming form for both views (``ParserStack.initial_state(streaming=True)``: with
+``--tool-call-streaming incremental`` calls stream their arguments); the final stop token (EOS
+or an int ``stop_reason``) is not detokenized but counted in usage and, with logprobs, listed
+in the final part; ``created_at`` is the engine's ``created``, else the caller's (the Kafka
+worker: the record timestamp; batch: 0); exactly one choice (index 0) per response or chunk,
+else 400; ``previous_response_id`` is a 400.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse, Int64
+from schemas.responses import (
+    DerenderResponsesRequest,
+    ResponseLogprob,
+    ResponseLogprobTop,
+    ResponseObject,
+    ResponsesRequest,
+)
+from worker.core.derender import (
+    ModelRuntime,
+    check_ids_and_logprobs,
+    check_prompt_ids,
+    effective_skip_special_tokens,
+)
+from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, stop_token_trimmed
+from worker.core.errors import BadRequest
+from worker.core.logprobs import chat_logprobs, next_context
+from worker.core.responses import argshape
+from worker.core.responses.echo import (
+    DEFAULT_REQUEST,
+    check_responses_request,
+    parser_context,
+    response_head,
+    wants_logprobs,
+)
+from worker.core.responses.events import STATE_VERSION, EventBuilder, ResponsesStreamState
+from worker.core.responses.log import PieceLog, PiecesNeeded, Reader
+from worker.parsers.base import Delta
+
+__all__ = ["StreamBody", "derender_responses", "derender_responses_chunk", "encode_state", "decode_state",
+           "request_digest"]
+
+
+class StreamBody(msgspec.Struct, kw_only=True):
+    """A streaming Responses chunk body as the core decodes it: ``responses_request`` kept raw
+    (decoded on the first chunk only; later chunks compare its digest)."""
+
+    model: str
+    generate_chunk: GenerateTokensStreamResponse
+    stream: bool = True
+    prompt_tokens: Int64 | None = None
+    prompt_token_ids: list[Int64] | None = None
+    responses_request: msgspec.Raw = msgspec.Raw(b"")
+
+
+_request_decoder = msgspec.json.Decoder(ResponsesRequest)
+_state_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(ResponsesStreamState)
+
+
+def request_digest(raw: bytes) -> bytes:
+    """blake2b-128 of a ``responses_request``'s raw JSON bytes (compared, never decoded, on
+    later chunks)."""
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def encode_state(state: ResponsesStreamState) -> bytes:
+    """msgpack bytes of ``state`` (what the store keeps)."""
+    return _state_encoder.encode(state)
+
+
+def decode_state(rt: ModelRuntime, data: bytes) -> ResponsesStreamState:
+    """Decode ``encode_state`` bytes, parser sub-state retyped for ``rt``. Raises ``BadRequest``
+    for bytes that are not a Responses state of this version."""
+    try:
+        st = _state_decoder.decode(data)
+        if st.v != STATE_VERSION:
+            raise BadRequest(f"stored Responses stream state has version {st.v}, expected {STATE_VERSION}")
+        if st.parser is not None:
+            st.parser = rt.stack.load_state(st.parser)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise BadRequest(f"stored Responses stream state is unreadable: {e}") from None
+    return st
+
+
+# ------------------------------------------------------------------------------ shared step ---
+def _new_state(rt: ModelRuntime, req: ResponsesRequest, *, request_id: str, model: str, created: int,
+               prompt_ids: list[int] | None, prompt_tokens: int | None, kv=None, ec=None,
+               whole: bool = False) -> ResponsesStreamState:
+    """A fresh stream state. ``whole``: the output comes in one call without logprobs (the
+    non-streaming path detokenizes it in one shot: no detokenizer seed needed)."""
+    ctx = parser_context(req, prompt_ids)
+    stack = rt.stack
+    mode = stack.tool_mode(ctx)
+    skip = effective_skip_special_tokens(rt, req.skip_special_tokens, mode)
+    head = response_head(rt, req, response_id=request_id, model=model, created_at=created,
+                         kv_transfer_params=kv, ec_transfer_params=ec)
+    seeded = not (whole and not wants_logprobs(req))
+    detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=skip,
+                                   prompt_token_ids=prompt_ids).state() if seeded else None
+    return ResponsesStreamState(
+        request_id=request_id, model=model, head=head, want_lp=wants_logprobs(req),
+        top_logprobs=req.top_logprobs or 0, skip_special=skip, fmt=stack.id_format, detok=detok,
+        parser=stack.initial_state(ctx, streaming=True) if rt.has_parser else None,
+        prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt_ids or []),
+        arg_shape=rt.config.tool_parser in argshape.SHAPED_PARSERS)
+
+
+def _entries(rt: ModelRuntime, st: ResponsesStreamState, c) -> list[ResponseLogprob] | None:
+    """Final-form logprob entries of a choice's tokens (None without logprobs)."""
+    if not st.want_lp or c.logprobs is None or not c.logprobs.content:
+        return None
+    out = []
+    for e in chat_logprobs(rt.tokenizer, c.logprobs.content, st.top_logprobs, st.lp_ctx,
+                           as_token_ids=rt.config.return_tokens_as_token_ids):
+        out.append(ResponseLogprob(token=e.token, bytes=e.bytes or [], logprob=e.logprob,
+                                   top_logprobs=[ResponseLogprobTop(token=t.token, bytes=t.bytes or [],
+                                                                    logprob=t.logprob) for t in e.top_logprobs]))
+    return out
+
+
+def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
+          prompt_ids: list[int] | None = None) -> ResponseObject | None:
+    """Feed one choice's tokens (``c``: a generate choice or chunk choice) to the builder;
+    returns the final Response when ``c`` finishes the output. ``prompt_ids`` (non-streaming
+    only: the whole output in one call): detokenize it in one shot
+    (``detokenize_with_stop``: equal to stepping, no per-token loop) instead of from the state."""
+    ids = list(c.token_ids or [])
+    final = c.finish_reason is not None
+    text_ids = stop_token_trimmed(ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids, False) \
+        if final else ids
+    stack = rt.stack
+    special = rt.tokenizer.special_ids if st.skip_special else None
+    stop_ids = ids[len(text_ids):] if stack.wants_stop_token else []
+    entries = _entries(rt, st, c)
+    detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special, state=st.detok)
+
+    def parse(text: str, pids: list[int]) -> Delta:
+        if special is not None:
+            pids = [t for t in pids if t not in special]
+        if st.parser is None:
+            return Delta(content=text)
+        return stack.feed(st.parser, text, pids) if (text or pids) else Delta()
+
+    if entries is None and prompt_ids is not None:  # the whole output at once (non-streaming)
+        text = detokenize_with_stop(rt.tokenizer, text_ids, (), skip_special_tokens=st.skip_special,
+                                    prompt_token_ids=prompt_ids)[0] if text_ids else ""
+        d = parse(text, text_ids + stop_ids)
+        st.reasoning_tokens += d.reasoning_tokens
+        b.feed(d, None)
+    elif entries is None:  # one step per chunk
+        d = parse(detok.add(text_ids) if text_ids else "", text_ids + stop_ids)
+        st.reasoning_tokens += d.reasoning_tokens
+        b.feed(d, None)
+    else:  # one step per token: each token's entry rides with the text it produced
+        for j, t in enumerate(text_ids):
+            d = parse(detok.add([t]), [t])
+            st.reasoning_tokens += d.reasoning_tokens
+            b.feed(d, entries[j:j + 1])
+        if stop_ids:
+            d = parse("", stop_ids)
+            st.reasoning_tokens += d.reasoning_tokens
+            b.feed(d, None)
+        if len(text_ids) < len(ids):  # the stop token's entry: final part only
+            b.feed(Delta(), entries[len(text_ids):])
+    st.detok = detok.state()
+    if ids:
+        st.lp_ctx = next_context(st.lp_ctx, ids)
+    st.completion_tokens += len(ids)
+    if not final:
+        return None
+    if st.parser is not None:
+        d = stack.finish(st.parser)
+        st.reasoning_tokens += d.reasoning_tokens
+        b.feed(d, None)
+    st.detok = None
+    st.parser = None
+    st.lp_ctx = []
+    return b.finish(c.finish_reason)
+
+
+def _check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = False) -> None:
+    """A choice's ids within the vocabulary and ``max_model_len`` (with the ``prior`` ids of
+    the stream), logprobs matching them. Null ``token_ids``: 400, except in a stream chunk
+    (no new ids, as chat streams take it)."""
+    ids = c.token_ids
+    if ids is None:
+        if stream:
+            return
+        raise BadRequest(f"{where} has null token_ids", param=f"{where}.token_ids")
+    cfg = rt.config
+    if cfg.max_model_len is not None and prior + len(ids) > cfg.max_model_len:
+        raise BadRequest(f"{where}: {prior + len(ids)} output tokens exceed max_model_len ({cfg.max_model_len}).",
+                         param=f"{where}.token_ids")
+    check_ids_and_logprobs(rt, ids, c.logprobs, where)
+
+
+def _one_choice(choices: list, where: str) -> None:
+    if len(choices) > 1:
+        raise BadRequest(f"{where} has {len(choices)} choices; a Responses derender takes exactly one (the "
+                         "Responses API has one output)", param=where)
+    if choices and choices[0].index != 0:
+        raise BadRequest(f"choice index {choices[0].index} in {where}: a Responses output is choice 0", param=where)
+
+
+def _check_prompt(rt: ModelRuntime, body) -> None:
+    if body.prompt_token_ids is not None and body.prompt_tokens is not None \
+            and body.prompt_tokens != len(body.prompt_token_ids):
+        raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
+                         f"({len(body.prompt_token_ids)})", param="prompt_tokens")
+    check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
+
+
+# ----------------------------------------------------------------------------- non-streaming ---
+def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created: int | None = None) -> ResponseObject:
+    """Derender a non-streaming Responses body: the final ``Response``. ``created``: Unix
+    seconds used when the engine response has no ``created`` (None = 0). Raises
+    ``BadRequest`` for an invalid body (module docstring; ``check_responses_request``)."""
+    if body.stream:
+        raise BadRequest("stream=true is not valid on a non-streaming derender body (use generate_chunk)",
+                         param="stream")
+    gr = body.generate_response
+    if not gr.choices:
+        raise BadRequest("generate_response.choices must hold exactly one choice", param="generate_response.choices")
+    _one_choice(gr.choices, "generate_response.choices")
+    check_responses_request(rt, body.responses_request, body.prompt_tokens)
+    _check_prompt(rt, body)
+    check_prompt_ids(rt, gr.prompt_token_ids, "generate_response.prompt_token_ids")
+    c = gr.choices[0]
+    _check_tokens(rt, c, 0, "choice 0")
+    req = body.responses_request or DEFAULT_REQUEST
+    pids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
+    st = _new_state(rt, req, request_id=gr.request_id or "", model=body.model,
+                    created=gr.created if gr.created is not None else (created or 0),
+                    prompt_ids=pids, prompt_tokens=body.prompt_tokens,
+                    kv=gr.kv_transfer_params, ec=gr.ec_transfer_params, whole=True)
+    b = EventBuilder(st, PieceLog(None, 0))
+    b.start()
+    chunk = GenerateTokensStreamChoice(index=0, token_ids=c.token_ids, finish_reason=c.finish_reason or "stop",
+                                       stop_reason=c.stop_reason, logprobs=c.logprobs)
+    resp = _step(rt, st, b, chunk, pids or [])
+    assert resp is not None
+    return resp
+
+
+# --------------------------------------------------------------------------------- streaming ---
+def derender_responses_chunk(rt: ModelRuntime, body: StreamBody, state: ResponsesStreamState | None,
+                             reader: Reader | None = None, created: int | None = None
+                             ) -> tuple[list, ResponsesStreamState, bytes]:
+    """Derender one streaming Responses chunk. ``state``: None on the first chunk (then
+    ``responses_request`` is required when a parser is configured); ``reader(start, end)``:
+    bytes of the stream's piece log persisted so far (``state.log_len`` of them; None: raise
+    ``PiecesNeeded(start, end)`` if this chunk needs some, i.e. when an item whose records were
+    persisted closes, or the whole log when the chunk ends the output); ``created``: Unix seconds for the whole stream, read on the first chunk.
+
+    Returns ``(events, state, log_append)``: the chunk's events (possibly none), the advanced
+    state (``done`` after the terminal event) and the bytes to append to the piece log
+    (``state.log_len`` = old length + ``len(log_append)``). Raises ``BadRequest`` before any
+    change (a chunk after the end, a request whose digest differs from the stored one, a model
+    or request id change, more than one choice, bad ids or logprobs)."""
+    if body.stream is False:
+        raise BadRequest("stream=false on a streaming chunk body (generate_chunk)", param="stream")
+    gc = body.generate_chunk
+    raw = bytes(body.responses_request)
+    has_req = len(raw) > 0 and raw != b"null"
+    _one_choice(gc.choices, "generate_chunk.choices")
+    _check_prompt(rt, body)
+    if state is None:
+        req = None
+        if has_req:
+            try:
+                req = _request_decoder.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                raise BadRequest(f"invalid responses_request: {e}", param="responses_request") from None
+        check_responses_request(rt, req, body.prompt_tokens)
+        pids = body.prompt_token_ids if body.prompt_token_ids is not None else gc.prompt_token_ids
+        prior = 0
+    else:
+        if state.done:
+            raise BadRequest("the Responses stream already ended; no chunk may follow its finish_reason",
+                             param="generate_chunk")
+        if state.model != body.model:
+            raise BadRequest(f"model changed mid-stream ({state.model!r} -> {body.model!r})", param="model")
+        if (gc.request_id or "") != state.request_id:
+            raise BadRequest(f"request_id {gc.request_id!r} does not match the stream's {state.request_id!r}",
+                             param="generate_chunk.request_id")
+        if has_req and request_digest(raw) != state.req_digest:
+            raise BadRequest("responses_request differs from the one the stream started with",
+                             param="responses_request")
+        prior = state.completion_tokens
+    for c in gc.choices:
+        _check_tokens(rt, c, prior, "choice 0", stream=True)
+    log = PieceLog(reader, state.log_len if state is not None else 0)
+    if reader is None and log.base_len and any(c.finish_reason is not None for c in gc.choices):
+        raise PiecesNeeded(0, log.base_len)  # the terminal event lists every item: the whole log
+    if state is None:
+        state = _new_state(rt, req or DEFAULT_REQUEST, request_id=gc.request_id or "", model=body.model,
+                           created=created or 0, prompt_ids=pids, prompt_tokens=body.prompt_tokens)
+        state.req_digest = request_digest(raw) if has_req else b""
+        try:  # the echoed fields travel in the msgpack state: 64-bit integers only
+            _state_encoder.encode(state.head)
+        except OverflowError:
+            raise BadRequest("a number in responses_request is outside the 64-bit range a stream state can hold",
+                             param="responses_request") from None
+        b = EventBuilder(state, log)
+        b.start()
+    else:
+        b = EventBuilder(state, log)
+    for c in gc.choices:
+        _step(rt, state, b, c)
+    state.next_seq += 1
+    state.log_len = len(log)
+    return b.events, state, bytes(log.new)

@@ -1,0 +1,286 @@
+"""The Responses event builder: parser deltas in, output items and streaming events out.
+
+One builder serves both views (issue 14, "one parse, two views"): the streaming path feeds it
+chunk by chunk; the non-streaming path feeds it the whole output as one chunk and returns the
+terminal event's ``response``. Items open lazily on the first delta of their kind, in the
+order the parser emits them; an item closes when another kind starts or the output ends.
+
+Event order per item (as the parity reference shows): ``output_item.added``,
+``content_part.added`` (message, reasoning), the deltas, then ``output_text.done`` /
+``reasoning_text.done`` / ``function_call_arguments.done`` (always, also without an argument
+delta: R7), ``content_part.done``, ``output_item.done``; after the last item
+``response.completed`` or, when the engine cut the output (``finish_reason`` ``length``),
+``response.incomplete`` with ``incomplete_details.reason`` ``max_output_tokens`` and the item
+open at the cut marked ``incomplete`` (R1, R2). ``sequence_number`` counts every event of the
+response from 0 with no gap across chunks. No delta is empty.
+
+Logprobs (with ``include: ["message.output_text.logprobs"]``, R3/R8): one final-form entry per
+generated token of the message, in order, in the final part, ``content_part.done``,
+``output_item.done``, the terminal response and ``output_text.done``. Each
+``output_text.delta`` carries its tokens' entries (delta form, no ``bytes``); entries of tokens
+that produced no text ride on the next message delta; a reasoning or call delta drops the ones
+waiting (they were not the message's); those still waiting at the end (e.g. the stop token)
+go only into the final part. Without logprobs: ``[]`` on deltas and ``.done``, null in the
+done part (vLLM).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from schemas.responses import (
+    ContentPartAddedEvent,
+    ContentPartDoneEvent,
+    DeltaLogprob,
+    DeltaLogprobTop,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    FunctionCallItem,
+    IncompleteDetails,
+    InputTokensDetails,
+    OutputItemAddedEvent,
+    OutputItemDoneEvent,
+    OutputMessage,
+    OutputText,
+    OutputTextDelta,
+    OutputTextDone,
+    OutputTokensDetails,
+    ReasoningItem,
+    ReasoningText,
+    ReasoningTextDelta,
+    ReasoningTextDone,
+    ResponseCompletedEvent,
+    ResponseCreatedEvent,
+    ResponseIncompleteEvent,
+    ResponseInProgressEvent,
+    ResponseLogprob,
+    ResponseObject,
+    ResponseUsage,
+)
+from worker.core.detokenize import DetokState
+from worker.core.responses import argshape
+from worker.core.responses.ids import call_id, item_id
+from worker.core.responses.log import PieceLog
+from worker.parsers.base import Delta
+
+__all__ = ["STATE_VERSION", "OpenItem", "ResponsesStreamState", "EventBuilder", "delta_form"]
+
+#: version of ``ResponsesStreamState``; a state of another version is refused (400), never misread
+STATE_VERSION = 1
+
+
+class OpenItem(msgspec.Struct, kw_only=True, array_like=True):
+    """The output item being generated: ``type`` (message | reasoning | function_call), its
+    ``output_index``, ``id``, and for a call ``call_id``/``name``/``tool_index`` (the parser's
+    call index); ``log_start``: where its records start in the piece log; ``raw`` / ``sent``:
+    a call's raw argument text so far and the characters of arguments sent, kept only when
+    its arguments are shaped (``worker.core.responses.argshape``, llama3_json)."""
+
+    type: str
+    output_index: int
+    id: str
+    log_start: int
+    call_id: str = ""
+    name: str = ""
+    tool_index: int = -1
+    raw: str = ""
+    sent: int = 0
+
+
+class ResponsesStreamState(msgspec.Struct, kw_only=True, array_like=True):
+    """Per-request Responses stream state, read and rewritten every chunk; bounded by the
+    detokenizer window, the parser's buffers and the request's echo (never by the output: that
+    goes to the piece log). ``head``: the Response's echo fields (``response.created``'s
+    object); ``seq_no``: next event ``sequence_number``; ``next_seq``: next chunk sequence
+    number (a lower one is stale); ``log_len``: the piece log's length after the last chunk;
+    ``req_digest``: blake2b of the first chunk's raw ``responses_request``; ``pending_lp``:
+    logprob entries of tokens that produced no text yet (a few partial-UTF-8 tokens);
+    ``arg_shape``: call arguments follow vLLM's llama3_json delta rule
+    (``worker.core.responses.argshape``)."""
+
+    v: int = STATE_VERSION
+    request_id: str = ""
+    model: str = ""
+    head: ResponseObject | None = None
+    want_lp: bool = False
+    top_logprobs: int = 0
+    skip_special: bool = True
+    spaces: bool = True
+    fmt: str = "chatcmpl-tool"
+    detok: DetokState | None = None
+    parser: Any = None
+    lp_ctx: list[int] = msgspec.field(default_factory=list)
+    seq_no: int = 0
+    next_seq: int = 0
+    n_items: int = 0
+    n_calls: int = 0
+    open: OpenItem | None = None
+    pending_lp: list[ResponseLogprob] = msgspec.field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    log_len: int = 0
+    req_digest: bytes = b""
+    done: bool = False
+    arg_shape: bool = False
+
+
+def delta_form(entries: list[ResponseLogprob]) -> list[DeltaLogprob]:
+    """Final-form logprob entries in the delta form (no ``bytes``)."""
+    return [DeltaLogprob(token=e.token, logprob=e.logprob,
+                         top_logprobs=[DeltaLogprobTop(token=t.token, logprob=t.logprob) for t in e.top_logprobs])
+            for e in entries]
+
+
+class EventBuilder:
+    """Turns one chunk's parser deltas into events, appending what grows to ``log``.
+    ``state`` is advanced in place; ``events`` collects the chunk's events in order."""
+
+    __slots__ = ("st", "log", "events")
+
+    def __init__(self, state: ResponsesStreamState, log: PieceLog):
+        self.st = state
+        self.log = log
+        self.events: list[Any] = []
+
+    def _seq(self) -> int:
+        n = self.st.seq_no
+        self.st.seq_no = n + 1
+        return n
+
+    # ------------------------------------------------------------------------ lifecycle ---
+    def start(self) -> None:
+        """``response.created`` and ``response.in_progress`` (first chunk only)."""
+        head = self.st.head
+        self.events.append(ResponseCreatedEvent(response=head, sequence_number=self._seq()))
+        self.events.append(ResponseInProgressEvent(response=head, sequence_number=self._seq()))
+
+    def finish(self, finish_reason: str | None) -> ResponseObject:
+        """Close the open item and emit the terminal event; returns the final Response."""
+        st = self.st
+        incomplete = finish_reason == "length"
+        if st.open is not None:
+            if st.open.type == "message" and st.pending_lp:
+                self.log.append_logprobs(st.pending_lp)
+            st.pending_lp = []
+            self._close("incomplete" if incomplete else "completed")
+        usage = ResponseUsage(
+            input_tokens=st.prompt_tokens, input_tokens_details=InputTokensDetails(),
+            output_tokens=st.completion_tokens,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=st.reasoning_tokens),
+            total_tokens=st.prompt_tokens + st.completion_tokens)
+        resp = msgspec.structs.replace(
+            st.head, output=self.log.items(), status="incomplete" if incomplete else "completed",
+            incomplete_details=IncompleteDetails(reason="max_output_tokens") if incomplete else None,
+            usage=usage)
+        ev = ResponseIncompleteEvent if incomplete else ResponseCompletedEvent
+        self.events.append(ev(response=resp, sequence_number=self._seq()))
+        st.done = True
+        return resp
+
+    # ---------------------------------------------------------------------------- items ---
+    def _open(self, typ: str, **call: Any) -> None:
+        st = self.st
+        idx = st.n_items
+        st.n_items += 1
+        iid = item_id(st.request_id, idx, typ)
+        st.open = OpenItem(type=typ, output_index=idx, id=iid, log_start=len(self.log), **call)
+        if typ == "message":
+            item: Any = OutputMessage(id=iid)
+            part: Any = OutputText(logprobs=[])
+        elif typ == "reasoning":
+            item, part = ReasoningItem(id=iid), ReasoningText()
+        else:
+            item, part = FunctionCallItem(id=iid, call_id=call["call_id"], name=call["name"]), None
+        self.events.append(OutputItemAddedEvent(item=item, output_index=idx, sequence_number=self._seq()))
+        if part is not None:
+            self.events.append(ContentPartAddedEvent(content_index=0, item_id=iid, output_index=idx, part=part,
+                                                     sequence_number=self._seq()))
+
+    def _close(self, status: str) -> None:
+        st = self.st
+        it = st.open
+        assert it is not None
+        text, entries = self.log.open_item(it.log_start)
+        idx, iid = it.output_index, it.id
+        ev = self.events
+        if it.type == "function_call" and st.arg_shape:
+            rest = argshape.final_rest(it.raw, text)
+            if rest:
+                self.log.append_text(rest)
+                ev.append(FunctionCallArgumentsDelta(delta=rest, item_id=iid, output_index=idx,
+                                                     sequence_number=self._seq()))
+                text += rest
+        if it.type == "message":
+            ev.append(OutputTextDone(content_index=0, item_id=iid, logprobs=entries, output_index=idx, text=text,
+                                     sequence_number=self._seq()))
+            part = OutputText(text=text, logprobs=entries if st.want_lp else None)
+            ev.append(ContentPartDoneEvent(content_index=0, item_id=iid, output_index=idx, part=part,
+                                           sequence_number=self._seq()))
+            item: Any = OutputMessage(id=iid, content=[part], status=status)
+        elif it.type == "reasoning":
+            ev.append(ReasoningTextDone(content_index=0, item_id=iid, output_index=idx, text=text,
+                                        sequence_number=self._seq()))
+            part = ReasoningText(text=text)
+            ev.append(ContentPartDoneEvent(content_index=0, item_id=iid, output_index=idx, part=part,
+                                           sequence_number=self._seq()))
+            item = ReasoningItem(id=iid, content=[part], status=status)
+        else:
+            ev.append(FunctionCallArgumentsDone(arguments=text, item_id=iid, output_index=idx, name=it.name,
+                                                sequence_number=self._seq()))
+            item = FunctionCallItem(id=iid, call_id=it.call_id, name=it.name, arguments=text, status=status)
+        ev.append(OutputItemDoneEvent(item=item, output_index=idx, sequence_number=self._seq()))
+        self.log.append_item(item)
+        st.open = None
+
+    def _ensure(self, typ: str) -> None:
+        if self.st.open is None or self.st.open.type != typ:
+            if self.st.open is not None:
+                self._close("completed")
+            self._open(typ)
+
+    # --------------------------------------------------------------------------- deltas ---
+    def feed(self, d: Delta, entries: list[ResponseLogprob] | None) -> None:
+        """One parser step's delta (reasoning, then content, then call fragments) plus the
+        final-form logprob entries of the tokens that produced it (None without logprobs)."""
+        st = self.st
+        if entries:
+            st.pending_lp.extend(entries)
+        if d.reasoning:
+            self._ensure("reasoning")
+            st.pending_lp = []
+            o = st.open
+            self.log.append_text(d.reasoning)
+            self.events.append(ReasoningTextDelta(content_index=0, delta=d.reasoning, item_id=o.id,
+                                                  output_index=o.output_index, sequence_number=self._seq()))
+        if d.content:
+            self._ensure("message")
+            o = st.open
+            lp, st.pending_lp = st.pending_lp, []
+            self.log.append_text(d.content)
+            self.log.append_logprobs(lp)
+            self.events.append(OutputTextDelta(content_index=0, delta=d.content, item_id=o.id,
+                                               logprobs=delta_form(lp), output_index=o.output_index,
+                                               sequence_number=self._seq()))
+        for tc in d.tool_calls:
+            o = st.open
+            if tc.name is not None or o is None or o.type != "function_call" or o.tool_index != tc.index:
+                if o is not None:
+                    self._close("completed")
+                cid = call_id(st.request_id, st.n_calls, st.fmt)
+                st.n_calls += 1
+                self._open("function_call", call_id=cid, name=tc.name or "", tool_index=tc.index)
+                o = st.open
+            st.pending_lp = []
+            args = tc.arguments
+            if args and st.arg_shape:
+                prev = o.raw
+                o.raw = prev + args
+                args = argshape.step(prev, o.raw, o.sent)
+                o.sent += len(args)
+            if args:
+                self.log.append_text(args)
+                self.events.append(FunctionCallArgumentsDelta(delta=args, item_id=o.id,
+                                                              output_index=o.output_index,
+                                                              sequence_number=self._seq()))
