@@ -104,6 +104,7 @@ def test_function_level_imports_say_why():
     (["-m", "worker.bench_batch", "--help"], "usage: derender-worker bench batch"),
     (["-m", "worker.bench_stream", "--help"], "usage: derender-worker bench stream"),
     (["-m", "worker.bench_parsers", "--help"], "usage: derender-worker bench parsers"),
+    (["-m", "worker.bench_responses", "--help"], "usage: derender-worker bench responses"),
     (["-m", "worker.bench.stream", "--help"], "usage: derender-worker bench stream"),
 ])
 def test_python_m_forms_answer(argv, usage):
@@ -117,7 +118,7 @@ def test_bench_suites_and_the_kafka_alias():
     assert parse_args(["bench"])[0].suite is None  # bare bench = core
     args, _ = parse_args(["bench", "--kafka", "--rate", "5"])
     assert args.kafka and args.rate == 5.0
-    for suite in ("core", "kafka", "batch", "stream", "parsers"):
+    for suite in ("core", "kafka", "batch", "stream", "parsers", "responses"):
         assert parse_args(["bench", suite])[0].suite == suite
     args, _ = parse_args(["bench", "--tokens", "99", "kafka", "--rate", "7"])  # flags before and after
     assert (args.tokens, args.rate) == (99, 7.0)

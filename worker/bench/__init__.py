@@ -8,6 +8,7 @@
 | ``batch`` | ``worker.bench.batch`` | batch records/s (1 process, 2 processes, local Ray) and peak RSS |
 | ``stream`` | ``worker.bench.stream`` | per-chunk streaming latency and state size (optionally through Redis) |
 | ``parsers`` | ``worker.bench.parsers`` | parse throughput of every parser family |
+| ``responses`` | ``worker.bench.responses`` | the Responses API paths next to chat (per record, per chunk) |
 
 Each suite module has ``add_args(parser)`` (its flags) and ``run_suite(args) -> int`` (exit
 status); ``batch``, ``stream`` and ``parsers`` also run as ``python -m worker.bench.<suite>``
@@ -15,4 +16,4 @@ status); ``batch``, ``stream`` and ``parsers`` also run as ``python -m worker.be
 ``worker.cli.bench``.
 """
 
-SUITES = ("core", "kafka", "batch", "stream", "parsers")
+SUITES = ("core", "kafka", "batch", "stream", "parsers", "responses")

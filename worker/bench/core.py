@@ -15,9 +15,9 @@ import statistics
 import time
 from pathlib import Path
 
+from worker.bench import floor
 from worker.config import ServedModelConfig, load_config_file, models_from_args
 from worker.core.service import DerenderService
-from worker.bench import floor
 from worker.flags import startup_error
 
 DEMO = Path(__file__).resolve().parent.parent / "demo_data"
