@@ -17,12 +17,14 @@ from typing import Any
 from tests.chaos.fuzz import make_bad
 from tests.chaos.harness import (
     CORR,
+    CREATED_S,
     MODELS_JSON,
     SEQ,
     Broker,
     Collector,
     Ledger,
     RedisServer,
+    Stream,
     WorkerProc,
     create_topics,
     free_port,
@@ -37,9 +39,9 @@ from tests.chaos.harness import (
 
 SIZES: dict[str, dict[str, int]] = {
     "reduced": dict(batch=600, streams=16, outage_singles=200, fuzz_bad=1500, fuzz_valid=500, fuzz_huge=2,
-                    overload=4000, abandoned=600, partitions=4),
+                    overload=4000, abandoned=600, partitions=4, stall_streams=120),
     "full": dict(batch=10_000, streams=60, outage_singles=2000, fuzz_bad=30_000, fuzz_valid=10_000, fuzz_huge=10,
-                 overload=100_000, abandoned=6000, partitions=8),
+                 overload=100_000, abandoned=6000, partitions=8, stall_streams=240),
 }
 GAP_S = 3.0  # --stream-gap-timeout of the chaos workers
 STATE_DEADLINE_S = 60.0  # --state-store-outage-deadline
@@ -465,6 +467,104 @@ def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, 
         rig.close()
 
 
+async def _mixed_load(bs: str, topic: str, streams: list, singles: list, *, live: int, seconds: float,
+                      singles_per_s: float, chunk_every_s: float, marks: dict[str, float]) -> None:
+    """Publish for ``seconds``: ``singles_per_s`` non-streaming records per second (from
+    ``singles``, in order) and, for ``live`` stream slots, one chunk every ``chunk_every_s``
+    seconds; a slot whose stream ended takes the next of ``streams``. Fills ``marks``: ``t0``
+    (monotonic start), ``sent_singles``, ``chunks`` (stream id -> chunks published)."""
+    from aiokafka import AIOKafkaProducer
+    p = AIOKafkaProducer(bootstrap_servers=bs, enable_idempotence=False, linger_ms=5)
+    await p.start()
+    try:
+        tick = 0.1
+        slots = [[st, 0, i * chunk_every_s / live] for i, st in enumerate(streams[:live])]  # stream, next seq, due
+        nxt = live
+        sent_singles = 0
+        sent_chunks: dict[str, int] = marks.setdefault("chunks", {})  # stream id -> chunks published
+        t0 = marks["t0"] = time.monotonic()
+        while (now := time.monotonic() - t0) < seconds:
+            want = min(len(singles), int(now * singles_per_s) + 1)
+            for s in singles[sent_singles:want]:
+                await p.send(topic, s.value, key=s.id.encode(), headers=[(CORR, s.id.encode())],
+                             timestamp_ms=CREATED_S * 1000)
+            sent_singles = want
+            for slot in slots:
+                st, seq, due = slot
+                if st is None or due > now:
+                    continue
+                await p.send(topic, st.chunks[seq], key=st.id.encode(), headers=[(SEQ, str(seq).encode())],
+                             timestamp_ms=CREATED_S * 1000)
+                slot[1], slot[2] = seq + 1, due + chunk_every_s
+                sent_chunks[st.id] = seq + 1
+                if seq + 1 >= len(st.chunks):
+                    slot[0], slot[1] = (streams[nxt], 0) if nxt < len(streams) else (None, 0)
+                    nxt += 1
+            await asyncio.sleep(max(0.0, tick - (time.monotonic() - t0 - now)))
+        await p.flush()
+        marks["sent_singles"] = sent_singles
+    finally:
+        await p.stop()
+
+
+def redis_stall(size: str = "reduced", how: str = "pause", stall_s: float = 8.0) -> dict[str, Any]:
+    """Mixed load (40 live streams over 4 partitions, non-streaming records at a steady rate, two
+    workers, the default ``--max-in-flight``), then Redis stalls for ``stall_s`` seconds (``how``:
+    ``pause`` = ``CLIENT PAUSE``, ``kill`` = kill -9 and restart with its AOF): in every second of
+    the stall the non-streaming records answered are >= 50% of the pre-stall rate (the
+    per-second timeline is a figure); afterwards every record is answered correctly (streams
+    complete: Redis kept its data), no worker exits."""
+    sz = SIZES[size]
+    rig = Rig(f"redis-stall-{how}", persist="aof", partitions=4)
+    try:
+        ws = [rig.worker(), rig.worker()]
+        rig.wait_ready(ws)
+        pre_s, post_s = 6.0, 6.0
+        seconds = pre_s + stall_s + post_s
+        rate = 30.0 if size == "reduced" else 60.0
+        streams = [st for st in make_streams(sz["stall_streams"], "st") if len(st.chunks) >= 4]
+        singles = make_singles(int(rate * seconds) + 1, "ss", small=True)
+        marks: dict[str, float] = {}
+        load = threading.Thread(target=lambda: asyncio.run(_mixed_load(
+            rig.bs, rig.inp, streams, singles, live=40, seconds=seconds, singles_per_s=rate, chunk_every_s=0.5,
+            marks=marks)), daemon=True)
+        load.start()
+        time.sleep(pre_s)
+        t_stall = time.monotonic()
+        rig.phase("stall")
+        if how == "pause":
+            rig.redis.client().execute_command("CLIENT", "PAUSE", int(stall_s * 1000))
+            time.sleep(stall_s)
+        else:
+            rig.redis.kill()
+            time.sleep(stall_s)
+            rig.redis.start()
+        rig.phase("stall_end")
+        load.join(seconds + 60)
+        assert not load.is_alive(), "the load generator did not finish"
+        sent = singles[:int(marks["sent_singles"])]
+        published = []  # a stream cut by the end of the load: only its published chunks are expected
+        for st in streams:
+            n = marks["chunks"].get(st.id, 0)
+            if n:
+                published.append(Stream(st.id, st.chunks[:n], st.want[:n], st.status[:n]))
+        ledger = Ledger(singles=sent, streams=published)
+        expected = len(sent) + sum(len(st.chunks) for st in published)
+        figs = _finish(rig, ledger, expected, 180, chunks=sum(len(st.chunks) for st in published))
+        ids = {s.id.encode() for s in sent}
+        times = [t - t_stall for t, r in list(rig.collector.records) if h(r).get(CORR) in ids]
+        pre = sum(1 for t in times if -(pre_s - 2.0) <= t < 0) / (pre_s - 2.0)  # (after a 2 s warm-up)
+        timeline = [sum(1 for t in times if k <= t < k + 1) for k in range(int(stall_s))]
+        figs.update(how=how, stall_s=stall_s, singles_per_s_offered=rate, singles_per_s_before=round(pre, 1),
+                    singles_per_s_during=timeline)
+        low = [(k, n) for k, n in enumerate(timeline) if n < 0.5 * pre]
+        assert not low, (f"non-streaming replies fell below 50% of the pre-stall rate ({pre:.1f}/s) in "
+                         f"second(s) {low} of the {stall_s:g}s Redis {how}: {figs}")
+        return figs
+    finally:
+        rig.close()
+
+
 SCENARIOS = {
     "kill9-batch": kill9_batch,
     "kill9-stream": kill9_stream,
@@ -479,4 +579,6 @@ SCENARIOS = {
     "overload": overload,
     "abandoned-redis": lambda size="reduced": abandoned_streams(size, "redis"),
     "abandoned-memory": lambda size="reduced": abandoned_streams(size, "memory"),
+    "redis-stall-pause": lambda size="reduced": redis_stall(size, "pause"),
+    "redis-stall-kill": lambda size="reduced": redis_stall(size, "kill"),
 }

@@ -88,9 +88,33 @@ class _Partition:
     failed: bool = False
     inflight: set = field(default_factory=set)  # fetched offsets not finished (reply acked [+ state])
     stream_inflight: set = field(default_factory=set)  # the stream records among them
+    store_wait: set = field(default_factory=set)  # the stream records among them waiting only for the state store
+    active: set = field(default_factory=set)  # inflight - store_wait (the in-flight window's records)
     hi: int | None = None  # highest fetched offset + 1
     streams: dict = field(default_factory=dict)  # request id -> streams._Stream
     sacks: Any = None  # stream acker queue
+
+    def wait_store(self, offsets) -> None:
+        """Records ``offsets`` now wait only for the state store (a stream load, a checkpoint
+        write): out of the in-flight window, into the ``state-store`` bound (``pauses``)."""
+        for off in offsets:
+            if off in self.inflight:
+                self.store_wait.add(off)
+                self.active.discard(off)
+
+    def store_done(self, offsets) -> None:
+        """Records ``offsets`` no longer wait for the state store (loaded: they run again)."""
+        for off in offsets:
+            if off in self.store_wait:
+                self.store_wait.discard(off)
+                self.active.add(off)
+
+    def finish(self, offset: int) -> None:
+        """Record ``offset`` is finished (reply acked [+ checkpoint written]): committable."""
+        self.inflight.discard(offset)
+        self.stream_inflight.discard(offset)
+        self.store_wait.discard(offset)
+        self.active.discard(offset)
 
     def update_committable(self) -> int | None:
         if self.hi is not None:
@@ -174,12 +198,12 @@ class KafkaDerenderWorker:
     def _stream_done(self, st: _Partition, offset: int) -> None:
         """A stream record is finished (reply acked, checkpoint written): committable. (Stream
         records hold no ``--max-in-flight`` permit: they are bounded by the partition window.)"""
-        st.inflight.discard(offset)
-        st.stream_inflight.discard(offset)
+        st.finish(offset)
 
     def _stream_abandon(self, st: _Partition, offset: int) -> None:
         """A held stream record is given up (revoke/stop): not committed."""
         st.stream_inflight.discard(offset)
+        st.store_wait.discard(offset)
 
     def _stream_fatal(self, e: BaseException) -> None:
         if isinstance(e, DependencyOutage) and self._fatal is None:
@@ -403,6 +427,7 @@ class KafkaDerenderWorker:
                         self._sem.release()
                         continue
                     st.inflight.add(msg.offset)
+                    st.active.add(msg.offset)
                     st.hi = max(st.hi or 0, msg.offset + 1)
                     self._pauses.window(st)
                     if self._header(msg, HDR_SEQ) is not None:  # a stream chunk
@@ -730,7 +755,7 @@ class KafkaDerenderWorker:
                     await self._dead_letter_until_acked(st, msg, plan)  # retried until acked
                 self._count(plan, out, msg)
                 if not st.failed:
-                    st.inflight.discard(msg.offset)
+                    st.finish(msg.offset)
             except DeadLetterError as e:  # revoked / drain given up while retrying: redelivered later
                 st.failed = True  # never commit past an undelivered message
                 log.warning("%s; %s[%d]@%d left uncommitted", e, msg.topic, msg.partition, msg.offset,

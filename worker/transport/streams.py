@@ -226,12 +226,31 @@ def _unpark(s: _Stream) -> None:
 
 @dataclass
 class _Write:
+    """A checkpoint to write: the latest of a stream's checkpoints produced since its last write
+    (``n`` of them merged, their input ``offsets`` all finished once it is durable)."""
+
     st: Any  # _Partition
     rid: str
     seq: int
     value: bytes  # encoded checkpoint
     offsets: list
     s: Any = None  # the _Stream (pending_writes)
+    n: int = 1  # checkpoints merged into this one
+
+
+def _merge(into: dict, wr: _Write) -> None:
+    """Add ``wr`` to the writes waiting in ``into`` (``(id(partition), rid) -> _Write``): one
+    write per stream, the latest seq's value, every merged record's offsets. Memory stays one
+    checkpoint per stream however long the store is away."""
+    k = (id(wr.st), wr.rid)
+    cur = into.get(k)
+    if cur is None:
+        into[k] = wr
+        return
+    if wr.seq >= cur.seq:
+        cur.seq, cur.value = wr.seq, wr.value
+    cur.offsets.extend(wr.offsets)
+    cur.n += wr.n
 
 
 def _bad_chunk(msg, seq: int | None) -> str | None:
@@ -263,7 +282,7 @@ class StreamRouter:
         self.outage = outage or OutageClock("stream state store", "state-store", 0.0)
         self.memory = memory or StreamMemory(900.0, 20000)
         self.parts: dict[int, Any] = {}  # id(partition) -> open partition (eviction, gauge)
-        self._pending: list[_Write] = []
+        self._pending: dict[tuple[int, str], _Write] = {}  # coalesced per stream (``_merge``)
         self._wake = asyncio.Event()
         self._writer: asyncio.Task | None = None
         self._inflight_writes = 0
@@ -309,7 +328,7 @@ class StreamRouter:
             busy = any(s.task is not None or s.loading for s in st.streams.values()) \
                 or any(not t.done() for t in self._answers.get(id(st), ()))
             if not busy and st.sacks.empty() and id(st) not in self._acking \
-                    and not any(w.st is st for w in self._pending) and self._inflight_writes == 0 \
+                    and not any(w.st is st for w in self._pending.values()) and self._inflight_writes == 0 \
                     and (st.failed or not (st.stream_inflight - self.held_offsets(st))):
                 return
             await asyncio.sleep(0.02)
@@ -358,7 +377,9 @@ class StreamRouter:
             _unpark(s)
             s.last_used = now
             s.queue.append(m)
-            if not s.loading:
+            if s.loading:
+                st.wait_store((m.offset,))  # (not in the in-flight window: it waits for the store)
+            else:
                 self._kick(st, s)
         if new:
             task = asyncio.create_task(self._load(st, new), name=f"derender-stream-load-{st.tp.partition}")
@@ -405,6 +426,7 @@ class StreamRouter:
                         s.window[e.seq] = (e, -1)
                     log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
             s.loading = False
+            st.store_done([m.offset for m in s.queue if m is not _GAP])
             if st.closed:
                 for m in s.queue:
                     if m is not _GAP:
@@ -669,7 +691,8 @@ class StreamRouter:
                 if wr is None:
                     self.w._stream_done(st, msg.offset)
                 else:
-                    self._pending.append(wr)
+                    st.wait_store(wr.offsets)  # acked: only the checkpoint is left (not in the window)
+                    _merge(self._pending, wr)
                     self._wake.set()
             except DeadLetterError as e:
                 log.warning("%s; %s[%d]@%d stays uncommitted", e, msg.topic, msg.partition, msg.offset)
@@ -696,16 +719,12 @@ class StreamRouter:
             self._wake.clear()
             if not self._pending:
                 continue
-            batch, self._pending = self._pending, []
+            batch, self._pending = self._pending, {}
             delay = 0.1
             while True:
                 self._inflight_writes = len(batch)
-                latest: dict[str, _Write] = {}
-                for wr in batch:
-                    cur = latest.get(wr.rid)
-                    if cur is None or wr.seq >= cur.seq:
-                        latest[wr.rid] = wr
-                writes = [StateWrite(w.rid, w.value, w.seq) for w in latest.values()]
+                latest = list(batch.values())
+                writes = [StateWrite(w.rid, w.value, w.seq) for w in latest]
                 try:
                     res = await self.store.commit(writes)
                     self.outage.up()
@@ -715,8 +734,9 @@ class StreamRouter:
                     if not self.outage.expired:
                         await asyncio.sleep(min(delay, max(0.01, self.outage.deadline_s - self.outage.down_for)))
                         delay = min(2.0, delay * 2)
-                        batch += self._pending  # what piled up meanwhile joins the retry
-                        self._pending = []
+                        for wr in self._pending.values():  # what piled up meanwhile joins the retry
+                            _merge(batch, wr)
+                        self._pending = {}
                         continue
                     err = DependencyOutage(self.outage.give_up_line())
                     err.__cause__ = StateCommitError(f"checkpoint write failed: {type(e).__name__}: {e}")
@@ -724,7 +744,7 @@ class StreamRouter:
                     err = StateCommitError(f"checkpoint write of {len(writes)} stream(s) failed: "
                                            f"{type(e).__name__}: {e}")
                     log.error("%s; stopping (the chunks will be redelivered)", err)
-                for wr in batch:
+                for wr in latest:
                     self._fail(wr.st, wr.offsets)
                 self._inflight_writes = 0
                 self.w._stream_fatal(err)
@@ -733,13 +753,13 @@ class StreamRouter:
             if res is None:
                 continue
             self.w.stats.state_writes += 1
-            for w, ok in zip(latest.values(), res, strict=False):
+            for w, ok in zip(latest, res, strict=False):
                 if not ok:
                     log.warning("stream %r: checkpoint at seq %d fenced off (a newer one is stored: another "
                                 "worker advanced the stream)", w.rid, w.seq)
-            for wr in batch:
+            for wr in latest:
                 if wr.s is not None:
-                    wr.s.pending_writes -= 1
+                    wr.s.pending_writes -= wr.n
                 for off in wr.offsets:
                     if wr.st.failed:  # a record before it was lost: never commit past that one
                         self.w._stream_abandon(wr.st, off)
