@@ -24,25 +24,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
 
 from worker.config import ServedModelConfig
 from worker.state.memory_store import MemoryStateStore
-from worker.tracing import TRACEPARENT, TRACESTATE, Tracer, kafka_span_attrs, trace_headers
+from worker.tracing import Tracer, kafka_span_attrs, trace_headers
 from worker.transport.broker_watch import BrokerWatch
-from worker.transport.deadletter import DeadLetterError, dead_letter
+from worker.transport.deadletter import DeadLetterError
 from worker.transport.endpoints import DependencyProbe, Endpoints
 from worker.transport.health import HealthState
 from worker.transport.jobs import JobOutcome
-from worker.transport.metrics import PromMetrics, WorkerStats
+from worker.transport.metrics import PromMetrics, WorkerStats, dlq_reason_label
 from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.pauses import PartitionPauses
 from worker.transport.pool import DerenderPool
+from worker.transport.publisher import UNKNOWN_TOPIC_MEMORY_S, ReplyPublisher
 from worker.transport.records import (
     HDR_CONTENT_TYPE,
     HDR_CORRELATION_ID,
@@ -51,6 +50,7 @@ from worker.transport.records import (
     HDR_SEQ,
     HDR_STATUS,
     JSON_CT,
+    Outgoing,
     header,
     kind_header,
     log_fields,
@@ -66,8 +66,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["KafkaDerenderWorker", "UNKNOWN_TOPIC_MEMORY_S", "state_store_outage_clock"]
 
-#: seconds a reply topic that did not appear within ``reply_topic_wait_ms`` counts as unknown
-UNKNOWN_TOPIC_MEMORY_S = 10.0
 
 
 @dataclass
@@ -181,13 +179,13 @@ class KafkaDerenderWorker:
         self._probe: DependencyProbe | None = None
         self._assigned = asyncio.Event()
         self._router: StreamRouter | None = None  # created by start()
-        self._unknown_topics: dict[str, float] = {}  # reply topic -> monotonic time until it counts as unknown
-        self._topic_wait_window = (0.0, 0.0)  # (monotonic end of the window, seconds spent waiting in it)
         self._stop_requested = False
         self._hurry: asyncio.Event | None = None  # a second stop(): give up the drain
         self._tracer = Tracer()  # OpenTelemetry spans when the [otel] extra is installed, else no-ops
         self._committed_hw: dict[TopicPartition, int] = {}  # highest offset committed (broker watchdog)
-        self._pauses = PartitionPauses(settings.max_in_flight)  # by reason: window, dead letter
+        self._pauses = PartitionPauses(settings.max_in_flight)  # by reason: window, dead letter, state store
+        self.publisher = ReplyPublisher(settings, self.health, self._pauses, self._tracer,
+                                        on_dead_letter=self._dead_letter_beside_reply)
         self.store_outage = state_store_outage_clock(settings, self.health)
 
     # -- executor ------------------------------------------------------------------------------
@@ -269,6 +267,8 @@ class KafkaDerenderWorker:
         self._producer = AIOKafkaProducer(**self._client_kwargs(), acks="all", enable_idempotence=False,
                                           linger_ms=2, max_request_size=s.max_request_size)
         await self._producer.start()
+        self.publisher.producer = self._producer
+        self.publisher.stopping = self._stopping
         self._consumer = AIOKafkaConsumer(
             **self._client_kwargs(), group_id=s.group_id, enable_auto_commit=False,
             auto_offset_reset=s.auto_offset_reset, session_timeout_ms=s.session_timeout_ms,
@@ -541,9 +541,9 @@ class KafkaDerenderWorker:
             return await self.pool.outcome(job.future, msg.value, self._kind_header(msg),
                                            f"{msg.topic}[{msg.partition}]@{msg.offset}", record_created(msg))
 
-    def _plan(self, msg, out: JobOutcome) -> tuple[str, bytes | None, bytes | None, list, str | None]:
-        """Decide where a finished message goes: ``(topic, key, value, headers, dlq_reason)``;
-        ``dlq_reason`` is None for a reply (see the dead-letter rules in ``worker.transport.records``)."""
+    def _plan(self, msg, out: JobOutcome) -> Outgoing:
+        """Decide where a finished message goes: its reply, or its dead letter (the dead-letter
+        rules of ``worker.transport.records``)."""
         if isinstance(msg, UnreadableRecord):
             return self._dlq(msg, msg.reason)
         reply_hdr = self._header(msg, HDR_REPLY_TOPIC)
@@ -572,12 +572,12 @@ class KafkaDerenderWorker:
         if out.kind:
             headers.append((HDR_KIND, out.kind.encode()))
         headers.extend(trace_headers(msg.headers))  # W3C trace context: the reply continues the trace
-        return reply_topic, key, out.body, headers, None
+        return Outgoing(reply_topic, key, out.body, headers)
 
-    def _dlq(self, msg, reason: str) -> tuple[str, bytes | None, bytes | None, list, str]:
-        return dead_letter(msg, reason, self.settings.dead_letter_topic, self.settings.dead_letter_max_bytes)
+    def _dlq(self, msg, reason: str) -> Outgoing:
+        return self.publisher.dead_letter(msg, reason)
 
-    def _safe_plan(self, msg, out: JobOutcome) -> tuple[str, bytes | None, bytes | None, list, str | None]:
+    def _safe_plan(self, msg, out: JobOutcome) -> Outgoing:
         """``_plan``, except that an exception while planning this record (a bug met by an odd
         record) dead-letters it (``internal-error: ...``) instead of stopping the worker."""
         try:
@@ -586,113 +586,6 @@ class KafkaDerenderWorker:
             log.exception("planning the reply of %s[%d]@%d failed", msg.topic, msg.partition, msg.offset,
                           extra=log_fields(msg))
             return self._dlq(msg, f"internal-error: {type(e).__name__}: {e}")
-
-    async def _reply_topic_known(self, topic: str) -> bool:
-        """Whether the producer has (or gets within ``reply_topic_wait_ms``) metadata for
-        ``topic``. A topic that did not appear is remembered as unknown for
-        ``UNKNOWN_TOPIC_MEMORY_S`` seconds, so records addressed to it fail at once instead of each
-        blocking its partition for the producer's full metadata wait (``request_timeout_ms``).
-        All waits together are bounded too: at most ``reply_topic_wait_ms`` per
-        ``UNKNOWN_TOPIC_MEMORY_S`` window, after which names not known yet fail at once until the
-        window ends (records naming a new missing topic each could otherwise hold up their
-        partition for ``reply_topic_wait_ms`` apiece)."""
-        if topic == self.settings.reply_topic or self._producer.client.cluster.partitions_for_topic(topic):  # cached
-            return True
-        now = time.monotonic()
-        until = self._unknown_topics.get(topic)
-        if until is not None and until > now:
-            return False
-        end, spent = self._topic_wait_window
-        if now >= end:
-            end, spent = now + UNKNOWN_TOPIC_MEMORY_S, 0.0
-            self._topic_wait_window = (end, spent)
-        budget = self.settings.reply_topic_wait_ms / 1000 - spent
-        try:
-            if budget <= 0:
-                raise asyncio.TimeoutError  # the window's waiting is spent: unknown at once
-            await asyncio.wait_for(self._producer.partitions_for(topic), budget)
-            self._unknown_topics.pop(topic, None)
-            return True
-        except (asyncio.TimeoutError, KafkaError):
-            if len(self._unknown_topics) >= 1024:  # bounded: forget the oldest
-                self._unknown_topics.pop(next(iter(self._unknown_topics)))
-            self._unknown_topics[topic] = now + UNKNOWN_TOPIC_MEMORY_S
-            # the producer's client added the name to the topics it refreshes metadata for, for
-            # good: take it out again, so that names from records cannot grow that list forever
-            client = self._producer.client
-            known = getattr(client, "_topics", None)
-            if isinstance(known, set) and topic in known:
-                client.set_topics(known - {topic})
-            return False
-        finally:  # (concurrent waits of other partitions add up in the same window)
-            cur_end, cur_spent = self._topic_wait_window
-            if cur_end == end:
-                self._topic_wait_window = (end, cur_spent + time.monotonic() - now)
-
-    async def _publish(self, st: _Partition, msg, plan) -> tuple[tuple, asyncio.Future]:
-        """Send ``plan`` (a reply or a dead letter) -> ``(plan actually sent, delivery future)``.
-        A reply that cannot be sent for a reason of its own (unknown or unwritable reply topic,
-        too large: ``KafkaError``) is dead-lettered instead. A dead letter the producer refuses at
-        once is retried here until acknowledged (``_dead_letter_until_acked``: never skipped,
-        never a crash); otherwise its delivery is awaited (and retried) by the acker, like a reply."""
-        if plan[4] is None and not await self._reply_topic_known(plan[0]):
-            plan = self._dlq(msg, f"reply-publish-failed: unknown topic {plan[0]!r}")
-        if plan[4] is None:
-            try:
-                return plan, await self._send(plan)
-            except KafkaError as e:  # e.g. MessageSizeTooLargeError
-                refused = plan[0]
-                plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                            msg.offset, plan[4], refused, extra=log_fields(msg))
-        else:
-            log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4],
-                        extra=log_fields(msg))
-        try:
-            return plan, await self._send(plan)
-        except KafkaError:
-            pass
-        await self._dead_letter_until_acked(st, msg, plan)
-        done = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return plan, done
-
-    async def _dead_letter_until_acked(self, st: _Partition, msg, plan) -> None:
-        """Publish dead letter ``plan`` of ``msg`` and wait for the broker's ack, retrying with
-        backoff (0.5 s doubling to 30 s) while it fails (dead-letter topic missing or unwritable).
-        Meanwhile the partition is paused (no new fetches; its offset cannot pass this record
-        anyway) and the health state is not ready (reason key ``dead-letter:<topic>[<partition>]``).
-        Raises ``DeadLetterError`` when the partition is revoked or the worker is stopping while
-        retrying: the record stays uncommitted and is redelivered."""
-        delay, paused, attempt = 0.5, False, 0
-        key = f"dead-letter:{st.tp.topic}[{st.tp.partition}]"
-        try:
-            while True:
-                attempt += 1
-                try:
-                    await (await self._send(plan))
-                    if attempt > 1:
-                        log.warning("dead letter of %s[%d]@%d published after %d attempts", msg.topic,
-                                    msg.partition, msg.offset, attempt)
-                    return
-                except KafkaError as e:
-                    why = (f"cannot publish dead letters to {plan[0]!r}: {type(e).__name__}: {e}; "
-                           f"partition {st.tp.topic}[{st.tp.partition}] paused at offset {msg.offset}")
-                    self.health.set_reason(key, why)
-                    if st.closed or (self._stopping is not None and self._stopping.is_set()):
-                        raise DeadLetterError(why) from e
-                    log.error("%s; retrying in %.1fs (attempt %d)", why, delay, attempt)
-                    if not paused:
-                        paused = self._pauses.pause(st.tp, "dead-letter")
-                    try:  # the backoff, cut short by a stop request
-                        await asyncio.wait_for(self._stopping.wait(), delay)
-                    except asyncio.TimeoutError:
-                        pass
-                    delay = min(delay * 2, 30.0)
-        finally:
-            self.health.clear_reason(key)
-            if paused and not st.closed:
-                self._pauses.unpause(st.tp, "dead-letter")
 
     async def _sequencer(self, st: _Partition) -> None:
         """Take the partition's jobs in offset order, await each derender, hand its record to the
@@ -708,7 +601,7 @@ class KafkaDerenderWorker:
                               msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
                               extra=log_fields(msg, out.request_id))
                 self._prom.processing_unary.observe(out.seconds)
-                plan, delivery = await self._publish(st, msg, self._safe_plan(msg, out))
+                plan, delivery = await self.publisher.publish(st, msg, self._safe_plan(msg, out), out.request_id)
                 st.acks.put_nowait((job, plan, out, delivery))
             except Exception as e:
                 log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset,
@@ -719,40 +612,15 @@ class KafkaDerenderWorker:
             finally:
                 st.jobs.task_done()
 
-    async def _send(self, plan) -> asyncio.Future:
-        """Produce a reply/dead-letter ``plan`` (in a ``derender.publish`` span child of the
-        record's trace context; with a recording span the record's ``traceparent`` becomes the
-        span's). Returns the delivery future."""
-        topic, key, value, headers, reason = plan
-        carrier = [(k, v) for k, v in headers if k in (TRACEPARENT, TRACESTATE)]
-        if not self._tracer.enabled:
-            return await self._producer.send(topic, value=value, key=key, headers=headers)
-        with self._tracer.span("derender.publish", carrier, kind="producer",
-                               **{"messaging.system": "kafka", "messaging.destination.name": topic,
-                                  "derender.dead_letter_reason": reason}) as sp:
-            if carrier and sp is not None:
-                headers = [h for h in headers if h[0] not in (TRACEPARENT, TRACESTATE)]
-                headers += self._tracer.reply_headers(carrier, sp)
-            return await self._producer.send(topic, value=value, key=key, headers=headers)
-
     async def _acker(self, st: _Partition) -> None:
         """Await deliveries in offset order; advance the partition's committable offset."""
         while True:
             job, plan, out, delivery = await st.acks.get()
             msg = job.msg
             try:
-                try:
+                if plan is None:  # publishing raised: a bug, or a dead letter given up
                     await delivery
-                except KafkaError as e:  # the broker refused the reply (too large for the topic, ...)
-                    if plan is None:
-                        raise
-                    if plan[4] is None:
-                        refused = plan[0]
-                        plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                        log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                    msg.offset, plan[4], refused,
-                                    extra=log_fields(msg, out.request_id if out else None))
-                    await self._dead_letter_until_acked(st, msg, plan)  # retried until acked
+                plan = await self.publisher.settle(st, msg, plan, delivery, out.request_id if out else None)
                 self._count(plan, out, msg)
                 if not st.failed:
                     st.finish(msg.offset)
@@ -771,17 +639,23 @@ class KafkaDerenderWorker:
                 self._sem.release()
                 st.acks.task_done()
 
-    def _count(self, plan, out: JobOutcome, msg, mode: str = "unary") -> None:
+    def _dead_letter_beside_reply(self, reason: str) -> None:
+        """A record got a 413 reply and its dead letter (``publisher`` rule 2): count the dead
+        letter (``derender_dead_letters_total{reason}``); the record's outcome is its reply."""
+        self.stats.dead_lettered += 1
+        self._prom.dead_letters.labels(dlq_reason_label(reason)).inc()
+
+    def _count(self, plan: Outgoing, out: JobOutcome, msg, mode: str = "unary") -> None:
         """A record finished (its reply or dead letter acked): stats and metrics. ``out``: needs
         ``status`` and ``kind``; ``mode``: ``unary`` or ``stream``."""
         self.stats.processed += 1
-        if plan[4] is not None:
+        if plan.is_dead_letter:
             self.stats.dead_lettered += 1
         elif out.status == 200:
             self.stats.replied_ok += 1
         else:
             self.stats.errors += 1
-        self._prom.finished(mode, out.kind, plan[4], out.status, getattr(msg, "timestamp", None))
+        self._prom.finished(mode, out.kind, plan.dlq_reason, out.status, getattr(msg, "timestamp", None))
 
     # -- commits -------------------------------------------------------------------------------
     async def _commit_loop(self) -> None:

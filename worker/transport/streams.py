@@ -266,8 +266,8 @@ def _bad_chunk(msg, seq: int | None) -> str | None:
 
 class StreamRouter:
     """The streaming half of a ``KafkaDerenderWorker`` (see the module docstring). ``worker``
-    supplies the producer (``_send``, ``_publish``, ``_dead_letter_until_acked``), the reply planning
-    (``_safe_plan``/``_dlq``), the executor
+    supplies the reply publisher (``publisher``: ``worker.transport.publisher.ReplyPublisher``),
+    the reply planning (``_safe_plan``), the executor
     (``_stream_submit``), stats and ``_stream_done(st, offset)`` (offset finished). ``store``: a
     ``RedisStateStore`` or ``MemoryStateStore``; ``outage``: the ``OutageClock`` reads and writes
     wait on (default: give up at the first failure); ``memory``: the ``StreamMemory`` eviction
@@ -645,11 +645,16 @@ class StreamRouter:
         ``entry.seq`` < 0 (no valid ``derender-seq``) puts no ``derender-seq`` header on the reply."""
         out = JobOutcome(entry.value, entry.status, s.rid if s else rid, entry.kind, is_object)
         plan = self.w._safe_plan(msg, out)
-        if plan[4] is None:
+        if not plan.is_dead_letter:
             if entry.seq >= 0:
-                plan[3].append((HDR_SEQ, str(entry.seq).encode()))
+                plan.headers.append((HDR_SEQ, str(entry.seq).encode()))
             if entry.end:
-                plan[3].append((HDR_STREAM_END, b"1"))
+                plan.headers.append((HDR_STREAM_END, b"1"))
+            too_big = self.w.publisher.too_large(plan)
+            if too_big is not None:  # the full record is dead-lettered; a 413 answers (and ends the stream)
+                plan = await self._too_large(st, s, msg, plan, too_big, write, rid)
+                if s is not None and write and not plan.is_dead_letter:
+                    entry = ReplayEntry(entry.seq, too_big.status, True, entry.kind, plan.value)
         wr = None  # the checkpoint is built before anything is sent: nothing can fail after the send
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
@@ -658,7 +663,7 @@ class StreamRouter:
         try:
             # a reply refused for a reason of its own is dead-lettered; a dead letter is retried
             # until acked (partition paused, not ready) unless the partition goes away meanwhile
-            plan, delivery = await self.w._publish(st, msg, plan)
+            plan, delivery = await self.w.publisher.publish(st, msg, plan, s.rid if s else rid)
         except DeadLetterError:
             raise
         except Exception as e:
@@ -670,23 +675,29 @@ class StreamRouter:
             s.end_offset = max(s.end_offset, msg.offset, *(extra_offsets or ()))
         st.sacks.put_nowait((msg, plan, entry, delivery, wr))
 
+    async def _too_large(self, st, s: _Stream | None, msg, plan, err, write: bool, rid: str | None):
+        """Reply ``plan`` of ``msg`` is larger than ``--max-request-size`` (``err``: the 413
+        ``ReplyTooLarge``): dead-letter the record in full (retried until acked), and return the
+        small 413 error reply to the same address that replaces ``plan``. For a new chunk of
+        stream ``s`` (``write``) that reply ends the stream (``derender-stream-end: 1``): later
+        chunks get the ended-stream 409, so no answer looks complete with a chunk missing."""
+        small = await self.w.publisher.replace_too_large(st, msg, plan, err, s.rid if s else rid)
+        if s is not None and write and not small.is_dead_letter:
+            self._end(s)
+            if not any(k == HDR_STREAM_END for k, _ in small.headers):
+                small.headers.append((HDR_STREAM_END, b"1"))
+            log.warning("stream %r: chunk %s %d answered 413 (%s); stream ended", s.rid, HDR_SEQ,
+                        self.parse_seq(msg), err.message,
+                        extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
+        return small
+
     async def _acker(self, st) -> None:
         """Step 2 (ack) in send order, then hand the checkpoint to the writer (step 3)."""
-        from aiokafka.errors import KafkaError
         while True:
             msg, plan, entry, delivery, wr = await st.sacks.get()
             self._acking.add(id(st))
             try:
-                try:
-                    await delivery
-                except KafkaError as e:
-                    if plan[4] is None:
-                        refused = plan[0]
-                        plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                        log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                    msg.offset, plan[4], refused,
-                                    extra=record_fields(msg.topic, msg.partition, msg.offset))
-                    await self.w._dead_letter_until_acked(st, msg, plan)  # retried until acked
+                plan = await self.w.publisher.settle(st, msg, plan, delivery)  # (retried until acked)
                 self.w._count(plan, _Counted(entry.status, entry.kind), msg, "stream")
                 if wr is None:
                     self.w._stream_done(st, msg.offset)
