@@ -204,6 +204,7 @@ class WorkerProc:
         self.lines: list[tuple[float, str]] = []
         self.killed = False
         self.peak_kb = 0
+        self.exit_t: float | None = None
         cmd = [sys.executable, "-m", "worker.cli", "--log-level", "INFO", "run", *args]
         self.p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                   errors="replace", start_new_session=True,
@@ -217,6 +218,8 @@ class WorkerProc:
     def _read(self) -> None:
         for line in self.p.stderr:
             self.lines.append((time.monotonic(), line.rstrip()))
+        self.p.wait()
+        self.exit_t = time.monotonic()  # (about when it exited: its stderr closed)
 
     def drain_output(self, timeout: float = 10.0) -> None:
         """After the process exited: wait until its stderr has been read to the end."""

@@ -7,9 +7,12 @@ Sizes: ``SIZES["reduced"]`` (the pytest run, ``tests/test_chaos.py``) and ``SIZE
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from typing import Any
@@ -39,9 +42,9 @@ from tests.chaos.harness import (
 
 SIZES: dict[str, dict[str, int]] = {
     "reduced": dict(batch=600, streams=16, outage_singles=200, fuzz_bad=1500, fuzz_valid=500, fuzz_huge=2,
-                    overload=4000, abandoned=600, partitions=4, stall_streams=120),
+                    overload=4000, abandoned=600, partitions=4, stall_streams=120, backlog=3000),
     "full": dict(batch=10_000, streams=60, outage_singles=2000, fuzz_bad=30_000, fuzz_valid=10_000, fuzz_huge=10,
-                 overload=100_000, abandoned=6000, partitions=8, stall_streams=240),
+                 overload=100_000, abandoned=6000, partitions=8, stall_streams=240, backlog=20_000),
 }
 GAP_S = 3.0  # --stream-gap-timeout of the chaos workers
 STATE_DEADLINE_S = 60.0  # --state-store-outage-deadline
@@ -565,6 +568,91 @@ def redis_stall(size: str = "reduced", how: str = "pause", stall_s: float = 8.0)
         rig.close()
 
 
+def _livez(port: int) -> tuple[int, str]:
+    """``(status, body)`` of a worker's ``/livez`` (0 when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=1) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def broker_restart_backlog(size: str = "reduced", then: str = "deadline") -> dict[str, Any]:
+    """A backlog in flight (non-streaming records and streams, two workers), then the embedded
+    broker restarts empty (every topic, record and offset lost), or (``then`` = ``frozen``) stops
+    answering (SIGSTOP: every client call hangs). ``then``: ``deadline``: each
+    worker must give up and exit 2 within ``--broker-outage-deadline`` + ``--drain-timeout``
+    (+ the watchdog's check period) whatever the state of its commits, ``/livez`` answering 503
+    from the give-up on; ``sigterm``: SIGTERM 2 s after the restart must end each worker within
+    ``--drain-timeout`` + 5 s; ``frozen``: SIGTERM 2 s after the freeze must too (the drain, the
+    final commit and closing the clients all wait on a broker that never answers)."""
+    sz = SIZES[size]
+    drain_s = 10.0  # the Rig's --drain-timeout
+    rig = Rig(f"broker-{then}" if then == "frozen" else f"broker-backlog-{then}", partitions=sz["partitions"])
+    try:
+        ports = [free_port(), free_port()]
+        ws = [rig.worker(metrics_port=p) for p in ports]
+        rig.wait_ready(ws)
+        ledger = Ledger(singles=make_singles(sz["backlog"], "bb"),
+                        streams=make_streams(sz["streams"], "bs"))
+        recs = ledger.single_records() + [r for rnd in stream_records(ledger.streams) for r in rnd]
+        asyncio.run(produce(rig.bs, rig.inp, recs))
+        rig.wait_answers(len(recs) // 10, 120)  # in flight: a tenth answered
+        answered_before = rig.collector.count()
+        t = time.monotonic()
+        if then == "frozen":
+            os.kill(rig.broker.proc.pid, signal.SIGSTOP)
+        else:
+            rig.broker.restart()
+        rig.phase("broker_restarted")
+        live: list[list[tuple[float, int, str]]] = [[] for _ in ws]  # (s since restart, status, body)
+        if then in ("sigterm", "frozen"):
+            time.sleep(2.0)
+            t_sig = time.monotonic()
+            for w in ws:
+                w.p.send_signal(signal.SIGTERM)
+            limit, start = drain_s + 5.0, t_sig
+        else:
+            limit, start = BROKER_DEADLINE_S + drain_s + 2.0, t  # (+ the watchdog's 0.8 s check period)
+        while time.monotonic() < start + limit + 30 and any(w.alive for w in ws):
+            for i, (w, port) in enumerate(zip(ws, ports, strict=True)):
+                if w.alive:
+                    code, body = _livez(port)
+                    if code:
+                        live[i].append((time.monotonic() - t, code, body.strip()))
+            time.sleep(0.2)
+        took = [round((w.exit_t or time.monotonic()) - start, 1) for w in ws]
+        if then == "frozen":
+            os.kill(rig.broker.proc.pid, signal.SIGCONT)
+        for w in ws:
+            w.drain_output()
+            w.killed = True  # exited on purpose (or killed by close() below: then the assertion fails)
+        alive = [w.name for w in ws if w.alive]
+        assert not alive, f"still running {limit + 30:.0f}s after the {then}: {alive}\n" + ws[0].text()
+        figs = rig.figures(then=then, exit_s=took, exit_status=[w.p.returncode for w in ws], limit_s=limit,
+                           answered_before_restart=answered_before)
+        for w, secs in zip(ws, took, strict=True):
+            assert secs <= limit, f"{w.name} took {secs}s to exit after the {then} (limit {limit}s): {figs}\n{w.text()}"
+        if then == "deadline":
+            for i, w in enumerate(ws):
+                assert w.p.returncode == 2, f"{w.name} exit {w.p.returncode}, expected 2: {figs}\n{w.text()}"
+                gave = [x for _, x in w.lines if re.search(r"Kafka broker .*giving up", x)]
+                assert gave, f"{w.name}: no give-up line\n{w.text()}"
+                t_gave = next(tt for tt, x in w.lines if re.search(r"Kafka broker .*giving up", x)) - t
+                after = [(round(s, 1), c) for s, c, _ in live[i] if s > t_gave + 0.5]
+                assert all(c == 503 for _, c in after), f"{w.name}: /livez after giving up: {after}"
+                figs[f"livez_503_after_give_up_{i}"] = len(after)
+                figs[f"livez_{i}"] = [(round(s, 1), c) for s, c, _ in live[i]][-12:] + [round(t_gave, 1)]
+        else:
+            for w in ws:
+                assert w.p.returncode is not None, w.name
+        return figs
+    finally:
+        rig.close()
+
+
 SCENARIOS = {
     "kill9-batch": kill9_batch,
     "kill9-stream": kill9_stream,
@@ -581,4 +669,7 @@ SCENARIOS = {
     "abandoned-memory": lambda size="reduced": abandoned_streams(size, "memory"),
     "redis-stall-pause": lambda size="reduced": redis_stall(size, "pause"),
     "redis-stall-kill": lambda size="reduced": redis_stall(size, "kill"),
+    "broker-backlog-deadline": lambda size="reduced": broker_restart_backlog(size, "deadline"),
+    "broker-backlog-sigterm": lambda size="reduced": broker_restart_backlog(size, "sigterm"),
+    "broker-frozen-sigterm": lambda size="reduced": broker_restart_backlog(size, "frozen"),
 }

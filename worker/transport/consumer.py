@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +65,11 @@ from worker.transport.unreadable import UNREADABLE_ERRORS, UnreadableRecord, iso
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KafkaDerenderWorker", "UNKNOWN_TOPIC_MEMORY_S", "state_store_outage_clock"]
+__all__ = ["KafkaDerenderWorker", "UNKNOWN_TOPIC_MEMORY_S", "state_store_outage_clock", "FINAL_STEPS_S"]
+
+#: seconds the steps after the drain (final commit, closing the consumer and the producer) may
+#: take together: a broker that is gone or frozen must not hold the exit (``run``)
+FINAL_STEPS_S = 3.0
 
 
 
@@ -171,6 +176,8 @@ class KafkaDerenderWorker:
         self._sem: asyncio.Semaphore | None = None
         self._stopping: asyncio.Event | None = None
         self._fatal: BaseException | None = None
+        #: called once when stopping starts: with the fatal error, or None for ``stop()``
+        self.on_stopping: Any = None
         self._task: asyncio.Task | None = None
         self._prom = PromMetrics()  # this worker's registry (served with --metrics-port)
         self._prom.ready.set_function(lambda: 1.0 if self.health.ready else 0.0)
@@ -204,11 +211,20 @@ class KafkaDerenderWorker:
         st.store_wait.discard(offset)
 
     def _stream_fatal(self, e: BaseException) -> None:
+        """A fatal error (a dependency given up, a reply and its dead letter lost): stop."""
         if isinstance(e, DependencyOutage) and self._fatal is None:
             log.error("%s", e)  # the one line; main_run exits 2 without repeating it
+        self._set_fatal(e)
+
+    def _set_fatal(self, e: BaseException) -> None:
+        """Record the first fatal error, start stopping and tell ``on_stopping`` (``main_run``'s
+        exit backstop: the process ends within ``--drain-timeout`` whatever blocks)."""
+        first = self._fatal is None
         self._fatal = self._fatal or e
         if self._stopping is not None:
             self._stopping.set()
+        if first and self.on_stopping is not None:
+            self.on_stopping(self._fatal)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _client_kwargs(self) -> dict[str, Any]:
@@ -301,6 +317,8 @@ class KafkaDerenderWorker:
             return
         if not self._stop_requested:
             self._stop_requested = True
+            if self.on_stopping is not None:
+                self.on_stopping(None)
             if self._fatal is not None:
                 log.info("stop requested: already stopping after a fatal error (%s: %s); finishing what can "
                          "still finish (at most %.1fs; stop again to give up now)", type(self._fatal).__name__,
@@ -330,7 +348,7 @@ class KafkaDerenderWorker:
             await self._fetch_loop()
         except Exception as e:
             log.exception("fetch loop failed")
-            self._fatal = self._fatal or e
+            self._set_fatal(e)
         finally:
             self._stopping.set()
             self.health.mark_stopping()
@@ -350,8 +368,13 @@ class KafkaDerenderWorker:
             commit_task.cancel()
             watch_task.cancel()
             await asyncio.gather(commit_task, watch_task, return_exceptions=True)
-            await self._commit()
-            await self._close()
+            until = time.monotonic() + FINAL_STEPS_S
+            try:  # bounded: a broker that lost the group (or is gone) must not hold the exit
+                await asyncio.wait_for(self._commit(), FINAL_STEPS_S / 2)
+            except asyncio.TimeoutError:
+                log.error("final offset commit did not finish within %.1fs; uncommitted messages will be "
+                          "redelivered", FINAL_STEPS_S / 2)
+            await self._close(until)
             log.info("worker stopped: %s", self.stats)
         if self._fatal is not None:
             raise self._fatal
@@ -366,7 +389,10 @@ class KafkaDerenderWorker:
         if self._task is not None:
             await self._task
 
-    async def _close(self) -> None:
+    async def _close(self, until: float | None = None) -> None:
+        """Release everything started; closing the Kafka clients waits until ``until``
+        (``time.monotonic()``) at most (default: ``FINAL_STEPS_S`` from now)."""
+        until = time.monotonic() + FINAL_STEPS_S if until is None else until
         for p in list(self._parts.values()):
             if self._router is not None:
                 self._router.drop_partition(p)
@@ -381,8 +407,11 @@ class KafkaDerenderWorker:
             await self._probe.close()
         for client in (self._consumer, self._producer):
             if client is not None:
-                try:
-                    await client.stop()
+                try:  # bounded: leaving the group / flushing to a broker that is gone can hang
+                    await asyncio.wait_for(client.stop(), max(0.1, until - time.monotonic()))
+                except asyncio.TimeoutError:
+                    log.error("closing %s did not finish in time (%.1fs after the drain at most); going on",
+                              type(client).__name__, FINAL_STEPS_S)
                 except Exception:
                     log.exception("closing %s failed", type(client).__name__)
         self.pool.shutdown()
@@ -393,6 +422,7 @@ class KafkaDerenderWorker:
     async def _fetch_loop(self) -> None:
         consumer = self._consumer
         while not self._stopping.is_set():
+            self.health.progress()  # the run loop advanced (``/livez``)
             fetch = asyncio.ensure_future(consumer.getmany(timeout_ms=500, max_records=self.settings.max_in_flight))
             stop = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -411,12 +441,17 @@ class KafkaDerenderWorker:
             chunk_size = self.pool.chunk_size(total)
             chunk: list[tuple[Any, asyncio.Future]] = []
             streamed: list[tuple[_Partition, Any]] = []
+            stopped = False
             for tp, msgs in batches.items():
+                if stopped:
+                    break
                 for msg in msgs:
                     if self._sem.locked() and chunk:
                         self._flush(chunk)  # never hold unsubmitted work while waiting for capacity
                         chunk = []
-                    await self._sem.acquire()
+                    if not await self._permit():
+                        stopped = True  # stopping while waiting for capacity: the rest is refetched later
+                        break
                     st = self._parts.get(tp)
                     if st is None:
                         if tp not in consumer.assignment():
@@ -451,6 +486,24 @@ class KafkaDerenderWorker:
                 self._flush(chunk)
             if streamed:
                 self._dispatch_streams(streamed)
+
+    async def _permit(self) -> bool:
+        """Take a ``--max-in-flight`` permit; False (none taken) when the worker starts stopping
+        meanwhile: a fetch loop waiting for capacity never keeps a stop or a give-up waiting."""
+        if not self._sem.locked():
+            await self._sem.acquire()
+            return True
+        got = asyncio.ensure_future(self._sem.acquire())
+        stop = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({got, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if got.done():
+            return True
+        got.cancel()
+        await asyncio.gather(got, return_exceptions=True)
+        if got.done() and not got.cancelled() and got.exception() is None:
+            self._sem.release()  # acquired while being cancelled
+        return False
 
     def _dispatch_streams(self, items: list[tuple[_Partition, Any]]) -> None:
         """Hand a poll's stream records to the router, per partition, in order (never waits: the
@@ -632,9 +685,7 @@ class KafkaDerenderWorker:
                 st.failed = True  # never commit past an undelivered message
                 log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
                               msg.partition, msg.offset, extra=log_fields(msg))
-                self._fatal = self._fatal or e
-                if self._stopping is not None:
-                    self._stopping.set()
+                self._set_fatal(e)
             finally:
                 self._sem.release()
                 st.acks.task_done()
@@ -648,6 +699,7 @@ class KafkaDerenderWorker:
     def _count(self, plan: Outgoing, out: JobOutcome, msg, mode: str = "unary") -> None:
         """A record finished (its reply or dead letter acked): stats and metrics. ``out``: needs
         ``status`` and ``kind``; ``mode``: ``unary`` or ``stream``."""
+        self.health.progress()  # (``/livez``: a fetch loop waiting for capacity still advances)
         self.stats.processed += 1
         if plan.is_dead_letter:
             self.stats.dead_lettered += 1
