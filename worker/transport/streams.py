@@ -192,6 +192,7 @@ class _Stream:
     gap_deadline: float | None = None
     task: asyncio.Task | None = None
     end_offset: int = -1  # highest input offset handled after the stream ended
+    gap_from: int = -1  # ended by a gap: the first missing seq (seqs from it on were never answered alone)
     deleted: bool = False
     ended_at: float = 0.0
     loading: bool = False  # being read from the store: its queue waits
@@ -568,6 +569,7 @@ class StreamRouter:
         s.held.clear()
         s.gap_deadline = None
         entry = ReplayEntry(last, 409, True, None, error_body(why, 409, s.rid))
+        s.gap_from = s.next_seq  # a missing chunk arriving later is answered, not taken for a duplicate
         s.next_seq = last + 1
         self._end(s)
         await self._publish(st, s, msgs[-1], entry, write=True, extra_offsets=[m.offset for m in msgs[:-1]])
@@ -583,19 +585,23 @@ class StreamRouter:
     async def _old_or_ended(self, st, s: _Stream, msg, seq: int) -> None:
         s.end_offset = max(s.end_offset, msg.offset) if s.ended else s.end_offset
         hit = s.window.get(seq)
+        late = s.ended and 0 <= s.gap_from <= seq  # after a gap ended the stream: never answered alone
         if hit is not None:
             self.w.stats.stream_replayed += 1
             await self._publish(st, s, msg, hit[0])
-        elif seq < s.next_seq:
+        elif seq < s.next_seq and not late:
             self.w.stats.stream_skipped += 1
             self.w._prom.finished("stream", self.w._kind_header(msg), None, None, msg.timestamp, duplicate=True)
             log.info("stream %r: duplicate %s %d older than the replay window: skipped (its reply was acked)",
                      s.rid, HDR_SEQ, seq)
             self.w._stream_done(st, msg.offset)
         else:
-            entry = ReplayEntry(seq, 409, True, None,
-                                error_body(f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}); "
-                                       f"chunk {HDR_SEQ} {seq} ignored", 409, s.rid))
+            why = f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}"
+            if late:
+                why += f", ended after {HDR_SEQ} {s.gap_from} was missing for {self.gap_timeout_s:g}s"
+            why += f"); chunk {HDR_SEQ} {seq} ignored"
+            log.info("%s: answered 409", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
+            entry = ReplayEntry(seq, 409, True, None, error_body(why, 409, s.rid))
             await self._publish(st, s, msg, entry)
 
     async def _derender_publish(self, st, s: _Stream, msg, seq: int) -> None:
