@@ -34,6 +34,8 @@ from worker.config import ServedModelConfig
 from worker.state.memory_store import MemoryStateStore
 from worker.tracing import Tracer, kafka_span_attrs, trace_headers
 from worker.transport.broker_watch import BrokerWatch
+from worker.transport.checkpoints import OffsetCommitError
+from worker.transport.context import StreamContext
 from worker.transport.deadletter import DeadLetterError
 from worker.transport.endpoints import DependencyProbe, Endpoints
 from worker.transport.health import HealthState
@@ -41,26 +43,13 @@ from worker.transport.jobs import JobOutcome
 from worker.transport.metrics import PromMetrics, WorkerStats, dlq_reason_label
 from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.pauses import PartitionPauses
+from worker.transport.planning import ReplyPlanner
 from worker.transport.pool import DerenderPool
 from worker.transport.publisher import UNKNOWN_TOPIC_MEMORY_S, ReplyPublisher
-from worker.transport.records import (
-    HDR_CONTENT_TYPE,
-    HDR_CORRELATION_ID,
-    HDR_KIND,
-    HDR_REPLY_TOPIC,
-    HDR_SEQ,
-    HDR_STATUS,
-    JSON_CT,
-    Outgoing,
-    header,
-    kind_header,
-    log_fields,
-    record_created,
-    reply_topic_problem,
-)
+from worker.transport.records import HDR_SEQ, Outgoing, header, kind_header, log_fields, record_created
 from worker.transport.settings import WorkerSettings, redact_url
 from worker.transport.stream_memory import StreamMemory
-from worker.transport.streams import OffsetCommitError, StreamRouter
+from worker.transport.streams import StreamRouter
 from worker.transport.unreadable import UNREADABLE_ERRORS, UnreadableRecord, isolate_unreadable
 
 log = logging.getLogger(__name__)
@@ -111,6 +100,12 @@ class _Partition:
             if off in self.store_wait:
                 self.store_wait.discard(off)
                 self.active.add(off)
+
+    def abandon(self, offset: int) -> None:
+        """A held stream record is given up (revoke/stop/failed step): never committed (it stays
+        in ``inflight``), out of the stream and state-store counts."""
+        self.stream_inflight.discard(offset)
+        self.store_wait.discard(offset)
 
     def finish(self, offset: int) -> None:
         """Record ``offset`` is finished (reply acked [+ checkpoint written]): committable."""
@@ -193,22 +188,8 @@ class KafkaDerenderWorker:
         self._pauses = PartitionPauses(settings.max_in_flight)  # by reason: window, dead letter, state store
         self.publisher = ReplyPublisher(settings, self.health, self._pauses, self._tracer,
                                         on_dead_letter=self._dead_letter_beside_reply)
+        self.planner = ReplyPlanner(settings)
         self.store_outage = state_store_outage_clock(settings, self.health)
-
-    # -- executor ------------------------------------------------------------------------------
-    async def _stream_submit(self, value, state, seq, kind, created: int | None = None):
-        """Derender one stream chunk in the pool -> ``StreamOutcome`` (see ``DerenderPool.stream``)."""
-        return await self.pool.stream(value, state, seq, kind, created)
-
-    def _stream_done(self, st: _Partition, offset: int) -> None:
-        """A stream record is finished (reply acked, checkpoint written): committable. (Stream
-        records hold no ``--max-in-flight`` permit: they are bounded by the partition window.)"""
-        st.finish(offset)
-
-    def _stream_abandon(self, st: _Partition, offset: int) -> None:
-        """A held stream record is given up (revoke/stop): not committed."""
-        st.stream_inflight.discard(offset)
-        st.store_wait.discard(offset)
 
     def _stream_fatal(self, e: BaseException) -> None:
         """A fatal error (a dependency given up, a reply and its dead letter lost): stop."""
@@ -277,7 +258,10 @@ class KafkaDerenderWorker:
             raise
         memory = StreamMemory(s.idle_timeout_s, s.max_live_streams, self.health,
                               self._prom.live_streams)
-        self._router = StreamRouter(self, store, s.stream_gap_timeout_s, s.stream_replay_window,
+        ctx = StreamContext(publisher=self.publisher, planner=self.planner, submit=self.pool.stream,
+                            finished=_Partition.finish, abandoned=_Partition.abandon, fatal=self._stream_fatal,
+                            count=self._count, stats=self.stats, metrics=self._prom)
+        self._router = StreamRouter(ctx, store, s.stream_gap_timeout_s, s.stream_replay_window,
                                     outage=self.store_outage, memory=memory)
         self._router.start()
         self._producer = AIOKafkaProducer(**self._client_kwargs(), acks="all", enable_idempotence=False,
@@ -514,7 +498,7 @@ class KafkaDerenderWorker:
         for st, msgs in by_part.values():
             if st.closed or self._parts.get(st.tp) is not st:
                 for m in msgs:
-                    self._stream_abandon(st, m.offset)
+                    st.abandon(m.offset)
                 continue
             self._router.intake(st, msgs)
 
@@ -594,51 +578,6 @@ class KafkaDerenderWorker:
             return await self.pool.outcome(job.future, msg.value, self._kind_header(msg),
                                            f"{msg.topic}[{msg.partition}]@{msg.offset}", record_created(msg))
 
-    def _plan(self, msg, out: JobOutcome) -> Outgoing:
-        """Decide where a finished message goes: its reply, or its dead letter (the dead-letter
-        rules of ``worker.transport.records``)."""
-        if isinstance(msg, UnreadableRecord):
-            return self._dlq(msg, msg.reason)
-        reply_hdr = self._header(msg, HDR_REPLY_TOPIC)
-        corr = self._header(msg, HDR_CORRELATION_ID)
-        if out.crash == "derender-crashed":
-            return self._dlq(msg, "derender-crashed")
-        reply_topic = self.settings.reply_topic
-        if reply_hdr is not None:
-            if len(reply_hdr) > 249 or not reply_hdr.isascii():
-                return self._dlq(msg, "invalid-reply-topic")
-            reply_topic = reply_hdr.decode("ascii")
-            problem = reply_topic_problem(reply_topic, self.settings.allowed_reply_topics_re,
-                                          (self.settings.input_topic, self.settings.dead_letter_topic))
-            if problem is not None:
-                return self._dlq(msg, problem)
-        elif not out.is_object:
-            return self._dlq(msg, "unparseable-no-reply-topic")
-        rid = out.request_id.encode("utf-8") if out.request_id else None
-        if corr is None:
-            corr = msg.key or rid
-        if corr is None:
-            return self._dlq(msg, "no-correlation-id")
-        key = msg.key or rid or corr
-        headers = [(HDR_CORRELATION_ID, corr), (HDR_CONTENT_TYPE, JSON_CT),
-                   (HDR_STATUS, str(out.status).encode())]
-        if out.kind:
-            headers.append((HDR_KIND, out.kind.encode()))
-        headers.extend(trace_headers(msg.headers))  # W3C trace context: the reply continues the trace
-        return Outgoing(reply_topic, key, out.body, headers)
-
-    def _dlq(self, msg, reason: str) -> Outgoing:
-        return self.publisher.dead_letter(msg, reason)
-
-    def _safe_plan(self, msg, out: JobOutcome) -> Outgoing:
-        """``_plan``, except that an exception while planning this record (a bug met by an odd
-        record) dead-letters it (``internal-error: ...``) instead of stopping the worker."""
-        try:
-            return self._plan(msg, out)
-        except Exception as e:
-            log.exception("planning the reply of %s[%d]@%d failed", msg.topic, msg.partition, msg.offset,
-                          extra=log_fields(msg))
-            return self._dlq(msg, f"internal-error: {type(e).__name__}: {e}")
 
     async def _sequencer(self, st: _Partition) -> None:
         """Take the partition's jobs in offset order, await each derender, hand its record to the
@@ -654,7 +593,7 @@ class KafkaDerenderWorker:
                               msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
                               extra=log_fields(msg, out.request_id))
                 self._prom.processing_unary.observe(out.seconds)
-                plan, delivery = await self.publisher.publish(st, msg, self._safe_plan(msg, out), out.request_id)
+                plan, delivery = await self.publisher.publish(st, msg, self.planner.safe_plan(msg, out), out.request_id)
                 st.acks.put_nowait((job, plan, out, delivery))
             except Exception as e:
                 log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset,

@@ -71,6 +71,20 @@ from typing import Any
 import msgspec
 
 from worker.logs import record_fields
+from worker.transport.checkpoints import (
+    Checkpoint,
+    CheckpointWrite,
+    CheckpointWriter,
+    OffsetCommitError,
+    ReplayEntry,
+    ReplyAckError,
+    ReplyProduceError,
+    StateCommitError,
+    StreamStepError,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from worker.transport.context import StreamContext
 from worker.transport.deadletter import DeadLetterError
 from worker.transport.jobs import JobOutcome, body_request_id, error_body, is_object_value
 from worker.transport.outage import OutageClock
@@ -79,6 +93,7 @@ from worker.transport.records import (
     HDR_STREAM_END,
     SEQ_MAX,
     STREAM_KEY_MAX_BYTES,
+    kind_header,
     parse_seq,
     record_created,
     stream_id,
@@ -87,74 +102,10 @@ from worker.transport.stream_memory import StreamMemory
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StreamStepError", "ReplyProduceError", "ReplyAckError", "StateCommitError", "OffsetCommitError",
-           "ReplayEntry", "Checkpoint", "StreamRouter", "encode_checkpoint", "decode_checkpoint"]
-
-CHECKPOINT_VERSION = 1
-
-
-# --------------------------------------------------------------------------- typed errors ----
-class StreamStepError(Exception):
-    """A step of the per-chunk commit order failed; ``step`` names it."""
-
-    step = "stream"
-
-
-class ReplyProduceError(StreamStepError):
-    """(1) the producer refused the reply (and its dead letter)."""
-
-    step = "produce"
-
-
-class ReplyAckError(StreamStepError):
-    """(2) the broker did not acknowledge the reply (nor its dead letter)."""
-
-    step = "ack"
-
-
-class StateCommitError(StreamStepError):
-    """(3) the checkpoint write failed (after retries); wraps a ``StateStoreError``."""
-
-    step = "state"
-
-
-class OffsetCommitError(StreamStepError):
-    """(4) the offset commit failed (logged; retried at the next commit)."""
-
-    step = "offsets"
-
-
-# ---------------------------------------------------------------------------- checkpoints ----
-class ReplayEntry(msgspec.Struct, array_like=True):
-    """One published reply of a stream: enough to publish the identical record again."""
-
-    seq: int
-    status: int
-    end: bool
-    kind: str | None
-    value: bytes
-
-
-class Checkpoint(msgspec.Struct, array_like=True):
-    """The stored value of a stream: format version, state after the stored seq (None = ended)
-    and the replay window (ascending seq)."""
-
-    v: int
-    state: bytes | None
-    replies: list[ReplayEntry]
-
-
-_ckpt_encoder = msgspec.msgpack.Encoder()
-_ckpt_decoder = msgspec.msgpack.Decoder(Checkpoint)
-
-
-def encode_checkpoint(state: bytes | None, replies: list[ReplayEntry]) -> bytes:
-    return _ckpt_encoder.encode(Checkpoint(CHECKPOINT_VERSION, state, replies))
-
-
-def decode_checkpoint(data: bytes) -> Checkpoint:
-    """Raises ``msgspec.DecodeError``/``ValidationError`` on a foreign value."""
-    return _ckpt_decoder.decode(data)
+__all__ = ["StreamRouter",
+           # (defined in worker.transport.checkpoints, re-exported for existing imports)
+           "StreamStepError", "ReplyProduceError", "ReplyAckError", "StateCommitError", "OffsetCommitError",
+           "ReplayEntry", "Checkpoint", "encode_checkpoint", "decode_checkpoint"]
 
 # ------------------------------------------------------------------------------- router ----
 _GAP = object()  # queue marker: the gap timer fired
@@ -225,35 +176,6 @@ def _unpark(s: _Stream) -> None:
     s.queue, s.held, s.held_dups = deque(), {}, []
 
 
-@dataclass
-class _Write:
-    """A checkpoint to write: the latest of a stream's checkpoints produced since its last write
-    (``n`` of them merged, their input ``offsets`` all finished once it is durable)."""
-
-    st: Any  # _Partition
-    rid: str
-    seq: int
-    value: bytes  # encoded checkpoint
-    offsets: list
-    s: Any = None  # the _Stream (pending_writes)
-    n: int = 1  # checkpoints merged into this one
-
-
-def _merge(into: dict, wr: _Write) -> None:
-    """Add ``wr`` to the writes waiting in ``into`` (``(id(partition), rid) -> _Write``): one
-    write per stream, the latest seq's value, every merged record's offsets. Memory stays one
-    checkpoint per stream however long the store is away."""
-    k = (id(wr.st), wr.rid)
-    cur = into.get(k)
-    if cur is None:
-        into[k] = wr
-        return
-    if wr.seq >= cur.seq:
-        cur.seq, cur.value = wr.seq, wr.value
-    cur.offsets.extend(wr.offsets)
-    cur.n += wr.n
-
-
 def _bad_chunk(msg, seq: int | None) -> str | None:
     """Why stream record ``msg`` (with parsed ``seq``) cannot be handed to a stream, or None."""
     if msg.key is None:
@@ -266,34 +188,32 @@ def _bad_chunk(msg, seq: int | None) -> str | None:
 
 
 class StreamRouter:
-    """The streaming half of a ``KafkaDerenderWorker`` (see the module docstring). ``worker``
-    supplies the reply publisher (``publisher``: ``worker.transport.publisher.ReplyPublisher``),
-    the reply planning (``_safe_plan``), the executor
-    (``_stream_submit``), stats and ``_stream_done(st, offset)`` (offset finished). ``store``: a
+    """The streaming half of a ``KafkaDerenderWorker`` (see the module docstring). ``ctx``: the
+    ``StreamContext`` it works with (publisher, planner, the pool's ``submit``, the
+    finished/abandoned/fatal callbacks, stats); it never sees the worker. ``store``: a
     ``RedisStateStore`` or ``MemoryStateStore``; ``outage``: the ``OutageClock`` reads and writes
     wait on (default: give up at the first failure); ``memory``: the ``StreamMemory`` eviction
     policy (default: 900 s idle, 20,000 streams)."""
 
-    def __init__(self, worker: Any, store: Any, gap_timeout_s: float, replay_window: int,
+    def __init__(self, ctx: StreamContext, store: Any, gap_timeout_s: float, replay_window: int,
                  outage: OutageClock | None = None, memory: StreamMemory | None = None):
-        self.w = worker
+        self.ctx = ctx
         self.store = store
         self.gap_timeout_s = gap_timeout_s
         self.replay_window = max(0, replay_window)
         self.outage = outage or OutageClock("stream state store", "state-store", 0.0)
         self.memory = memory or StreamMemory(900.0, 20000)
         self.parts: dict[int, Any] = {}  # id(partition) -> open partition (eviction, gauge)
-        self._pending: dict[tuple[int, str], _Write] = {}  # coalesced per stream (``_merge``)
-        self._wake = asyncio.Event()
+        self.writer = CheckpointWriter(store, self.outage, on_done=ctx.finished, on_abandon=ctx.abandoned,
+                                       on_fatal=ctx.fatal, stats=ctx.stats)
         self._writer: asyncio.Task | None = None
-        self._inflight_writes = 0
         self._bg: set[asyncio.Task] = set()
         self._answers: dict[int, set[asyncio.Task]] = {}  # id(partition) -> running answer() tasks
         self._acking: set[int] = set()  # id(partition) whose stream acker is awaiting a delivery
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self._writer = asyncio.create_task(self._write_loop(), name="derender-state-writer")
+        self._writer = asyncio.create_task(self.writer.run(), name="derender-state-writer")
         sweeper = asyncio.create_task(self.memory.run(self), name="derender-stream-sweeper")
         self._bg.add(sweeper)
         sweeper.add_done_callback(self._bg.discard)
@@ -329,7 +249,7 @@ class StreamRouter:
             busy = any(s.task is not None or s.loading for s in st.streams.values()) \
                 or any(not t.done() for t in self._answers.get(id(st), ()))
             if not busy and st.sacks.empty() and id(st) not in self._acking \
-                    and not any(w.st is st for w in self._pending.values()) and self._inflight_writes == 0 \
+                    and not self.writer.busy_with(st) \
                     and (st.failed or not (st.stream_inflight - self.held_offsets(st))):
                 return
             await asyncio.sleep(0.02)
@@ -339,7 +259,7 @@ class StreamRouter:
         committed (they stay in ``st.inflight``, the partition is marked failed), capacity released."""
         st.failed = True
         for off in offsets:
-            self.w._stream_abandon(st, off)
+            self.ctx.abandoned(st, off)
 
     def drop_partition(self, st) -> None:
         """Forget the partition's streams (revoke/close); held records stay uncommitted."""
@@ -349,7 +269,7 @@ class StreamRouter:
             if s.packed is not None:
                 continue
             for m in (*s.held.values(), *s.held_dups):
-                self.w._stream_abandon(st, m.offset)
+                self.ctx.abandoned(st, m.offset)
             s.held.clear()
             s.held_dups.clear()
         st.streams.clear()
@@ -403,7 +323,7 @@ class StreamRouter:
                 if s is not None and s.loading:
                     self._fail(st, [m.offset for m in s.queue if m is not _GAP])
                     s.queue.clear()
-            self.w._stream_fatal(e)
+            self.ctx.fatal(e)
             return
         for rid in rids:
             s = st.streams.get(rid)
@@ -431,7 +351,7 @@ class StreamRouter:
             if st.closed:
                 for m in s.queue:
                     if m is not _GAP:
-                        self.w._stream_abandon(st, m.offset)
+                        self.ctx.abandoned(st, m.offset)
                 s.queue.clear()
                 continue
             self._kick(st, s)
@@ -457,7 +377,7 @@ class StreamRouter:
                 except Exception as e:
                     log.error("%s; stopping (it will be redelivered)", e)
                     self._fail(st, [msg.offset])
-                    self.w._stream_fatal(e)
+                    self.ctx.fatal(e)
 
             task = asyncio.create_task(answer())
             self._bg.add(task)
@@ -496,7 +416,7 @@ class StreamRouter:
             unsent = [m.offset for m in s.queue if m is not _GAP]
             s.queue.clear()
             self._fail(st, unsent)
-            self.w._stream_fatal(e)
+            self.ctx.fatal(e)
         finally:
             s.task = None
             _park(s)  # (a no-op when chunks wait)
@@ -563,7 +483,7 @@ class StreamRouter:
             why = (f"stream {s.rid!r}: chunk(s) {s.next_seq}..{seqs[0] - 1} missing after "
                    f"{self.gap_timeout_s:g}s (held {HDR_SEQ} {', '.join(map(str, seqs))}); stream ended")
         log.warning("%s", why)
-        self.w.stats.stream_gaps += 1
+        self.ctx.stats.stream_gaps += 1
         msgs = [s.held[k] for k in seqs]
         dups, s.held_dups = s.held_dups, []
         s.held.clear()
@@ -587,14 +507,14 @@ class StreamRouter:
         hit = s.window.get(seq)
         late = s.ended and 0 <= s.gap_from <= seq  # after a gap ended the stream: never answered alone
         if hit is not None:
-            self.w.stats.stream_replayed += 1
+            self.ctx.stats.stream_replayed += 1
             await self._publish(st, s, msg, hit[0])
         elif seq < s.next_seq and not late:
-            self.w.stats.stream_skipped += 1
-            self.w._prom.finished("stream", self.w._kind_header(msg), None, None, msg.timestamp, duplicate=True)
+            self.ctx.stats.stream_skipped += 1
+            self.ctx.metrics.finished("stream", kind_header(msg), None, None, msg.timestamp, duplicate=True)
             log.info("stream %r: duplicate %s %d older than the replay window: skipped (its reply was acked)",
                      s.rid, HDR_SEQ, seq)
-            self.w._stream_done(st, msg.offset)
+            self.ctx.finished(st, msg.offset)
         else:
             why = f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}"
             if late:
@@ -615,7 +535,7 @@ class StreamRouter:
         except Exception as e:
             log.exception("stream %r: chunk %s[%d]@%d failed; ending the stream with a 500", s.rid, msg.topic,
                           msg.partition, msg.offset)
-            self.w.stats.crashes += 1
+            self.ctx.stats.crashes += 1
             s.next_seq = max(s.next_seq, seq + 1)
             self._end(s)
             entry = ReplayEntry(seq, 500, True, None,
@@ -623,11 +543,11 @@ class StreamRouter:
             await self._publish(st, s, msg, entry, write=True)
 
     async def _derender_publish_one(self, st, s: _Stream, msg, seq: int) -> None:
-        kind = self.w._kind_header(msg)
-        out = await self.w._stream_submit(msg.value, s.state, seq, kind, record_created(msg))
-        self.w._prom.processing_stream.observe(out.seconds)
+        kind = kind_header(msg)
+        out = await self.ctx.submit(msg.value, s.state, seq, kind, record_created(msg))
+        self.ctx.metrics.processing_stream.observe(out.seconds)
         if out.crash:
-            self.w.stats.crashes += 1
+            self.ctx.stats.crashes += 1
             log.error("stream derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
                       msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
                       extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
@@ -639,7 +559,7 @@ class StreamRouter:
             self._end(s)
         else:
             s.state = out.state
-        self.w.stats.stream_chunks += 1
+        self.ctx.stats.stream_chunks += 1
         # (one shared kind string, not one unpickled copy per reply held in replay windows)
         entry = ReplayEntry(seq, out.status, end, sys.intern(out.kind) if out.kind else out.kind, out.body)
         await self._publish(st, s, msg, entry, write=True, is_object=out.is_object)
@@ -650,13 +570,13 @@ class StreamRouter:
         ``rid``: the request id addressing the reply when there is no stream ``s``. An
         ``entry.seq`` < 0 (no valid ``derender-seq``) puts no ``derender-seq`` header on the reply."""
         out = JobOutcome(entry.value, entry.status, s.rid if s else rid, entry.kind, is_object)
-        plan = self.w._safe_plan(msg, out)
+        plan = self.ctx.planner.safe_plan(msg, out)
         if not plan.is_dead_letter:
             if entry.seq >= 0:
                 plan.headers.append((HDR_SEQ, str(entry.seq).encode()))
             if entry.end:
                 plan.headers.append((HDR_STREAM_END, b"1"))
-            too_big = self.w.publisher.too_large(plan)
+            too_big = self.ctx.publisher.too_large(plan)
             if too_big is not None:  # the full record is dead-lettered; a 413 answers (and ends the stream)
                 plan = await self._too_large(st, s, msg, plan, too_big, write, rid)
                 if s is not None and write and not plan.is_dead_letter:
@@ -664,12 +584,12 @@ class StreamRouter:
         wr = None  # the checkpoint is built before anything is sent: nothing can fail after the send
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
-            wr = _Write(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
+            wr = CheckpointWrite(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
                         [msg.offset, *(extra_offsets or ())], s)
         try:
             # a reply refused for a reason of its own is dead-lettered; a dead letter is retried
             # until acked (partition paused, not ready) unless the partition goes away meanwhile
-            plan, delivery = await self.w.publisher.publish(st, msg, plan, s.rid if s else rid)
+            plan, delivery = await self.ctx.publisher.publish(st, msg, plan, s.rid if s else rid)
         except DeadLetterError:
             raise
         except Exception as e:
@@ -687,7 +607,7 @@ class StreamRouter:
         small 413 error reply to the same address that replaces ``plan``. For a new chunk of
         stream ``s`` (``write``) that reply ends the stream (``derender-stream-end: 1``): later
         chunks get the ended-stream 409, so no answer looks complete with a chunk missing."""
-        small = await self.w.publisher.replace_too_large(st, msg, plan, err, s.rid if s else rid)
+        small = await self.ctx.publisher.replace_too_large(st, msg, plan, err, s.rid if s else rid)
         if s is not None and write and not small.is_dead_letter:
             self._end(s)
             if not any(k == HDR_STREAM_END for k, _ in small.headers):
@@ -703,14 +623,13 @@ class StreamRouter:
             msg, plan, entry, delivery, wr = await st.sacks.get()
             self._acking.add(id(st))
             try:
-                plan = await self.w.publisher.settle(st, msg, plan, delivery)  # (retried until acked)
-                self.w._count(plan, _Counted(entry.status, entry.kind), msg, "stream")
+                plan = await self.ctx.publisher.settle(st, msg, plan, delivery)  # (retried until acked)
+                self.ctx.count(plan, _Counted(entry.status, entry.kind), msg, "stream")
                 if wr is None:
-                    self.w._stream_done(st, msg.offset)
+                    self.ctx.finished(st, msg.offset)
                 else:
                     st.wait_store(wr.offsets)  # acked: only the checkpoint is left (not in the window)
-                    _merge(self._pending, wr)
-                    self._wake.set()
+                    self.writer.add(wr)
             except DeadLetterError as e:
                 log.warning("%s; %s[%d]@%d stays uncommitted", e, msg.topic, msg.partition, msg.offset)
                 self._fail(st, [msg.offset, *(wr.offsets if wr is not None else ())])
@@ -719,70 +638,10 @@ class StreamRouter:
                                     f"{type(e).__name__}: {e}")
                 log.error("%s; stopping (it will be redelivered)", err)
                 self._fail(st, [msg.offset, *(wr.offsets if wr is not None else ())])
-                self.w._stream_fatal(err)
+                self.ctx.fatal(err)
             finally:
                 self._acking.discard(id(st))
                 st.sacks.task_done()
-
-    # -- step 3: batched checkpoint writes -------------------------------------------------
-    async def _write_loop(self) -> None:
-        """Step 3: write every checkpoint waiting (coalesced per stream, latest seq wins) in one
-        pipeline. While the store is unavailable, keep the batch, merge the writes that arrive and
-        retry with backoff; after the outage deadline, stop the worker (exit status 2)."""
-        from worker.state import StateStoreError, StateWrite
-        from worker.transport.outage import DependencyOutage
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if not self._pending:
-                continue
-            batch, self._pending = self._pending, {}
-            delay = 0.1
-            while True:
-                self._inflight_writes = len(batch)
-                latest = list(batch.values())
-                writes = [StateWrite(w.rid, w.value, w.seq) for w in latest]
-                try:
-                    res = await self.store.commit(writes)
-                    self.outage.up()
-                    break
-                except StateStoreError as e:
-                    self.outage.down(f"checkpoint write of {len(writes)} stream(s): {type(e).__name__}: {e}")
-                    if not self.outage.expired:
-                        await asyncio.sleep(min(delay, max(0.01, self.outage.deadline_s - self.outage.down_for)))
-                        delay = min(2.0, delay * 2)
-                        for wr in self._pending.values():  # what piled up meanwhile joins the retry
-                            _merge(batch, wr)
-                        self._pending = {}
-                        continue
-                    err = DependencyOutage(self.outage.give_up_line())
-                    err.__cause__ = StateCommitError(f"checkpoint write failed: {type(e).__name__}: {e}")
-                except Exception as e:  # not a store error: a bug; stop without committing
-                    err = StateCommitError(f"checkpoint write of {len(writes)} stream(s) failed: "
-                                           f"{type(e).__name__}: {e}")
-                    log.error("%s; stopping (the chunks will be redelivered)", err)
-                for wr in latest:
-                    self._fail(wr.st, wr.offsets)
-                self._inflight_writes = 0
-                self.w._stream_fatal(err)
-                res = None
-                break
-            if res is None:
-                continue
-            self.w.stats.state_writes += 1
-            for w, ok in zip(latest, res, strict=False):
-                if not ok:
-                    log.warning("stream %r: checkpoint at seq %d fenced off (a newer one is stored: another "
-                                "worker advanced the stream)", w.rid, w.seq)
-            for wr in latest:
-                if wr.s is not None:
-                    wr.s.pending_writes -= wr.n
-                for off in wr.offsets:
-                    if wr.st.failed:  # a record before it was lost: never commit past that one
-                        self.w._stream_abandon(wr.st, off)
-                    else:
-                        self.w._stream_done(wr.st, off)
-            self._inflight_writes = 0
 
     # -- after an offset commit ------------------------------------------------------------
     def on_committed(self, st, offset: int) -> None:
