@@ -16,8 +16,12 @@ are read, which bounds those repeats. SIGTERM/SIGINT stop fetching, finish and p
 ``--drain-timeout`` seconds), commit, exit; a second signal gives up the drain. After a fatal
 error (a reply and its dead letter both lost, a checkpoint write failed) the worker stops by
 itself: the drain then waits only for work that can still finish, never for the lost records.
-Error replies' ``type``: ``BadRequestError`` (400), ``NotFoundError`` (404), ``ConflictError``
-(409, stream sequence errors), ``InternalServerError`` (500).
+Error replies' ``type``: ``worker.core.errors`` (400, 404, 409, 413, 500).
+
+Collaborators (one job each; ``worker/transport/AGENTS.md``): ``publisher.ReplyPublisher`` (the
+only sender), ``planning.ReplyPlanner``, ``unary.UnaryPipeline`` (non-streaming pipeline per
+partition), ``streams.StreamRouter`` (through a ``context.StreamContext``) with its
+``checkpoints.CheckpointWriter``, ``commits.OffsetCommitter``, ``pauses.PartitionPauses``.
 """
 from __future__ import annotations
 
@@ -32,24 +36,24 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from worker.config import ServedModelConfig
 from worker.state.memory_store import MemoryStateStore
-from worker.tracing import Tracer, kafka_span_attrs, trace_headers
+from worker.tracing import Tracer
 from worker.transport.broker_watch import BrokerWatch
-from worker.transport.checkpoints import OffsetCommitError
+from worker.transport.commits import OffsetCommitter
 from worker.transport.context import StreamContext
-from worker.transport.deadletter import DeadLetterError
 from worker.transport.endpoints import DependencyProbe, Endpoints
 from worker.transport.health import HealthState
 from worker.transport.jobs import JobOutcome
-from worker.transport.metrics import PromMetrics, WorkerStats, dlq_reason_label
+from worker.transport.metrics import PromMetrics, WorkerStats
 from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.pauses import PartitionPauses
 from worker.transport.planning import ReplyPlanner
 from worker.transport.pool import DerenderPool
 from worker.transport.publisher import UNKNOWN_TOPIC_MEMORY_S, ReplyPublisher
-from worker.transport.records import HDR_SEQ, Outgoing, header, kind_header, log_fields, record_created
+from worker.transport.records import HDR_SEQ, header, kind_header, record_created
 from worker.transport.settings import WorkerSettings, redact_url
 from worker.transport.stream_memory import StreamMemory
 from worker.transport.streams import StreamRouter
+from worker.transport.unary import UnaryPipeline
 from worker.transport.unreadable import UNREADABLE_ERRORS, UnreadableRecord, isolate_unreadable
 
 log = logging.getLogger(__name__)
@@ -184,11 +188,13 @@ class KafkaDerenderWorker:
         self._stop_requested = False
         self._hurry: asyncio.Event | None = None  # a second stop(): give up the drain
         self._tracer = Tracer()  # OpenTelemetry spans when the [otel] extra is installed, else no-ops
-        self._committed_hw: dict[TopicPartition, int] = {}  # highest offset committed (broker watchdog)
+        self._committer = OffsetCommitter(self._parts, self.stats, self._on_committed)
         self._pauses = PartitionPauses(settings.max_in_flight)  # by reason: window, dead letter, state store
         self.publisher = ReplyPublisher(settings, self.health, self._pauses, self._tracer,
-                                        on_dead_letter=self._dead_letter_beside_reply)
+                                        on_dead_letter=lambda reason: self._unary.dead_letter_beside_reply(reason))
         self.planner = ReplyPlanner(settings)
+        self._unary = UnaryPipeline(self.pool, self.planner, self.publisher, self._tracer, self.stats, self._prom,
+                                    self.health, permits=lambda: self._sem, fatal=self._set_fatal)
         self.store_outage = state_store_outage_clock(settings, self.health)
 
     def _stream_fatal(self, e: BaseException) -> None:
@@ -260,7 +266,7 @@ class KafkaDerenderWorker:
                               self._prom.live_streams)
         ctx = StreamContext(publisher=self.publisher, planner=self.planner, submit=self.pool.stream,
                             finished=_Partition.finish, abandoned=_Partition.abandon, fatal=self._stream_fatal,
-                            count=self._count, stats=self.stats, metrics=self._prom)
+                            count=self._unary.count, stats=self.stats, metrics=self._prom)
         self._router = StreamRouter(ctx, store, s.stream_gap_timeout_s, s.stream_replay_window,
                                     outage=self.store_outage, memory=memory)
         self._router.start()
@@ -275,6 +281,7 @@ class KafkaDerenderWorker:
             heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=s.max_in_flight,
             fetch_max_wait_ms=s.fetch_max_wait_ms)
         self._pauses.consumer = self._consumer
+        self._committer.consumer = self._consumer
         self._consumer.subscribe([s.input_topic], listener=_Rebalance(self))
         await self._consumer.start()
         # the broker's reachability (and lost topics/offsets) is the broker watchdog's reason
@@ -322,7 +329,7 @@ class KafkaDerenderWorker:
             await self.start()
         commit_task = asyncio.create_task(self._commit_loop(), name="derender-commit")
         s = self.settings
-        watch = BrokerWatch(self._consumer, s.input_topic, self._committed_hw,
+        watch = BrokerWatch(self._consumer, s.input_topic, self._committer.committed_hw,
                             OutageClock(f"Kafka broker {s.bootstrap_servers}", "broker", s.broker_outage_deadline_s,
                                         self.health, hint="check the broker (a restarted broker without its data "
                                         "needs its topics recreated; offsets are gone)"),
@@ -354,7 +361,7 @@ class KafkaDerenderWorker:
             await asyncio.gather(commit_task, watch_task, return_exceptions=True)
             until = time.monotonic() + FINAL_STEPS_S
             try:  # bounded: a broker that lost the group (or is gone) must not hold the exit
-                await asyncio.wait_for(self._commit(), FINAL_STEPS_S / 2)
+                await asyncio.wait_for(self._committer.commit(), FINAL_STEPS_S / 2)
             except asyncio.TimeoutError:
                 log.error("final offset commit did not finish within %.1fs; uncommitted messages will be "
                           "redelivered", FINAL_STEPS_S / 2)
@@ -531,8 +538,8 @@ class KafkaDerenderWorker:
 
     def _open_partition(self, tp: TopicPartition) -> _Partition:
         st = _Partition(tp, asyncio.Queue(), asyncio.Queue())
-        st.tasks = [asyncio.create_task(self._sequencer(st), name=f"derender-seq-{tp.topic}-{tp.partition}"),
-                    asyncio.create_task(self._acker(st), name=f"derender-ack-{tp.topic}-{tp.partition}")]
+        st.tasks = [asyncio.create_task(self._unary.sequencer(st), name=f"derender-seq-{tp.topic}-{tp.partition}"),
+                    asyncio.create_task(self._unary.acker(st), name=f"derender-ack-{tp.topic}-{tp.partition}")]
         if self._router is not None:
             self._router.open_partition(st)
         self._parts[tp] = st
@@ -551,7 +558,7 @@ class KafkaDerenderWorker:
                                    self.settings.drain_timeout_s)
         except asyncio.TimeoutError:
             log.error("revoke drain timed out; uncommitted messages will be redelivered")
-        await self._commit()
+        await self._committer.commit()
         for tp in revoked:
             self._pauses.forget(tp)
             st = self._parts.pop(tp)
@@ -571,112 +578,15 @@ class KafkaDerenderWorker:
         await asyncio.gather(*(self._drain(st) for st in list(self._parts.values())))
 
     # -- per-partition pipeline ----------------------------------------------------------------
-    async def _outcome(self, job: _Job) -> JobOutcome:
-        """Await a job's derender (see ``DerenderPool.outcome``: pool crashes, quarantine)."""
-        msg = job.msg
-        with self._tracer.span("derender.derender", trace_headers(msg.headers), **kafka_span_attrs(msg)):
-            return await self.pool.outcome(job.future, msg.value, self._kind_header(msg),
-                                           f"{msg.topic}[{msg.partition}]@{msg.offset}", record_created(msg))
-
-
-    async def _sequencer(self, st: _Partition) -> None:
-        """Take the partition's jobs in offset order, await each derender, hand its record to the
-        producer (in order) and pass the delivery future to the acker."""
-        while True:
-            job = await st.jobs.get()
-            try:
-                out = await self._outcome(job)
-                msg = job.msg
-                if out.crash and out.crash != "derender-crashed":
-                    self.stats.crashes += 1
-                    log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
-                              msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
-                              extra=log_fields(msg, out.request_id))
-                self._prom.processing_unary.observe(out.seconds)
-                plan, delivery = await self.publisher.publish(st, msg, self.planner.safe_plan(msg, out), out.request_id)
-                st.acks.put_nowait((job, plan, out, delivery))
-            except Exception as e:
-                log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset,
-                              extra=log_fields(job.msg))
-                fut = asyncio.get_running_loop().create_future()
-                fut.set_exception(e)
-                st.acks.put_nowait((job, None, None, fut))
-            finally:
-                st.jobs.task_done()
-
-    async def _acker(self, st: _Partition) -> None:
-        """Await deliveries in offset order; advance the partition's committable offset."""
-        while True:
-            job, plan, out, delivery = await st.acks.get()
-            msg = job.msg
-            try:
-                if plan is None:  # publishing raised: a bug, or a dead letter given up
-                    await delivery
-                plan = await self.publisher.settle(st, msg, plan, delivery, out.request_id if out else None)
-                self._count(plan, out, msg)
-                if not st.failed:
-                    st.finish(msg.offset)
-            except DeadLetterError as e:  # revoked / drain given up while retrying: redelivered later
-                st.failed = True  # never commit past an undelivered message
-                log.warning("%s; %s[%d]@%d left uncommitted", e, msg.topic, msg.partition, msg.offset,
-                            extra=log_fields(msg))
-            except Exception as e:
-                st.failed = True  # never commit past an undelivered message
-                log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
-                              msg.partition, msg.offset, extra=log_fields(msg))
-                self._set_fatal(e)
-            finally:
-                self._sem.release()
-                st.acks.task_done()
-
-    def _dead_letter_beside_reply(self, reason: str) -> None:
-        """A record got a 413 reply and its dead letter (``publisher`` rule 2): count the dead
-        letter (``derender_dead_letters_total{reason}``); the record's outcome is its reply."""
-        self.stats.dead_lettered += 1
-        self._prom.dead_letters.labels(dlq_reason_label(reason)).inc()
-
-    def _count(self, plan: Outgoing, out: JobOutcome, msg, mode: str = "unary") -> None:
-        """A record finished (its reply or dead letter acked): stats and metrics. ``out``: needs
-        ``status`` and ``kind``; ``mode``: ``unary`` or ``stream``."""
-        self.health.progress()  # (``/livez``: a fetch loop waiting for capacity still advances)
-        self.stats.processed += 1
-        if plan.is_dead_letter:
-            self.stats.dead_lettered += 1
-        elif out.status == 200:
-            self.stats.replied_ok += 1
-        else:
-            self.stats.errors += 1
-        self._prom.finished(mode, out.kind, plan.dlq_reason, out.status, getattr(msg, "timestamp", None))
 
     # -- commits -------------------------------------------------------------------------------
+    def _on_committed(self, st: _Partition, offset: int) -> None:
+        if self._router is not None:
+            self._router.on_committed(st, offset)
+
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.commit_interval_ms / 1000)
             self._pauses.resume_windows(self._parts)
-            await self._commit()
+            await self._committer.commit()
             self._prom.observe_consumer(self._consumer, self._parts, self.settings.input_topic)
-
-    async def _commit(self) -> None:
-        """Commit every partition's committable offset that moved. Commit failures (rebalance in
-        progress, broker away) are logged; the offsets stay pending and are retried next time."""
-        if self._consumer is None:
-            return
-        offsets = {tp: st.update_committable() for tp, st in self._parts.items()}
-        offsets = {tp: o for tp, o in offsets.items() if o is not None and o != self._parts[tp].committed}
-        if not offsets:
-            return
-        try:
-            await self._consumer.commit(offsets)
-        except Exception as e:
-            err = OffsetCommitError(f"offset commit of {({f'{t.topic}[{t.partition}]': o for t, o in offsets.items()})} "
-                                    f"failed: {type(e).__name__}: {e}")
-            log.warning("%s", err)
-            return
-        self.stats.commits += 1
-        for tp, off in offsets.items():
-            self._committed_hw[tp] = max(self._committed_hw.get(tp, 0), off)
-            if tp in self._parts:
-                self._parts[tp].committed = off
-                if self._router is not None:
-                    self._router.on_committed(self._parts[tp], off)
-

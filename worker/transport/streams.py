@@ -64,8 +64,6 @@ import asyncio
 import logging
 import sys
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -99,6 +97,15 @@ from worker.transport.records import (
     stream_id,
 )
 from worker.transport.stream_memory import StreamMemory
+from worker.transport.stream_registry import (
+    _GAP,
+    _park,
+    _Stream,
+    _unpark,
+    drop_streams,
+    held_offsets,
+    trim_committed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,72 +115,6 @@ __all__ = ["StreamRouter",
            "ReplayEntry", "Checkpoint", "encode_checkpoint", "decode_checkpoint"]
 
 # ------------------------------------------------------------------------------- router ----
-_GAP = object()  # queue marker: the gap timer fired
-
-
-class _Parked(msgspec.Struct, array_like=True):
-    """A parked (idle) stream's state and replay window in one msgpack value (``_park``)."""
-
-    state: bytes | None
-    replies: list[ReplayEntry]
-    offsets: list[int]  # input offset of each reply (-1: loaded from the store)
-
-
-_parked_encoder = msgspec.msgpack.Encoder()
-_parked_decoder = msgspec.msgpack.Decoder(_Parked)
-
-
-@dataclass(slots=True)
-class _Stream:
-    """One stream held in memory. While nothing of it runs or waits (``_park``), its state and
-    replay window live in ``packed`` (one bytes value) and ``state``/``window``/``queue``/``held``/
-    ``held_dups`` are None: thousands of idle streams then cost one object and one buffer each
-    instead of a dozen small objects scattered over the allocator's arenas (which a few surviving
-    neighbours would keep in the RSS after the streams are evicted)."""
-
-    rid: str
-    state: bytes | None = None  # state after next_seq - 1 (None before chunk 0 / once ended)
-    next_seq: int = 0
-    ended: bool = False
-    known: bool = False  # chunk 0 was seen (here or by a previous owner)
-    window: OrderedDict = field(default_factory=OrderedDict)  # seq -> (ReplayEntry, input offset)
-    queue: deque = field(default_factory=deque)
-    held: dict = field(default_factory=dict)  # seq -> msg (beyond a gap)
-    held_dups: list = field(default_factory=list)
-    gap_deadline: float | None = None
-    task: asyncio.Task | None = None
-    end_offset: int = -1  # highest input offset handled after the stream ended
-    gap_from: int = -1  # ended by a gap: the first missing seq (seqs from it on were never answered alone)
-    deleted: bool = False
-    ended_at: float = 0.0
-    loading: bool = False  # being read from the store: its queue waits
-    last_used: float = field(default_factory=time.monotonic)  # last chunk handed to it (idle eviction)
-    pending_writes: int = 0  # checkpoints produced and not yet written (never evicted meanwhile)
-    packed: bytes | None = None  # parked: encoded ``_Parked`` (state, window)
-    packed_len: int = 0  # parked: replay window length
-    packed_first: int = -1  # parked: input offset of the window's first reply
-
-
-def _park(s: _Stream) -> None:
-    """Pack an idle stream (nothing queued, held or loading) into ``s.packed``; no-op otherwise."""
-    if s.packed is not None or s.queue or s.held or s.held_dups or s.loading:
-        return
-    entries = list(s.window.values())
-    s.packed = _parked_encoder.encode(_Parked(s.state, [e for e, _ in entries], [o for _, o in entries]))
-    s.packed_len = len(entries)
-    s.packed_first = entries[0][1] if entries else -1
-    s.state = s.window = s.queue = s.held = s.held_dups = None
-
-
-def _unpark(s: _Stream) -> None:
-    """Undo ``_park`` (before a chunk is handed to the stream); no-op when not parked."""
-    if s.packed is None:
-        return
-    p = _parked_decoder.decode(s.packed)
-    s.packed = None
-    s.state = p.state
-    s.window = OrderedDict((e.seq, (e, o)) for e, o in zip(p.replies, p.offsets, strict=True))
-    s.queue, s.held, s.held_dups = deque(), {}, []
 
 
 def _bad_chunk(msg, seq: int | None) -> str | None:
@@ -237,8 +178,8 @@ class StreamRouter:
         st.tasks.append(asyncio.create_task(self._acker(st), name=f"derender-sack-{st.tp.topic}-{st.tp.partition}"))
 
     def held_offsets(self, st) -> set[int]:
-        return {m.offset for s in st.streams.values() if s.held or s.held_dups
-                for m in (*s.held.values(), *s.held_dups)}
+        """Offsets of the records of ``st`` held behind gaps."""
+        return held_offsets(st.streams)
 
     async def drain(self, st) -> None:
         """Wait until every stream record of ``st`` is finished except the held ones (gaps). Once
@@ -263,16 +204,8 @@ class StreamRouter:
 
     def drop_partition(self, st) -> None:
         """Forget the partition's streams (revoke/close); held records stay uncommitted."""
-        for s in st.streams.values():
-            if s.task is not None:
-                s.task.cancel()
-            if s.packed is not None:
-                continue
-            for m in (*s.held.values(), *s.held_dups):
-                self.ctx.abandoned(st, m.offset)
-            s.held.clear()
-            s.held_dups.clear()
-        st.streams.clear()
+        for off in drop_streams(st.streams):
+            self.ctx.abandoned(st, off)
         self._answers.pop(id(st), None)
         self.parts.pop(id(st), None)
 
@@ -646,27 +579,8 @@ class StreamRouter:
     # -- after an offset commit ------------------------------------------------------------
     def on_committed(self, st, offset: int) -> None:
         """Offsets below ``offset`` of partition ``st`` are committed: trim replay windows and
-        delete the stored checkpoints of streams that ended before it."""
-        from worker.state import StateWrite
-        deletes = []
-        now = time.monotonic()
-        for rid, s in list(st.streams.items()):
-            if s.packed is not None and s.packed_len > self.replay_window and s.packed_first < offset:
-                _unpark(s)  # its window is trimmed, then it is packed again
-            w = s.window
-            while w is not None and len(w) > self.replay_window:
-                first = next(iter(w.values()))
-                if first[1] >= offset:
-                    break
-                w.popitem(last=False)
-            if w is not None and s.task is None:
-                _park(s)
-            if s.ended and s.task is None and not s.held and s.end_offset < offset:
-                if not s.deleted:
-                    s.deleted = True
-                    deletes.append(StateWrite(rid, None, s.next_seq - 1))
-                elif now - s.ended_at > 60.0:
-                    del st.streams[rid]  # forget it (its replies were committed long ago)
+        delete the stored checkpoints of streams that ended before it (``stream_registry``)."""
+        deletes = trim_committed(st.streams, offset, self.replay_window)
         if deletes:
             async def go():
                 try:
