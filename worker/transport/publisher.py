@@ -132,6 +132,8 @@ class ReplyPublisher:
             err = self.too_large(out)
             if err is not None:
                 out = await self.replace_too_large(st, msg, out, err, request_id)
+                if out.is_dead_letter:  # even the 413 was too big: the dead letter (acked) is all
+                    return out, _done_future()
         if not out.is_dead_letter:
             try:
                 return out, await self.send(out)

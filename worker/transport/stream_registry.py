@@ -15,7 +15,7 @@ import msgspec
 
 from worker.transport.checkpoints import ReplayEntry
 
-__all__ = ["LiveStream", "held_offsets", "trim_committed", "drop_streams"]
+__all__ = ["LiveStream", "end_stream", "held_offsets", "trim_committed", "drop_streams"]
 
 _GAP = object()  # queue marker: the gap timer fired
 
@@ -86,6 +86,14 @@ def _unpark(s: LiveStream) -> None:
 
 
 _Stream = LiveStream  # (the name the router and the tests use)
+
+
+def end_stream(s: LiveStream) -> None:
+    """Mark ``s`` ended (its state dropped; later chunks get the ended-stream 409)."""
+    s.ended = True
+    s.known = True
+    s.state = None
+    s.ended_at = time.monotonic()
 
 
 def held_offsets(streams: dict) -> set[int]:

@@ -103,6 +103,7 @@ from worker.transport.stream_registry import (
     _Stream,
     _unpark,
     drop_streams,
+    end_stream,
     held_offsets,
     trim_committed,
 )
@@ -126,6 +127,23 @@ def _bad_chunk(msg, seq: int | None) -> str | None:
     if seq is None:
         return f"invalid {HDR_SEQ} header: expected ASCII decimal digits, at most {SEQ_MAX}"
     return None
+
+
+async def _answer_too_large(ctx: StreamContext, st, s: _Stream | None, msg, plan, err, write: bool, rid: str | None):
+    """Reply ``plan`` of ``msg`` is larger than ``--max-request-size`` (``err``: the 413
+    ``ReplyTooLarge``): dead-letter the record in full (retried until acked), and return the
+    small 413 error reply to the same address that replaces ``plan``. For a new chunk of
+    stream ``s`` (``write``) that reply ends the stream (``derender-stream-end: 1``): later
+    chunks get the ended-stream 409, so no answer looks complete with a chunk missing."""
+    small = await ctx.publisher.replace_too_large(st, msg, plan, err, s.rid if s else rid)
+    if s is not None and write and not small.is_dead_letter:
+        end_stream(s)
+        if not any(k == HDR_STREAM_END for k, _ in small.headers):
+            small.headers.append((HDR_STREAM_END, b"1"))
+        log.warning("stream %r: chunk %s %d answered 413 (%s); stream ended", s.rid, HDR_SEQ,
+                    parse_seq(msg), err.message,
+                    extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
+    return small
 
 
 class StreamRouter:
@@ -424,16 +442,10 @@ class StreamRouter:
         entry = ReplayEntry(last, 409, True, None, error_body(why, 409, s.rid))
         s.gap_from = s.next_seq  # a missing chunk arriving later is answered, not taken for a duplicate
         s.next_seq = last + 1
-        self._end(s)
+        end_stream(s)
         await self._publish(st, s, msgs[-1], entry, write=True, extra_offsets=[m.offset for m in msgs[:-1]])
         for m in dups:
             await self._old_or_ended(st, s, m, self.parse_seq(m))
-
-    def _end(self, s: _Stream) -> None:
-        s.ended = True
-        s.known = True
-        s.state = None
-        s.ended_at = time.monotonic()
 
     async def _old_or_ended(self, st, s: _Stream, msg, seq: int) -> None:
         s.end_offset = max(s.end_offset, msg.offset) if s.ended else s.end_offset
@@ -470,7 +482,7 @@ class StreamRouter:
                           msg.partition, msg.offset)
             self.ctx.stats.crashes += 1
             s.next_seq = max(s.next_seq, seq + 1)
-            self._end(s)
+            end_stream(s)
             entry = ReplayEntry(seq, 500, True, None,
                                 error_body(f"internal error: {type(e).__name__}: {e}", 500, s.rid))
             await self._publish(st, s, msg, entry, write=True)
@@ -489,7 +501,7 @@ class StreamRouter:
         s.next_seq = seq + 1
         end = out.status != 200 or out.done
         if end:
-            self._end(s)
+            end_stream(s)
         else:
             s.state = out.state
         self.ctx.stats.stream_chunks += 1
@@ -504,6 +516,7 @@ class StreamRouter:
         ``entry.seq`` < 0 (no valid ``derender-seq``) puts no ``derender-seq`` header on the reply."""
         out = JobOutcome(entry.value, entry.status, s.rid if s else rid, entry.kind, is_object)
         plan = self.ctx.planner.safe_plan(msg, out)
+        too_big = None
         if not plan.is_dead_letter:
             if entry.seq >= 0:
                 plan.headers.append((HDR_SEQ, str(entry.seq).encode()))
@@ -511,18 +524,22 @@ class StreamRouter:
                 plan.headers.append((HDR_STREAM_END, b"1"))
             too_big = self.ctx.publisher.too_large(plan)
             if too_big is not None:  # the full record is dead-lettered; a 413 answers (and ends the stream)
-                plan = await self._too_large(st, s, msg, plan, too_big, write, rid)
+                plan = await _answer_too_large(self.ctx, st, s, msg, plan, too_big, write, rid)
                 if s is not None and write and not plan.is_dead_letter:
                     entry = ReplayEntry(entry.seq, too_big.status, True, entry.kind, plan.value)
         wr = None  # the checkpoint is built before anything is sent: nothing can fail after the send
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
             wr = CheckpointWrite(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
-                        [msg.offset, *(extra_offsets or ())], s)
+                                 [msg.offset, *(extra_offsets or ())], s)
         try:
             # a reply refused for a reason of its own is dead-lettered; a dead letter is retried
             # until acked (partition paused, not ready) unless the partition goes away meanwhile
-            plan, delivery = await self.ctx.publisher.publish(st, msg, plan, s.rid if s else rid)
+            if too_big is not None and plan.is_dead_letter:  # (already acked by _too_large)
+                delivery = asyncio.get_running_loop().create_future()
+                delivery.set_result(None)
+            else:
+                plan, delivery = await self.ctx.publisher.publish(st, msg, plan, s.rid if s else rid)
         except DeadLetterError:
             raise
         except Exception as e:
@@ -533,22 +550,6 @@ class StreamRouter:
         if s is not None and s.ended:
             s.end_offset = max(s.end_offset, msg.offset, *(extra_offsets or ()))
         st.sacks.put_nowait((msg, plan, entry, delivery, wr))
-
-    async def _too_large(self, st, s: _Stream | None, msg, plan, err, write: bool, rid: str | None):
-        """Reply ``plan`` of ``msg`` is larger than ``--max-request-size`` (``err``: the 413
-        ``ReplyTooLarge``): dead-letter the record in full (retried until acked), and return the
-        small 413 error reply to the same address that replaces ``plan``. For a new chunk of
-        stream ``s`` (``write``) that reply ends the stream (``derender-stream-end: 1``): later
-        chunks get the ended-stream 409, so no answer looks complete with a chunk missing."""
-        small = await self.ctx.publisher.replace_too_large(st, msg, plan, err, s.rid if s else rid)
-        if s is not None and write and not small.is_dead_letter:
-            self._end(s)
-            if not any(k == HDR_STREAM_END for k, _ in small.headers):
-                small.headers.append((HDR_STREAM_END, b"1"))
-            log.warning("stream %r: chunk %s %d answered 413 (%s); stream ended", s.rid, HDR_SEQ,
-                        self.parse_seq(msg), err.message,
-                        extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
-        return small
 
     async def _acker(self, st) -> None:
         """Step 2 (ack) in send order, then hand the checkpoint to the writer (step 3)."""
