@@ -575,3 +575,36 @@ def test_core_out_of_range_ids_and_numbers_are_400_on_every_path(qwen3_models):
     deep = b'{"model":"' + model.encode() + b'","generate_response":' + b"[" * 100_000
     assert svc.derender(deep).status == 400
     assert svc.derender_stream(b'{"generate_chunk":' + b"{" * 100_000, None, 0)[0].status == 400
+
+
+async def test_reply_resent_while_its_topic_is_being_created(kafka_bootstrap, kafka_broker_kind, qwen3_models):
+    """Issue 16, item 4 (in the reply publisher): a reply whose delivery fails with aiokafka's
+    ``UnknownError`` (seen while a broker auto-creates the reply topic) is sent again, not
+    dead-lettered: the requester gets its reply, nothing goes to the dead-letter topic."""
+    from aiokafka.errors import UnknownError
+
+    bs, n = kafka_bootstrap, _names()
+    tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
+    await ensure_topics(bs, {n.inp: 1, n.reply: 1, n.dlq: 1})
+    await _produce_big(bs, n.inp, [(b"k-0", chat_body(tok, model, "k-0", "zero"), [], 0),
+                                   (b"k-1", chat_body(tok, model, "k-1", "one"), [], 0)])
+    settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
+                         group_id=n.group)
+    worker = KafkaDerenderWorker(settings, qwen3_models)
+    real_send, failed = worker.publisher.send, []
+
+    async def send(out):
+        if out.topic == n.reply and len(failed) < 3:  # the first three deliveries fail as during auto-create
+            failed.append(out.key)
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(UnknownError("[Error -1] UnknownError (injected)"))
+            return fut
+        return await real_send(out)
+
+    worker.publisher.send = send
+    async with worker:
+        got = await _collect(bs, [n.reply, n.dlq], 2, timeout=30, settle=0.5)
+    assert worker._fatal is None and len(failed) == 3
+    assert sorted(r.key for r in got[n.reply]) == [b"k-0", b"k-1"] and got[n.dlq] == []
+    assert all(_h(r)[HDR_STATUS] == b"200" for r in got[n.reply])
+    assert worker.stats.dead_lettered == 0 and worker.stats.replied_ok == 2
