@@ -533,7 +533,7 @@ def redis_stall(size: str = "reduced", how: str = "pause", stall_s: float = 8.0)
             marks=marks)), daemon=True)
         load.start()
         time.sleep(pre_s)
-        t_stall = time.monotonic()
+        t_stall = time.time()  # (wall clock: compared with the replies' Kafka timestamps)
         rig.phase("stall")
         if how == "pause":
             rig.redis.client().execute_command("CLIENT", "PAUSE", int(stall_s * 1000))
@@ -555,7 +555,10 @@ def redis_stall(size: str = "reduced", how: str = "pause", stall_s: float = 8.0)
         expected = len(sent) + sum(len(st.chunks) for st in published)
         figs = _finish(rig, ledger, expected, 180, chunks=sum(len(st.chunks) for st in published))
         ids = {s.id.encode() for s in sent}
-        times = [t - t_stall for t, r in list(rig.collector.records) if h(r).get(CORR) in ids]
+        # when the worker produced each reply (its Kafka timestamp, set by the worker's producer), not
+        # when the collector read it: a collector starved of CPU for a moment must not move replies
+        # from one second to the next
+        times = [r.timestamp / 1000 - t_stall for _, r in list(rig.collector.records) if h(r).get(CORR) in ids]
         pre = sum(1 for t in times if -(pre_s - 2.0) <= t < 0) / (pre_s - 2.0)  # (after a 2 s warm-up)
         timeline = [sum(1 for t in times if k <= t < k + 1) for k in range(int(stall_s))]
         figs.update(how=how, stall_s=stall_s, singles_per_s_offered=rate, singles_per_s_before=round(pre, 1),
