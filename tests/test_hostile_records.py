@@ -246,16 +246,16 @@ async def test_unpublishable_dead_letter_pauses_the_partition_until_it_can_be_pu
     settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
                          group_id=n.group)
     worker = KafkaDerenderWorker(settings, qwen3_models)
-    real_send, refused = worker._send, []
+    real_send, refused = worker.publisher.send, []
     dlq_exists = False
 
-    async def send(plan):
-        if plan[0] == n.dlq and not dlq_exists:
-            refused.append(plan[1])
-            raise UnknownTopicOrPartitionError(f"{plan[0]} (injected)")
-        return await real_send(plan)
+    async def send(out):
+        if out.topic == n.dlq and not dlq_exists:
+            refused.append(out.key)
+            raise UnknownTopicOrPartitionError(f"{out.topic} (injected)")
+        return await real_send(out)
 
-    worker._send = send
+    worker.publisher.send = send
     async with worker:
         got = await _collect(bs, [n.reply], 1, timeout=30)
         for _ in range(200):
@@ -290,9 +290,12 @@ async def test_unpublishable_dead_letter_pauses_the_partition_until_it_can_be_pu
 # ------------------------------------------------------------------------------ reply topics ---
 async def test_reply_topics_illegal_internal_not_allowed_and_too_large(kafka_bootstrap, kafka_broker_kind,
                                                                               qwen3_models):
-    """Every bad reply topic is dead-lettered at once with its reason; a reply the producer refuses
-    as too large is dead-lettered too (reply-publish-failed); none of them holds up the valid
-    records behind them on the same partition."""
+    """Every bad reply topic is dead-lettered at once with its reason; a reply larger than
+    ``--max-request-size`` is dead-lettered in full (``reply-too-large``) and answered with a
+    small 413 error reply to the same address (issue 17, fault 2); none of them holds up the
+    valid records behind them on the same partition."""
+    import hashlib
+    import re
     import time
 
     bs, n = kafka_bootstrap, _names()
@@ -320,16 +323,25 @@ async def test_reply_topics_illegal_internal_not_allowed_and_too_large(kafka_boo
                          max_request_size=16 * 1024, dead_letter_max_bytes=8 * 1024, request_timeout_ms=30000)
     t0 = time.monotonic()
     async with KafkaDerenderWorker(settings, qwen3_models) as worker:
-        got = await _collect(bs, [n.reply, n.reply2, n.dlq], len(records), timeout=60, settle=0.3)
+        got = await _collect(bs, [n.reply, n.reply2, n.dlq], len(records) + 1, timeout=60, settle=0.3)
         elapsed = time.monotonic() - t0
     assert worker._fatal is None
     dl = {r.key: _h(r)["x-dlq-reason"].decode() for r in got[n.dlq]}
     assert set(dl) == set(cases) | {b"too-large"}, dl
     for key, (_, reason) in cases.items():
         assert dl[key].startswith(reason), (key, dl[key])
-    assert dl[b"too-large"].startswith("reply-publish-failed: MessageSizeTooLargeError"), dl[b"too-large"]
+    limit = r"reply of (\d+) bytes exceeds the limit of 16384 bytes \(--max-request-size\)"
+    m = re.fullmatch("reply-too-large: " + limit, dl[b"too-large"])
+    assert m and int(m.group(1)) > 16384, dl[b"too-large"]
+    big = [r for r in got[n.dlq] if r.key == b"too-large"][0]
+    assert _h(big)["x-original-value-sha256"].decode() == hashlib.sha256(records[-2][1]).hexdigest()
     assert sorted(r.key for r in got[n.reply2]) == sorted(f"v-{i}".encode() for i in range(len(cases)))
-    assert [r.key for r in got[n.reply]] == [b"v-last"]
+    assert [r.key for r in got[n.reply]] == [b"too-large", b"v-last"]
+    small = got[n.reply][0]
+    assert _h(small)["derender-status"] == b"413" and _h(small)["correlation-id"] == b"too-large"
+    err = json.loads(small.value)["error"]
+    assert err["type"] == "PayloadTooLargeError" and err["code"] == 413 and re.fullmatch(limit, err["message"])
+    assert json.loads(small.value)["request_id"] == "too-large" and len(small.value) < 1024
     assert elapsed < 25, elapsed  # no record waited the 30 s metadata timeout
     committed, end = await _committed_and_end(bs, n.group, n.inp, 1)
     assert committed == end == {0: len(records)}
@@ -511,7 +523,8 @@ def test_dead_letter_fits_by_the_producers_own_size_estimate():
             headers = [(f"h{i}" * rng.choice((1, 50)), None if rng.random() < 0.2 else b"v" * rng.choice((1, 900, 9000)))
                        for i in range(rng.choice((0, 3, 40)))]
             msg = SimpleNamespace(topic="in", partition=2, offset=99, key=key, value=value, headers=headers)
-            topic, k, v, hs, reason = dead_letter(msg, "unparseable-no-reply-topic" * rng.choice((1, 100)), "dlq", limit)
+            dl = dead_letter(msg, "unparseable-no-reply-topic" * rng.choice((1, 100)), "dlq", limit)
+            k, v, hs = dl.key, dl.value, dl.headers
             assert DefaultRecordBatchBuilder.estimate_size_in_bytes(k, v, hs) <= limit
             h = dict(hs)
             assert h["x-original-value-sha256"] == hashlib.sha256(value or b"").hexdigest().encode()
@@ -563,3 +576,36 @@ def test_core_out_of_range_ids_and_numbers_are_400_on_every_path(qwen3_models):
     deep = b'{"model":"' + model.encode() + b'","generate_response":' + b"[" * 100_000
     assert svc.derender(deep).status == 400
     assert svc.derender_stream(b'{"generate_chunk":' + b"{" * 100_000, None, 0)[0].status == 400
+
+
+async def test_reply_resent_while_its_topic_is_being_created(kafka_bootstrap, kafka_broker_kind, qwen3_models):
+    """Issue 16, item 4 (in the reply publisher): a reply whose delivery fails with aiokafka's
+    ``UnknownError`` (seen while a broker auto-creates the reply topic) is sent again, not
+    dead-lettered: the requester gets its reply, nothing goes to the dead-letter topic."""
+    from aiokafka.errors import UnknownError
+
+    bs, n = kafka_bootstrap, _names()
+    tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
+    await ensure_topics(bs, {n.inp: 1, n.reply: 1, n.dlq: 1})
+    await _produce_big(bs, n.inp, [(b"k-0", chat_body(tok, model, "k-0", "zero"), [], 0),
+                                   (b"k-1", chat_body(tok, model, "k-1", "one"), [], 0)])
+    settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
+                         group_id=n.group)
+    worker = KafkaDerenderWorker(settings, qwen3_models)
+    real_send, failed = worker.publisher.send, []
+
+    async def send(out):
+        if out.topic == n.reply and len(failed) < 3:  # the first three deliveries fail as during auto-create
+            failed.append(out.key)
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(UnknownError("[Error -1] UnknownError (injected)"))
+            return fut
+        return await real_send(out)
+
+    worker.publisher.send = send
+    async with worker:
+        got = await _collect(bs, [n.reply, n.dlq], 2, timeout=30, settle=0.5)
+    assert worker._fatal is None and len(failed) == 3
+    assert sorted(r.key for r in got[n.reply]) == [b"k-0", b"k-1"] and got[n.dlq] == []
+    assert all(_h(r)[HDR_STATUS] == b"200" for r in got[n.reply])
+    assert worker.stats.dead_lettered == 0 and worker.stats.replied_ok == 2

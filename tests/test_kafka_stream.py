@@ -347,3 +347,109 @@ def test_failover_two_processes(kafka_bootstrap, kafka_broker_kind, qwen3_models
         for proc in (a, b):
             if proc is not None:
                 proc.stop()
+
+
+def test_too_large_reply_mid_stream_ends_the_stream_with_413(kafka_bootstrap, kafka_broker_kind, qwen3_models,
+                                                             redis_prefix):
+    """Issue 17, fault 2: a chunk whose reply is larger than ``--max-request-size`` is answered
+    with a small 413 ``PayloadTooLargeError`` reply that ends the stream (``derender-stream-end``),
+    its record is dead-lettered in full (``reply-too-large``); a later chunk gets the
+    ended-stream 409 and a duplicate of the big chunk the identical 413; the offsets commit."""
+    import hashlib
+    import re
+
+    from tests.test_kafka_worker import _committed_and_end
+
+    tok = _tokenizer(qwen3_models)
+    n = _names()
+    rid = f"big-{uuid.uuid4().hex[:6]}"
+    _, chunks = make_stream(tok, rid, 0)
+    word = tok.encode(" word", add_special_tokens=False).ids
+    big = json.loads(chunks[1])
+    big["generate_chunk"]["choices"][0]["token_ids"] = word * 3000  # a reply of ~15 KB of " word"
+    chunks[1] = json.dumps(big).encode()
+    limit = 8192
+    redis = RedisSettings(url=REDIS_URL, prefix=redis_prefix, ttl_s=120)
+    settings = _settings(kafka_bootstrap, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
+                         dead_letter_topic=n.dlq, group_id=n.group, redis=redis, max_request_size=limit,
+                         dead_letter_max_bytes=4096)
+
+    def rec(body, seq):
+        return (rid.encode(), body, [(SEQ, str(seq).encode())])
+
+    async def go():
+        await ensure_topics(kafka_bootstrap, {n.inp: 1, n.reply: 1, n.dlq: 1})
+        async with KafkaDerenderWorker(settings, qwen3_models) as w:
+            await w.wait_assigned(30)
+            await _produce(kafka_bootstrap, n.inp, [rec(chunks[0], 0), rec(chunks[1], 1), rec(chunks[2], 2),
+                                                    rec(chunks[1], 1)])
+            got = await _collect(kafka_bootstrap, [n.reply, n.dlq], 5, timeout=30, settle=0.5)
+            for _ in range(100):
+                committed, end = await _committed_and_end(kafka_bootstrap, n.group, n.inp, 1)
+                if committed == end:
+                    break
+                await asyncio.sleep(0.1)
+        return got, committed, end, w.stats
+
+    got, committed, end, stats = asyncio.run(go())
+    assert committed == end == {0: 4}
+    replies = got[n.reply]
+    assert [int(_h(r)[SEQ]) for r in replies] == [0, 1, 2, 1]
+    assert _h(replies[0])[HDR_STATUS] == b"200" and END not in _h(replies[0])
+    small = replies[1]
+    err = json.loads(small.value)["error"]
+    msg = r"reply of (\d+) bytes exceeds the limit of 8192 bytes \(--max-request-size\)"
+    assert _h(small)[HDR_STATUS] == b"413" and _h(small)[END] == b"1" and _h(small)["correlation-id"] == rid.encode()
+    assert err["type"] == "PayloadTooLargeError" and err["code"] == 413 and re.fullmatch(msg, err["message"])
+    assert json.loads(small.value)["request_id"] == rid
+    later = replies[2]
+    assert _h(later)[HDR_STATUS] == b"409" and "already ended" in json.loads(later.value)["error"]["message"]
+    dup = replies[3]
+    assert dup.value == small.value and [(k, v) for k, v in dup.headers if k in (SEQ, END, HDR_STATUS)] == \
+        [(k, v) for k, v in small.headers if k in (SEQ, END, HDR_STATUS)]
+    (dl,) = got[n.dlq]
+    reason = _h(dl)["x-dlq-reason"].decode()
+    assert re.fullmatch("reply-too-large: " + msg, reason), reason
+    assert _h(dl)["x-original-offset"] == b"1"
+    assert _h(dl)["x-original-value-sha256"].decode() == hashlib.sha256(chunks[1]).hexdigest()
+    assert stats.dead_lettered == 1 and stats.crashes == 0
+
+
+def test_chunk_arriving_after_a_gap_ended_its_stream_is_answered(kafka_bootstrap, kafka_broker_kind, qwen3_models,
+                                                                 redis_prefix, caplog):
+    """Issue 17, fault 4: the missing chunk of a stream that a gap timeout ended arrives late: it
+    gets the ended-stream 409 (naming the gap), not silence, and the log says so (not "duplicate
+    ... its reply was acked"); a second copy of it gets the identical 409."""
+    import logging
+    caplog.set_level(logging.INFO, logger="worker.transport")
+    tok = _tokenizer(qwen3_models)
+    n = _names()
+    rid = f"late-{uuid.uuid4().hex[:6]}"
+    _, chunks = make_stream(tok, rid, 3)
+    redis = RedisSettings(url=REDIS_URL, prefix=redis_prefix, ttl_s=120)
+    settings = _settings(kafka_bootstrap, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
+                         dead_letter_topic=n.dlq, group_id=n.group, redis=redis, stream_gap_timeout_s=1.0)
+
+    def rec(seq):
+        return (rid.encode(), chunks[seq], [(SEQ, str(seq).encode())])
+
+    async def go():
+        await ensure_topics(kafka_bootstrap, {n.inp: 1, n.reply: 1, n.dlq: 1})
+        async with KafkaDerenderWorker(settings, qwen3_models) as w:
+            await w.wait_assigned(30)
+            await _produce(kafka_bootstrap, n.inp, [rec(0), rec(1), rec(3)])
+            await _collect(kafka_bootstrap, [n.reply], 3, timeout=30)  # 0, 1, then the gap's 409 on 3
+            await _produce(kafka_bootstrap, n.inp, [rec(2), rec(2)])
+            got = await _collect(kafka_bootstrap, [n.reply, n.dlq], 5, timeout=30, settle=0.5)
+        return got
+
+    got = asyncio.run(go())
+    assert got[n.dlq] == []
+    replies = got[n.reply]
+    assert [(int(_h(r)[SEQ]), _h(r)[HDR_STATUS]) for r in replies] == \
+        [(0, b"200"), (1, b"200"), (3, b"409"), (2, b"409"), (2, b"409")]
+    late = json.loads(replies[3].value)["error"]
+    assert late["type"] == "ConflictError" and "already ended" in late["message"], late
+    assert f"ended after {SEQ} 2 was missing" in late["message"], late
+    assert replies[4].value == replies[3].value and _h(replies[3])[END] == b"1"
+    assert "answered 409" in caplog.text and "its reply was acked" not in caplog.text

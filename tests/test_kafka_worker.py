@@ -114,24 +114,27 @@ def test_plan_rules():
     ok = JobOutcome(b"{}", 200, "rid", "chat", True)
     bad = JobOutcome(b"{}", 400, None, None, False)
     # default reply topic, correlation = key
-    topic, key, _, hdrs, reason = w._plan(msg(b"k"), ok)
+    p = w.planner.plan(msg(b"k"), ok)
+    topic, key, hdrs, reason = p.topic, p.key, p.headers, p.dlq_reason
     assert (topic, key, reason) == ("R", b"k", None) and dict(hdrs)[HDR_CORRELATION_ID] == b"k"
     assert dict(hdrs)[HDR_STATUS] == b"200" and dict(hdrs)[HDR_KIND] == b"chat"
     # no key: key and correlation come from the body's request id
-    topic, key, _, hdrs, _ = w._plan(msg(None), ok)
+    p = w.planner.plan(msg(None), ok)
+    key, hdrs = p.key, p.headers
     assert key == b"rid" and dict(hdrs)[HDR_CORRELATION_ID] == b"rid"
     # unparseable without reply-topic -> DLQ; with it -> error reply there
-    assert w._plan(msg(b"k"), bad)[4] == "unparseable-no-reply-topic"
-    assert w._plan(msg(b"k", [(HDR_REPLY_TOPIC, b"X")]), bad)[0] == "X"
+    assert w.planner.plan(msg(b"k"), bad).dlq_reason == "unparseable-no-reply-topic"
+    assert w.planner.plan(msg(b"k", [(HDR_REPLY_TOPIC, b"X")]), bad).topic == "X"
     # invalid reply topic -> DLQ with original coordinates
-    topic, key, value, hdrs, reason = w._plan(msg(b"k", [(HDR_REPLY_TOPIC, b"bad topic!")]), ok)
+    p = w.planner.plan(msg(b"k", [(HDR_REPLY_TOPIC, b"bad topic!")]), ok)
+    topic, hdrs, reason = p.topic, p.headers, p.dlq_reason
     assert topic == "D" and reason == "invalid-reply-topic"
     assert dict(hdrs)["x-original-offset"] == b"7" and dict(hdrs)["x-original-partition"] == b"3"
     # nothing to correlate with -> DLQ
-    assert w._plan(msg(None), JobOutcome(b"{}", 200, None, "chat", True))[4] == "no-correlation-id"
+    assert w.planner.plan(msg(None), JobOutcome(b"{}", 200, None, "chat", True)).dlq_reason == "no-correlation-id"
     # replies into the worker's own input topic or its dead-letter topic -> DLQ
     for own in (w.settings.input_topic.encode(), b"D"):
-        assert w._plan(msg(b"k", [(HDR_REPLY_TOPIC, own)]), ok)[4] == "reply-topic-not-allowed", own
+        assert w.planner.plan(msg(b"k", [(HDR_REPLY_TOPIC, own)]), ok).dlq_reason == "reply-topic-not-allowed", own
 
 
 def test_run_args_read_env(monkeypatch):
@@ -257,7 +260,7 @@ async def test_undeliverable_stream_reply_retries_not_ready_and_stops_without_th
         fut.set_exception(KafkaError("simulated NotLeaderForPartitionError"))
         return fut
 
-    w._send = lost
+    w.publisher.send = lost
     task = asyncio.create_task(w.run())
     try:
         await w.wait_assigned(30)

@@ -200,6 +200,41 @@ async def test_endpoints_livez_readyz_metrics():
         urllib.request.urlopen(f"http://127.0.0.1:{ep.port}/livez", timeout=2)
 
 
+async def test_livez_fails_once_a_deadline_passed_or_the_run_loop_stopped_advancing():
+    """Issue 17, fault 3: ``/livez`` is 503 once a dependency deadline has passed (the give-up
+    line of its ``OutageClock``) or, while running, the run loop has not advanced for
+    ``run_stall_s`` (10 s in the worker); starting and stopping are not "stuck"."""
+    from worker.transport.outage import OutageClock
+    health = HealthState()
+    ep = Endpoints(health, PromMetrics().registry, 0, host="127.0.0.1", run_stall_s=0.4)
+    ep.start()
+    try:
+        get = lambda: asyncio.to_thread(_get, ep.port, "/livez")  # noqa: E731
+        await asyncio.sleep(0.6)
+        assert await get() == (200, "ok\n")  # starting (models loading): not judged
+        health.mark_started()
+        for _ in range(5):
+            health.progress()
+            await asyncio.sleep(0.15)
+            assert await get() == (200, "ok\n")
+        await asyncio.sleep(0.6)  # no progress for longer than run_stall_s
+        code, text = await get()
+        assert code == 503 and text.startswith("run loop has not advanced for"), text
+        health.progress()
+        assert await get() == (200, "ok\n")
+        clock = OutageClock("Kafka broker b:9092", "broker", 0.0, health)
+        clock.down("broker unreachable: KafkaConnectionError")
+        assert clock.expired and await get() == (200, "ok\n")  # (not given up until someone gives up)
+        line = clock.give_up_line()
+        health.progress()
+        code, text = await get()
+        assert code == 503 and text == f"gave up: {line}\n" and "giving up" in text, text
+        health.mark_stopping()
+        assert (await get())[0] == 503  # still: it gave up
+    finally:
+        await ep.close()
+
+
 async def test_dependency_probe_sets_and_clears_reasons():
     from worker.state.redis_store import RedisSettings, RedisStateStore
     health = HealthState()

@@ -15,7 +15,7 @@ from worker.state.memory_store import MemoryStateStore
 from worker.transport.health import HealthState
 from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.stream_memory import StreamMemory
-from worker.transport.streams import _Stream
+from worker.transport.stream_registry import _Stream
 
 
 async def test_outage_clock_waits_reports_and_recovers():

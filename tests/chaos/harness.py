@@ -204,6 +204,7 @@ class WorkerProc:
         self.lines: list[tuple[float, str]] = []
         self.killed = False
         self.peak_kb = 0
+        self.exit_t: float | None = None
         cmd = [sys.executable, "-m", "worker.cli", "--log-level", "INFO", "run", *args]
         self.p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                   errors="replace", start_new_session=True,
@@ -217,6 +218,8 @@ class WorkerProc:
     def _read(self) -> None:
         for line in self.p.stderr:
             self.lines.append((time.monotonic(), line.rstrip()))
+        self.p.wait()
+        self.exit_t = time.monotonic()  # (about when it exited: its stderr closed)
 
     def drain_output(self, timeout: float = 10.0) -> None:
         """After the process exited: wait until its stderr has been read to the end."""
@@ -543,26 +546,45 @@ class Ledger:
                 "dead_letters": sum(1 for r in records if r.topic == dlq_topic)}
 
     def _check_stream(self, st: Stream, per: dict[int, list]) -> str | None:
+        """None (complete and correct), "lost" (ended by the lost-state 409, as ``lost_ok``
+        allows) or what is wrong with stream ``st`` (``per``: seq -> its replies).
+
+        The contract for a chunk whose owner and state are both lost (README, "Delivery
+        guarantees"): the lost owner may have published the core's 200 for it before it died,
+        uncommitted; the new owner, finding no state, ends the stream with the 409 "lost or
+        expired" (on the highest chunk it held) and answers later chunks with the ended-stream
+        409. So with ``lost_ok``, and only for a stream that has that 409, a seq may carry exactly
+        the core's 200 and a 409 that ends the stream; any other difference between copies is a
+        violation."""
+        n = len(st.chunks)
+
+        def ok200(seq: int, r) -> bool:
+            return seq < n and r.value == st.want[seq] and h(r).get(STATUS) == str(st.status[seq]).encode()
+
+        def end409(r) -> bool:
+            return h(r).get(STATUS) == b"409" and h(r).get(END) == b"1"
+
+        lost_at = sorted(q for q, recs in per.items()
+                         if any(end409(r) and re.search(rb"lost|expired", r.value) for r in recs))
         for seq, recs in per.items():
             if len({(r.value, h(r).get(STATUS), h(r).get(END)) for r in recs}) > 1:
-                return f"stream {st.id} seq {seq}: non-identical duplicates"
-        n = len(st.chunks)
+                if not (self.lost_ok and lost_at and all(ok200(seq, r) or end409(r) for r in recs)):
+                    return f"stream {st.id} seq {seq}: non-identical duplicates"
         for seq in range(n):
-            recs = per.get(seq)
-            r = recs[0] if recs else None
-            if r is not None and r.value == st.want[seq] and h(r).get(STATUS) == str(st.status[seq]).encode():
+            recs = per.get(seq) or []
+            if any(ok200(seq, r) for r in recs):
                 continue
-            if self.lost_ok:
-                # the state was lost: one 409 (lost or expired) for the chunks held since this one
-                # ends the stream (its derender-seq: the highest held); later chunks get 409s too
-                ends = [q for q in sorted(per) if q >= seq and h(per[q][0]).get(STATUS) == b"409"
-                        and h(per[q][0]).get(END) == b"1" and re.search(rb"lost|expired", per[q][0].value)]
-                if ends:
-                    for later in range(ends[0] + 1, n):
-                        lr = per.get(later)
-                        if lr and h(lr[0]).get(STATUS) != b"409":
-                            return f"stream {st.id}: seq {later} after the lost-state 409 not a 409"
-                    return "lost"
+            if self.lost_ok and lost_at:
+                # the lost-state 409 ends the stream at the highest chunk it held (>= this one), or
+                # before it (the lost owner had answered further); later chunks: 409s (or the
+                # lost owner's correct 200s)
+                q = next((q for q in lost_at if q >= seq), lost_at[0])
+                for later in range(min(seq, q + 1), n):
+                    lr = per.get(later)
+                    if lr and not all(ok200(later, x) or end409(x) for x in lr):
+                        return f"stream {st.id}: seq {later} after the lost-state 409 not a 409"
+                return "lost"
+            r = recs[0] if recs else None
             if r is None:
                 return f"stream {st.id}: no reply for seq {seq} (got {sorted(per)[:8]}...)"
             return (f"stream {st.id} seq {seq}: reply differs from the core's (status {h(r).get(STATUS)}: "

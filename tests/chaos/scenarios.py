@@ -7,9 +7,12 @@ Sizes: ``SIZES["reduced"]`` (the pytest run, ``tests/test_chaos.py``) and ``SIZE
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from typing import Any
@@ -17,12 +20,14 @@ from typing import Any
 from tests.chaos.fuzz import make_bad
 from tests.chaos.harness import (
     CORR,
+    CREATED_S,
     MODELS_JSON,
     SEQ,
     Broker,
     Collector,
     Ledger,
     RedisServer,
+    Stream,
     WorkerProc,
     create_topics,
     free_port,
@@ -38,9 +43,9 @@ from tests.chaos.harness import (
 
 SIZES: dict[str, dict[str, int]] = {
     "reduced": dict(batch=600, streams=16, outage_singles=200, fuzz_bad=1500, fuzz_valid=500, fuzz_huge=2,
-                    overload=4000, abandoned=600, partitions=4),
+                    overload=4000, abandoned=600, partitions=4, stall_streams=120, backlog=3000),
     "full": dict(batch=10_000, streams=60, outage_singles=2000, fuzz_bad=30_000, fuzz_valid=10_000, fuzz_huge=10,
-                 overload=100_000, abandoned=6000, partitions=8),
+                 overload=100_000, abandoned=6000, partitions=8, stall_streams=240, backlog=20_000),
 }
 GAP_S = 3.0  # --stream-gap-timeout of the chaos workers
 STATE_DEADLINE_S = 60.0  # --state-store-outage-deadline
@@ -468,6 +473,192 @@ def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, 
         rig.close()
 
 
+async def _mixed_load(bs: str, topic: str, streams: list, singles: list, *, live: int, seconds: float,
+                      singles_per_s: float, chunk_every_s: float, marks: dict[str, float]) -> None:
+    """Publish for ``seconds``: ``singles_per_s`` non-streaming records per second (from
+    ``singles``, in order) and, for ``live`` stream slots, one chunk every ``chunk_every_s``
+    seconds; a slot whose stream ended takes the next of ``streams``. Fills ``marks``: ``t0``
+    (monotonic start), ``sent_singles``, ``chunks`` (stream id -> chunks published)."""
+    from aiokafka import AIOKafkaProducer
+    p = AIOKafkaProducer(bootstrap_servers=bs, enable_idempotence=False, linger_ms=5)
+    await p.start()
+    try:
+        tick = 0.1
+        slots = [[st, 0, i * chunk_every_s / live] for i, st in enumerate(streams[:live])]  # stream, next seq, due
+        nxt = live
+        sent_singles = 0
+        sent_chunks: dict[str, int] = marks.setdefault("chunks", {})  # stream id -> chunks published
+        t0 = marks["t0"] = time.monotonic()
+        while (now := time.monotonic() - t0) < seconds:
+            want = min(len(singles), int(now * singles_per_s) + 1)
+            for s in singles[sent_singles:want]:
+                await p.send(topic, s.value, key=s.id.encode(), headers=[(CORR, s.id.encode())],
+                             timestamp_ms=CREATED_S * 1000)
+            sent_singles = want
+            for slot in slots:
+                st, seq, due = slot
+                if st is None or due > now:
+                    continue
+                await p.send(topic, st.chunks[seq], key=st.id.encode(), headers=[(SEQ, str(seq).encode())],
+                             timestamp_ms=CREATED_S * 1000)
+                slot[1], slot[2] = seq + 1, due + chunk_every_s
+                sent_chunks[st.id] = seq + 1
+                if seq + 1 >= len(st.chunks):
+                    slot[0], slot[1] = (streams[nxt], 0) if nxt < len(streams) else (None, 0)
+                    nxt += 1
+            await asyncio.sleep(max(0.0, tick - (time.monotonic() - t0 - now)))
+        await p.flush()
+        marks["sent_singles"] = sent_singles
+    finally:
+        await p.stop()
+
+
+def redis_stall(size: str = "reduced", how: str = "pause", stall_s: float = 8.0) -> dict[str, Any]:
+    """Mixed load (40 live streams over 4 partitions, non-streaming records at a steady rate, two
+    workers, the default ``--max-in-flight``), then Redis stalls for ``stall_s`` seconds (``how``:
+    ``pause`` = ``CLIENT PAUSE``, ``kill`` = kill -9 and restart with its AOF): in every second of
+    the stall the non-streaming records answered are >= 50% of the pre-stall rate (the
+    per-second timeline is a figure); afterwards every record is answered correctly (streams
+    complete: Redis kept its data), no worker exits."""
+    sz = SIZES[size]
+    rig = Rig(f"redis-stall-{how}", persist="aof", partitions=4)
+    try:
+        ws = [rig.worker(), rig.worker()]
+        rig.wait_ready(ws)
+        pre_s, post_s = 6.0, 6.0
+        seconds = pre_s + stall_s + post_s
+        rate = 30.0 if size == "reduced" else 60.0
+        streams = [st for st in make_streams(sz["stall_streams"], "st") if len(st.chunks) >= 4]
+        singles = make_singles(int(rate * seconds) + 1, "ss", small=True)
+        marks: dict[str, float] = {}
+        load = threading.Thread(target=lambda: asyncio.run(_mixed_load(
+            rig.bs, rig.inp, streams, singles, live=40, seconds=seconds, singles_per_s=rate, chunk_every_s=0.5,
+            marks=marks)), daemon=True)
+        load.start()
+        time.sleep(pre_s)
+        t_stall = time.time()  # (wall clock: compared with the replies' Kafka timestamps)
+        rig.phase("stall")
+        if how == "pause":
+            rig.redis.client().execute_command("CLIENT", "PAUSE", int(stall_s * 1000))
+            time.sleep(stall_s)
+        else:
+            rig.redis.kill()
+            time.sleep(stall_s)
+            rig.redis.start()
+        rig.phase("stall_end")
+        load.join(seconds + 60)
+        assert not load.is_alive(), "the load generator did not finish"
+        sent = singles[:int(marks["sent_singles"])]
+        published = []  # a stream cut by the end of the load: only its published chunks are expected
+        for st in streams:
+            n = marks["chunks"].get(st.id, 0)
+            if n:
+                published.append(Stream(st.id, st.chunks[:n], st.want[:n], st.status[:n]))
+        ledger = Ledger(singles=sent, streams=published)
+        expected = len(sent) + sum(len(st.chunks) for st in published)
+        figs = _finish(rig, ledger, expected, 180, chunks=sum(len(st.chunks) for st in published))
+        ids = {s.id.encode() for s in sent}
+        # when the worker produced each reply (its Kafka timestamp, set by the worker's producer), not
+        # when the collector read it: a collector starved of CPU for a moment must not move replies
+        # from one second to the next
+        times = [r.timestamp / 1000 - t_stall for _, r in list(rig.collector.records) if h(r).get(CORR) in ids]
+        pre = sum(1 for t in times if -(pre_s - 2.0) <= t < 0) / (pre_s - 2.0)  # (after a 2 s warm-up)
+        timeline = [sum(1 for t in times if k <= t < k + 1) for k in range(int(stall_s))]
+        figs.update(how=how, stall_s=stall_s, singles_per_s_offered=rate, singles_per_s_before=round(pre, 1),
+                    singles_per_s_during=timeline)
+        low = [(k, n) for k, n in enumerate(timeline) if n < 0.5 * pre]
+        assert not low, (f"non-streaming replies fell below 50% of the pre-stall rate ({pre:.1f}/s) in "
+                         f"second(s) {low} of the {stall_s:g}s Redis {how}: {figs}")
+        return figs
+    finally:
+        rig.close()
+
+
+def _livez(port: int) -> tuple[int, str]:
+    """``(status, body)`` of a worker's ``/livez`` (0 when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=1) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def broker_restart_backlog(size: str = "reduced", then: str = "deadline") -> dict[str, Any]:
+    """A backlog in flight (non-streaming records and streams, two workers), then the embedded
+    broker restarts empty (every topic, record and offset lost), or (``then`` = ``frozen``) stops
+    answering (SIGSTOP: every client call hangs). ``then``: ``deadline``: each
+    worker must give up and exit 2 within ``--broker-outage-deadline`` + ``--drain-timeout``
+    (+ the watchdog's check period) whatever the state of its commits, ``/livez`` answering 503
+    from the give-up on; ``sigterm``: SIGTERM 2 s after the restart must end each worker within
+    ``--drain-timeout`` + 5 s; ``frozen``: SIGTERM 2 s after the freeze must too (the drain, the
+    final commit and closing the clients all wait on a broker that never answers)."""
+    sz = SIZES[size]
+    drain_s = 10.0  # the Rig's --drain-timeout
+    rig = Rig(f"broker-{then}" if then == "frozen" else f"broker-backlog-{then}", partitions=sz["partitions"])
+    try:
+        ports = [free_port(), free_port()]
+        ws = [rig.worker(metrics_port=p) for p in ports]
+        rig.wait_ready(ws)
+        ledger = Ledger(singles=make_singles(sz["backlog"], "bb"),
+                        streams=make_streams(sz["streams"], "bs"))
+        recs = ledger.single_records() + [r for rnd in stream_records(ledger.streams) for r in rnd]
+        asyncio.run(produce(rig.bs, rig.inp, recs))
+        rig.wait_answers(len(recs) // 10, 120)  # in flight: a tenth answered
+        answered_before = rig.collector.count()
+        t = time.monotonic()
+        if then == "frozen":
+            os.kill(rig.broker.proc.pid, signal.SIGSTOP)
+        else:
+            rig.broker.restart()
+        rig.phase("broker_restarted")
+        live: list[list[tuple[float, int, str]]] = [[] for _ in ws]  # (s since restart, status, body)
+        if then in ("sigterm", "frozen"):
+            time.sleep(2.0)
+            t_sig = time.monotonic()
+            for w in ws:
+                w.p.send_signal(signal.SIGTERM)
+            limit, start = drain_s + 5.0, t_sig
+        else:
+            limit, start = BROKER_DEADLINE_S + drain_s + 2.0, t  # (+ the watchdog's 0.8 s check period)
+        while time.monotonic() < start + limit + 30 and any(w.alive for w in ws):
+            for i, (w, port) in enumerate(zip(ws, ports, strict=True)):
+                if w.alive:
+                    code, body = _livez(port)
+                    if code:
+                        live[i].append((time.monotonic() - t, code, body.strip()))
+            time.sleep(0.2)
+        took = [round((w.exit_t or time.monotonic()) - start, 1) for w in ws]
+        if then == "frozen":
+            os.kill(rig.broker.proc.pid, signal.SIGCONT)
+        for w in ws:
+            w.drain_output()
+            w.killed = True  # exited on purpose (or killed by close() below: then the assertion fails)
+        alive = [w.name for w in ws if w.alive]
+        assert not alive, f"still running {limit + 30:.0f}s after the {then}: {alive}\n" + ws[0].text()
+        figs = rig.figures(then=then, exit_s=took, exit_status=[w.p.returncode for w in ws], limit_s=limit,
+                           answered_before_restart=answered_before)
+        for w, secs in zip(ws, took, strict=True):
+            assert secs <= limit, f"{w.name} took {secs}s to exit after the {then} (limit {limit}s): {figs}\n{w.text()}"
+        if then == "deadline":
+            for i, w in enumerate(ws):
+                assert w.p.returncode == 2, f"{w.name} exit {w.p.returncode}, expected 2: {figs}\n{w.text()}"
+                gave = [x for _, x in w.lines if re.search(r"Kafka broker .*giving up", x)]
+                assert gave, f"{w.name}: no give-up line\n{w.text()}"
+                t_gave = next(tt for tt, x in w.lines if re.search(r"Kafka broker .*giving up", x)) - t
+                after = [(round(s, 1), c) for s, c, _ in live[i] if s > t_gave + 0.5]
+                assert all(c == 503 for _, c in after), f"{w.name}: /livez after giving up: {after}"
+                figs[f"livez_503_after_give_up_{i}"] = len(after)
+                figs[f"livez_{i}"] = [(round(s, 1), c) for s, c, _ in live[i]][-12:] + [round(t_gave, 1)]
+        else:
+            for w in ws:
+                assert w.p.returncode is not None, w.name
+        return figs
+    finally:
+        rig.close()
+
+
 SCENARIOS = {
     "kill9-batch": kill9_batch,
     "kill9-stream": kill9_stream,
@@ -482,4 +673,9 @@ SCENARIOS = {
     "overload": overload,
     "abandoned-redis": lambda size="reduced": abandoned_streams(size, "redis"),
     "abandoned-memory": lambda size="reduced": abandoned_streams(size, "memory"),
+    "redis-stall-pause": lambda size="reduced": redis_stall(size, "pause"),
+    "redis-stall-kill": lambda size="reduced": redis_stall(size, "kill"),
+    "broker-backlog-deadline": lambda size="reduced": broker_restart_backlog(size, "deadline"),
+    "broker-backlog-sigterm": lambda size="reduced": broker_restart_backlog(size, "sigterm"),
+    "broker-frozen-sigterm": lambda size="reduced": broker_restart_backlog(size, "frozen"),
 }

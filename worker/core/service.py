@@ -28,7 +28,8 @@ from worker.core.derender import (
     validate_chat,
     validate_completion,
 )
-from worker.core.errors import BadRequest, DerenderError, ModelNotFound, error_from_validation
+from worker.core.errors import BadRequest, Conflict, DerenderError, ModelNotFound, error_from_validation
+from worker.core.errors import error_body as error_body
 from worker.core.responses import service as responses_service  # issue 14: the Responses kinds
 
 log = logging.getLogger(__name__)
@@ -335,8 +336,7 @@ class DerenderService:
             if seq is not None and not 0 <= seq <= 2**63 - 2:  # next_seq = seq + 1 must fit an int64
                 raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
             if seq is not None and state is not None and seq < state.next_seq:
-                raise DerenderError(f"stale chunk: sequence number {seq} < next expected {state.next_seq}",
-                                    param="seq", status=409)
+                raise Conflict(f"stale chunk: sequence number {seq} < next expected {state.next_seq}", param="seq")
             req = typed if typed is not None else \
                 _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
             fn = core_stream.derender_chat_chunk if kind == "chat" else core_stream.derender_completion_chunk
@@ -391,11 +391,6 @@ def _request_id(probe: _Probe) -> str | None:
     except _BAD_JSON:
         return None
     return None
-
-
-def error_body(message: str, status: int = 400, request_id: str | None = None) -> bytes:
-    """JSON bytes of an OpenAI error object (for transport-level failures)."""
-    return _encoder.encode(DerenderError(message, status=status).to_response(request_id))
 
 
 __all__ = ["DerenderService", "DerenderResult", "StreamResult", "error_body", "ErrorResponse", "KINDS"]

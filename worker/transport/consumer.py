@@ -16,8 +16,12 @@ are read, which bounds those repeats. SIGTERM/SIGINT stop fetching, finish and p
 ``--drain-timeout`` seconds), commit, exit; a second signal gives up the drain. After a fatal
 error (a reply and its dead letter both lost, a checkpoint write failed) the worker stops by
 itself: the drain then waits only for work that can still finish, never for the lost records.
-Error replies' ``type``: ``BadRequestError`` (400), ``NotFoundError`` (404), ``ConflictError``
-(409, stream sequence errors), ``InternalServerError`` (500).
+Error replies' ``type``: ``worker.core.errors`` (400, 404, 409, 413, 500).
+
+Collaborators (one job each; ``worker/transport/AGENTS.md``): ``publisher.ReplyPublisher`` (the
+only sender), ``planning.ReplyPlanner``, ``unary.UnaryPipeline`` (non-streaming pipeline per
+partition), ``streams.StreamRouter`` (through a ``context.StreamContext``) with its
+``checkpoints.CheckpointWriter``, ``commits.OffsetCommitter``, ``pauses.PartitionPauses``.
 """
 from __future__ import annotations
 
@@ -29,45 +33,37 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
 
 from worker.config import ServedModelConfig
 from worker.state.memory_store import MemoryStateStore
-from worker.tracing import TRACEPARENT, TRACESTATE, Tracer, kafka_span_attrs, trace_headers
+from worker.tracing import Tracer
 from worker.transport.broker_watch import BrokerWatch
-from worker.transport.deadletter import DeadLetterError, dead_letter
+from worker.transport.commits import OffsetCommitter
+from worker.transport.context import StreamContext
 from worker.transport.endpoints import DependencyProbe, Endpoints
 from worker.transport.health import HealthState
 from worker.transport.jobs import JobOutcome
 from worker.transport.metrics import PromMetrics, WorkerStats
 from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.pauses import PartitionPauses
+from worker.transport.planning import ReplyPlanner
 from worker.transport.pool import DerenderPool
-from worker.transport.records import (
-    HDR_CONTENT_TYPE,
-    HDR_CORRELATION_ID,
-    HDR_KIND,
-    HDR_REPLY_TOPIC,
-    HDR_SEQ,
-    HDR_STATUS,
-    JSON_CT,
-    header,
-    kind_header,
-    log_fields,
-    record_created,
-    reply_topic_problem,
-)
+from worker.transport.publisher import UNKNOWN_TOPIC_MEMORY_S, ReplyPublisher
+from worker.transport.records import HDR_SEQ, header, kind_header, record_created
 from worker.transport.settings import WorkerSettings, redact_url
 from worker.transport.stream_memory import StreamMemory
-from worker.transport.streams import OffsetCommitError, StreamRouter
+from worker.transport.streams import StreamRouter
+from worker.transport.unary import UnaryPipeline
 from worker.transport.unreadable import UNREADABLE_ERRORS, UnreadableRecord, isolate_unreadable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KafkaDerenderWorker", "UNKNOWN_TOPIC_MEMORY_S", "state_store_outage_clock"]
+__all__ = ["KafkaDerenderWorker", "UNKNOWN_TOPIC_MEMORY_S", "state_store_outage_clock", "FINAL_STEPS_S"]
 
-#: seconds a reply topic that did not appear within ``reply_topic_wait_ms`` counts as unknown
-UNKNOWN_TOPIC_MEMORY_S = 10.0
+#: seconds the steps after the drain (final commit, closing the consumer and the producer) may
+#: take together: a broker that is gone or frozen must not hold the exit (``run``)
+FINAL_STEPS_S = 3.0
+
 
 
 @dataclass
@@ -88,9 +84,39 @@ class _Partition:
     failed: bool = False
     inflight: set = field(default_factory=set)  # fetched offsets not finished (reply acked [+ state])
     stream_inflight: set = field(default_factory=set)  # the stream records among them
+    store_wait: set = field(default_factory=set)  # the stream records among them waiting only for the state store
+    active: set = field(default_factory=set)  # inflight - store_wait (the in-flight window's records)
     hi: int | None = None  # highest fetched offset + 1
     streams: dict = field(default_factory=dict)  # request id -> streams._Stream
     sacks: Any = None  # stream acker queue
+
+    def wait_store(self, offsets) -> None:
+        """Records ``offsets`` now wait only for the state store (a stream load, a checkpoint
+        write): out of the in-flight window, into the ``state-store`` bound (``pauses``)."""
+        for off in offsets:
+            if off in self.inflight:
+                self.store_wait.add(off)
+                self.active.discard(off)
+
+    def store_done(self, offsets) -> None:
+        """Records ``offsets`` no longer wait for the state store (loaded: they run again)."""
+        for off in offsets:
+            if off in self.store_wait:
+                self.store_wait.discard(off)
+                self.active.add(off)
+
+    def abandon(self, offset: int) -> None:
+        """A held stream record is given up (revoke/stop/failed step): never committed (it stays
+        in ``inflight``), out of the stream and state-store counts."""
+        self.stream_inflight.discard(offset)
+        self.store_wait.discard(offset)
+
+    def finish(self, offset: int) -> None:
+        """Record ``offset`` is finished (reply acked [+ checkpoint written]): committable."""
+        self.inflight.discard(offset)
+        self.stream_inflight.discard(offset)
+        self.store_wait.discard(offset)
+        self.active.discard(offset)
 
     def update_committable(self) -> int | None:
         if self.hi is not None:
@@ -149,6 +175,8 @@ class KafkaDerenderWorker:
         self._sem: asyncio.Semaphore | None = None
         self._stopping: asyncio.Event | None = None
         self._fatal: BaseException | None = None
+        #: called once when stopping starts: with the fatal error, or None for ``stop()``
+        self.on_stopping: Any = None
         self._task: asyncio.Task | None = None
         self._prom = PromMetrics()  # this worker's registry (served with --metrics-port)
         self._prom.ready.set_function(lambda: 1.0 if self.health.ready else 0.0)
@@ -157,36 +185,33 @@ class KafkaDerenderWorker:
         self._probe: DependencyProbe | None = None
         self._assigned = asyncio.Event()
         self._router: StreamRouter | None = None  # created by start()
-        self._unknown_topics: dict[str, float] = {}  # reply topic -> monotonic time until it counts as unknown
-        self._topic_wait_window = (0.0, 0.0)  # (monotonic end of the window, seconds spent waiting in it)
         self._stop_requested = False
         self._hurry: asyncio.Event | None = None  # a second stop(): give up the drain
         self._tracer = Tracer()  # OpenTelemetry spans when the [otel] extra is installed, else no-ops
-        self._committed_hw: dict[TopicPartition, int] = {}  # highest offset committed (broker watchdog)
-        self._pauses = PartitionPauses(settings.max_in_flight)  # by reason: window, dead letter
+        self._committer = OffsetCommitter(self._parts, self.stats, self._on_committed)
+        self._pauses = PartitionPauses(settings.max_in_flight)  # by reason: window, dead letter, state store
+        self.publisher = ReplyPublisher(settings, self.health, self._pauses, self._tracer,
+                                        on_dead_letter=lambda reason: self._unary.dead_letter_beside_reply(reason))
+        self.planner = ReplyPlanner(settings)
+        self._unary = UnaryPipeline(self.pool, self.planner, self.publisher, self._tracer, self.stats, self._prom,
+                                    self.health, permits=lambda: self._sem, fatal=self._set_fatal)
         self.store_outage = state_store_outage_clock(settings, self.health)
 
-    # -- executor ------------------------------------------------------------------------------
-    async def _stream_submit(self, value, state, seq, kind, created: int | None = None):
-        """Derender one stream chunk in the pool -> ``StreamOutcome`` (see ``DerenderPool.stream``)."""
-        return await self.pool.stream(value, state, seq, kind, created)
-
-    def _stream_done(self, st: _Partition, offset: int) -> None:
-        """A stream record is finished (reply acked, checkpoint written): committable. (Stream
-        records hold no ``--max-in-flight`` permit: they are bounded by the partition window.)"""
-        st.inflight.discard(offset)
-        st.stream_inflight.discard(offset)
-
-    def _stream_abandon(self, st: _Partition, offset: int) -> None:
-        """A held stream record is given up (revoke/stop): not committed."""
-        st.stream_inflight.discard(offset)
-
     def _stream_fatal(self, e: BaseException) -> None:
+        """A fatal error (a dependency given up, a reply and its dead letter lost): stop."""
         if isinstance(e, DependencyOutage) and self._fatal is None:
             log.error("%s", e)  # the one line; main_run exits 2 without repeating it
+        self._set_fatal(e)
+
+    def _set_fatal(self, e: BaseException) -> None:
+        """Record the first fatal error, start stopping and tell ``on_stopping`` (``main_run``'s
+        exit backstop: the process ends within ``--drain-timeout`` whatever blocks)."""
+        first = self._fatal is None
         self._fatal = self._fatal or e
         if self._stopping is not None:
             self._stopping.set()
+        if first and self.on_stopping is not None:
+            self.on_stopping(self._fatal)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _client_kwargs(self) -> dict[str, Any]:
@@ -239,18 +264,24 @@ class KafkaDerenderWorker:
             raise
         memory = StreamMemory(s.idle_timeout_s, s.max_live_streams, self.health,
                               self._prom.live_streams)
-        self._router = StreamRouter(self, store, s.stream_gap_timeout_s, s.stream_replay_window,
+        ctx = StreamContext(publisher=self.publisher, planner=self.planner, submit=self.pool.stream,
+                            finished=_Partition.finish, abandoned=_Partition.abandon, fatal=self._stream_fatal,
+                            count=self._unary.count, stats=self.stats, metrics=self._prom)
+        self._router = StreamRouter(ctx, store, s.stream_gap_timeout_s, s.stream_replay_window,
                                     outage=self.store_outage, memory=memory)
         self._router.start()
         self._producer = AIOKafkaProducer(**self._client_kwargs(), acks="all", enable_idempotence=False,
                                           linger_ms=2, max_request_size=s.max_request_size)
         await self._producer.start()
+        self.publisher.producer = self._producer
+        self.publisher.stopping = self._stopping
         self._consumer = AIOKafkaConsumer(
             **self._client_kwargs(), group_id=s.group_id, enable_auto_commit=False,
             auto_offset_reset=s.auto_offset_reset, session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=s.max_in_flight,
             fetch_max_wait_ms=s.fetch_max_wait_ms)
         self._pauses.consumer = self._consumer
+        self._committer.consumer = self._consumer
         self._consumer.subscribe([s.input_topic], listener=_Rebalance(self))
         await self._consumer.start()
         # the broker's reachability (and lost topics/offsets) is the broker watchdog's reason
@@ -277,6 +308,8 @@ class KafkaDerenderWorker:
             return
         if not self._stop_requested:
             self._stop_requested = True
+            if self.on_stopping is not None:
+                self.on_stopping(None)
             if self._fatal is not None:
                 log.info("stop requested: already stopping after a fatal error (%s: %s); finishing what can "
                          "still finish (at most %.1fs; stop again to give up now)", type(self._fatal).__name__,
@@ -296,7 +329,7 @@ class KafkaDerenderWorker:
             await self.start()
         commit_task = asyncio.create_task(self._commit_loop(), name="derender-commit")
         s = self.settings
-        watch = BrokerWatch(self._consumer, s.input_topic, self._committed_hw,
+        watch = BrokerWatch(self._consumer, s.input_topic, self._committer.committed_hw,
                             OutageClock(f"Kafka broker {s.bootstrap_servers}", "broker", s.broker_outage_deadline_s,
                                         self.health, hint="check the broker (a restarted broker without its data "
                                         "needs its topics recreated; offsets are gone)"),
@@ -306,7 +339,7 @@ class KafkaDerenderWorker:
             await self._fetch_loop()
         except Exception as e:
             log.exception("fetch loop failed")
-            self._fatal = self._fatal or e
+            self._set_fatal(e)
         finally:
             self._stopping.set()
             self.health.mark_stopping()
@@ -326,8 +359,13 @@ class KafkaDerenderWorker:
             commit_task.cancel()
             watch_task.cancel()
             await asyncio.gather(commit_task, watch_task, return_exceptions=True)
-            await self._commit()
-            await self._close()
+            until = time.monotonic() + FINAL_STEPS_S
+            try:  # bounded: a broker that lost the group (or is gone) must not hold the exit
+                await asyncio.wait_for(self._committer.commit(), FINAL_STEPS_S / 2)
+            except asyncio.TimeoutError:
+                log.error("final offset commit did not finish within %.1fs; uncommitted messages will be "
+                          "redelivered", FINAL_STEPS_S / 2)
+            await self._close(until)
             log.info("worker stopped: %s", self.stats)
         if self._fatal is not None:
             raise self._fatal
@@ -342,7 +380,10 @@ class KafkaDerenderWorker:
         if self._task is not None:
             await self._task
 
-    async def _close(self) -> None:
+    async def _close(self, until: float | None = None) -> None:
+        """Release everything started; closing the Kafka clients waits until ``until``
+        (``time.monotonic()``) at most (default: ``FINAL_STEPS_S`` from now)."""
+        until = time.monotonic() + FINAL_STEPS_S if until is None else until
         for p in list(self._parts.values()):
             if self._router is not None:
                 self._router.drop_partition(p)
@@ -357,8 +398,11 @@ class KafkaDerenderWorker:
             await self._probe.close()
         for client in (self._consumer, self._producer):
             if client is not None:
-                try:
-                    await client.stop()
+                try:  # bounded: leaving the group / flushing to a broker that is gone can hang
+                    await asyncio.wait_for(client.stop(), max(0.1, until - time.monotonic()))
+                except asyncio.TimeoutError:
+                    log.error("closing %s did not finish in time (%.1fs after the drain at most); going on",
+                              type(client).__name__, FINAL_STEPS_S)
                 except Exception:
                     log.exception("closing %s failed", type(client).__name__)
         self.pool.shutdown()
@@ -369,6 +413,7 @@ class KafkaDerenderWorker:
     async def _fetch_loop(self) -> None:
         consumer = self._consumer
         while not self._stopping.is_set():
+            self.health.progress()  # the run loop advanced (``/livez``)
             fetch = asyncio.ensure_future(consumer.getmany(timeout_ms=500, max_records=self.settings.max_in_flight))
             stop = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -387,12 +432,17 @@ class KafkaDerenderWorker:
             chunk_size = self.pool.chunk_size(total)
             chunk: list[tuple[Any, asyncio.Future]] = []
             streamed: list[tuple[_Partition, Any]] = []
+            stopped = False
             for tp, msgs in batches.items():
+                if stopped:
+                    break
                 for msg in msgs:
                     if self._sem.locked() and chunk:
                         self._flush(chunk)  # never hold unsubmitted work while waiting for capacity
                         chunk = []
-                    await self._sem.acquire()
+                    if not await self._permit():
+                        stopped = True  # stopping while waiting for capacity: the rest is refetched later
+                        break
                     st = self._parts.get(tp)
                     if st is None:
                         if tp not in consumer.assignment():
@@ -403,6 +453,7 @@ class KafkaDerenderWorker:
                         self._sem.release()
                         continue
                     st.inflight.add(msg.offset)
+                    st.active.add(msg.offset)
                     st.hi = max(st.hi or 0, msg.offset + 1)
                     self._pauses.window(st)
                     if self._header(msg, HDR_SEQ) is not None:  # a stream chunk
@@ -427,6 +478,24 @@ class KafkaDerenderWorker:
             if streamed:
                 self._dispatch_streams(streamed)
 
+    async def _permit(self) -> bool:
+        """Take a ``--max-in-flight`` permit; False (none taken) when the worker starts stopping
+        meanwhile: a fetch loop waiting for capacity never keeps a stop or a give-up waiting."""
+        if not self._sem.locked():
+            await self._sem.acquire()
+            return True
+        got = asyncio.ensure_future(self._sem.acquire())
+        stop = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({got, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if got.done():
+            return True
+        got.cancel()
+        await asyncio.gather(got, return_exceptions=True)
+        if got.done() and not got.cancelled() and got.exception() is None:
+            self._sem.release()  # acquired while being cancelled
+        return False
+
     def _dispatch_streams(self, items: list[tuple[_Partition, Any]]) -> None:
         """Hand a poll's stream records to the router, per partition, in order (never waits: the
         router loads unknown streams from the store in the background)."""
@@ -436,7 +505,7 @@ class KafkaDerenderWorker:
         for st, msgs in by_part.values():
             if st.closed or self._parts.get(st.tp) is not st:
                 for m in msgs:
-                    self._stream_abandon(st, m.offset)
+                    st.abandon(m.offset)
                 continue
             self._router.intake(st, msgs)
 
@@ -469,8 +538,8 @@ class KafkaDerenderWorker:
 
     def _open_partition(self, tp: TopicPartition) -> _Partition:
         st = _Partition(tp, asyncio.Queue(), asyncio.Queue())
-        st.tasks = [asyncio.create_task(self._sequencer(st), name=f"derender-seq-{tp.topic}-{tp.partition}"),
-                    asyncio.create_task(self._acker(st), name=f"derender-ack-{tp.topic}-{tp.partition}")]
+        st.tasks = [asyncio.create_task(self._unary.sequencer(st), name=f"derender-seq-{tp.topic}-{tp.partition}"),
+                    asyncio.create_task(self._unary.acker(st), name=f"derender-ack-{tp.topic}-{tp.partition}")]
         if self._router is not None:
             self._router.open_partition(st)
         self._parts[tp] = st
@@ -489,7 +558,7 @@ class KafkaDerenderWorker:
                                    self.settings.drain_timeout_s)
         except asyncio.TimeoutError:
             log.error("revoke drain timed out; uncommitted messages will be redelivered")
-        await self._commit()
+        await self._committer.commit()
         for tp in revoked:
             self._pauses.forget(tp)
             st = self._parts.pop(tp)
@@ -509,284 +578,15 @@ class KafkaDerenderWorker:
         await asyncio.gather(*(self._drain(st) for st in list(self._parts.values())))
 
     # -- per-partition pipeline ----------------------------------------------------------------
-    async def _outcome(self, job: _Job) -> JobOutcome:
-        """Await a job's derender (see ``DerenderPool.outcome``: pool crashes, quarantine)."""
-        msg = job.msg
-        with self._tracer.span("derender.derender", trace_headers(msg.headers), **kafka_span_attrs(msg)):
-            return await self.pool.outcome(job.future, msg.value, self._kind_header(msg),
-                                           f"{msg.topic}[{msg.partition}]@{msg.offset}", record_created(msg))
-
-    def _plan(self, msg, out: JobOutcome) -> tuple[str, bytes | None, bytes | None, list, str | None]:
-        """Decide where a finished message goes: ``(topic, key, value, headers, dlq_reason)``;
-        ``dlq_reason`` is None for a reply (see the dead-letter rules in ``worker.transport.records``)."""
-        if isinstance(msg, UnreadableRecord):
-            return self._dlq(msg, msg.reason)
-        reply_hdr = self._header(msg, HDR_REPLY_TOPIC)
-        corr = self._header(msg, HDR_CORRELATION_ID)
-        if out.crash == "derender-crashed":
-            return self._dlq(msg, "derender-crashed")
-        reply_topic = self.settings.reply_topic
-        if reply_hdr is not None:
-            if len(reply_hdr) > 249 or not reply_hdr.isascii():
-                return self._dlq(msg, "invalid-reply-topic")
-            reply_topic = reply_hdr.decode("ascii")
-            problem = reply_topic_problem(reply_topic, self.settings.allowed_reply_topics_re,
-                                          (self.settings.input_topic, self.settings.dead_letter_topic))
-            if problem is not None:
-                return self._dlq(msg, problem)
-        elif not out.is_object:
-            return self._dlq(msg, "unparseable-no-reply-topic")
-        rid = out.request_id.encode("utf-8") if out.request_id else None
-        if corr is None:
-            corr = msg.key or rid
-        if corr is None:
-            return self._dlq(msg, "no-correlation-id")
-        key = msg.key or rid or corr
-        headers = [(HDR_CORRELATION_ID, corr), (HDR_CONTENT_TYPE, JSON_CT),
-                   (HDR_STATUS, str(out.status).encode())]
-        if out.kind:
-            headers.append((HDR_KIND, out.kind.encode()))
-        headers.extend(trace_headers(msg.headers))  # W3C trace context: the reply continues the trace
-        return reply_topic, key, out.body, headers, None
-
-    def _dlq(self, msg, reason: str) -> tuple[str, bytes | None, bytes | None, list, str]:
-        return dead_letter(msg, reason, self.settings.dead_letter_topic, self.settings.dead_letter_max_bytes)
-
-    def _safe_plan(self, msg, out: JobOutcome) -> tuple[str, bytes | None, bytes | None, list, str | None]:
-        """``_plan``, except that an exception while planning this record (a bug met by an odd
-        record) dead-letters it (``internal-error: ...``) instead of stopping the worker."""
-        try:
-            return self._plan(msg, out)
-        except Exception as e:
-            log.exception("planning the reply of %s[%d]@%d failed", msg.topic, msg.partition, msg.offset,
-                          extra=log_fields(msg))
-            return self._dlq(msg, f"internal-error: {type(e).__name__}: {e}")
-
-    async def _reply_topic_known(self, topic: str) -> bool:
-        """Whether the producer has (or gets within ``reply_topic_wait_ms``) metadata for
-        ``topic``. A topic that did not appear is remembered as unknown for
-        ``UNKNOWN_TOPIC_MEMORY_S`` seconds, so records addressed to it fail at once instead of each
-        blocking its partition for the producer's full metadata wait (``request_timeout_ms``).
-        All waits together are bounded too: at most ``reply_topic_wait_ms`` per
-        ``UNKNOWN_TOPIC_MEMORY_S`` window, after which names not known yet fail at once until the
-        window ends (records naming a new missing topic each could otherwise hold up their
-        partition for ``reply_topic_wait_ms`` apiece)."""
-        if topic == self.settings.reply_topic or self._producer.client.cluster.partitions_for_topic(topic):  # cached
-            return True
-        now = time.monotonic()
-        until = self._unknown_topics.get(topic)
-        if until is not None and until > now:
-            return False
-        end, spent = self._topic_wait_window
-        if now >= end:
-            end, spent = now + UNKNOWN_TOPIC_MEMORY_S, 0.0
-            self._topic_wait_window = (end, spent)
-        budget = self.settings.reply_topic_wait_ms / 1000 - spent
-        try:
-            if budget <= 0:
-                raise asyncio.TimeoutError  # the window's waiting is spent: unknown at once
-            await asyncio.wait_for(self._producer.partitions_for(topic), budget)
-            self._unknown_topics.pop(topic, None)
-            return True
-        except (asyncio.TimeoutError, KafkaError):
-            if len(self._unknown_topics) >= 1024:  # bounded: forget the oldest
-                self._unknown_topics.pop(next(iter(self._unknown_topics)))
-            self._unknown_topics[topic] = now + UNKNOWN_TOPIC_MEMORY_S
-            # the producer's client added the name to the topics it refreshes metadata for, for
-            # good: take it out again, so that names from records cannot grow that list forever
-            client = self._producer.client
-            known = getattr(client, "_topics", None)
-            if isinstance(known, set) and topic in known:
-                client.set_topics(known - {topic})
-            return False
-        finally:  # (concurrent waits of other partitions add up in the same window)
-            cur_end, cur_spent = self._topic_wait_window
-            if cur_end == end:
-                self._topic_wait_window = (end, cur_spent + time.monotonic() - now)
-
-    async def _publish(self, st: _Partition, msg, plan) -> tuple[tuple, asyncio.Future]:
-        """Send ``plan`` (a reply or a dead letter) -> ``(plan actually sent, delivery future)``.
-        A reply that cannot be sent for a reason of its own (unknown or unwritable reply topic,
-        too large: ``KafkaError``) is dead-lettered instead. A dead letter the producer refuses at
-        once is retried here until acknowledged (``_dead_letter_until_acked``: never skipped,
-        never a crash); otherwise its delivery is awaited (and retried) by the acker, like a reply."""
-        if plan[4] is None and not await self._reply_topic_known(plan[0]):
-            plan = self._dlq(msg, f"reply-publish-failed: unknown topic {plan[0]!r}")
-        if plan[4] is None:
-            try:
-                return plan, await self._send(plan)
-            except KafkaError as e:  # e.g. MessageSizeTooLargeError
-                refused = plan[0]
-                plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                            msg.offset, plan[4], refused, extra=log_fields(msg))
-        else:
-            log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, plan[4],
-                        extra=log_fields(msg))
-        try:
-            return plan, await self._send(plan)
-        except KafkaError:
-            pass
-        await self._dead_letter_until_acked(st, msg, plan)
-        done = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return plan, done
-
-    async def _dead_letter_until_acked(self, st: _Partition, msg, plan) -> None:
-        """Publish dead letter ``plan`` of ``msg`` and wait for the broker's ack, retrying with
-        backoff (0.5 s doubling to 30 s) while it fails (dead-letter topic missing or unwritable).
-        Meanwhile the partition is paused (no new fetches; its offset cannot pass this record
-        anyway) and the health state is not ready (reason key ``dead-letter:<topic>[<partition>]``).
-        Raises ``DeadLetterError`` when the partition is revoked or the worker is stopping while
-        retrying: the record stays uncommitted and is redelivered."""
-        delay, paused, attempt = 0.5, False, 0
-        key = f"dead-letter:{st.tp.topic}[{st.tp.partition}]"
-        try:
-            while True:
-                attempt += 1
-                try:
-                    await (await self._send(plan))
-                    if attempt > 1:
-                        log.warning("dead letter of %s[%d]@%d published after %d attempts", msg.topic,
-                                    msg.partition, msg.offset, attempt)
-                    return
-                except KafkaError as e:
-                    why = (f"cannot publish dead letters to {plan[0]!r}: {type(e).__name__}: {e}; "
-                           f"partition {st.tp.topic}[{st.tp.partition}] paused at offset {msg.offset}")
-                    self.health.set_reason(key, why)
-                    if st.closed or (self._stopping is not None and self._stopping.is_set()):
-                        raise DeadLetterError(why) from e
-                    log.error("%s; retrying in %.1fs (attempt %d)", why, delay, attempt)
-                    if not paused:
-                        paused = self._pauses.pause(st.tp, "dead-letter")
-                    try:  # the backoff, cut short by a stop request
-                        await asyncio.wait_for(self._stopping.wait(), delay)
-                    except asyncio.TimeoutError:
-                        pass
-                    delay = min(delay * 2, 30.0)
-        finally:
-            self.health.clear_reason(key)
-            if paused and not st.closed:
-                self._pauses.unpause(st.tp, "dead-letter")
-
-    async def _sequencer(self, st: _Partition) -> None:
-        """Take the partition's jobs in offset order, await each derender, hand its record to the
-        producer (in order) and pass the delivery future to the acker."""
-        while True:
-            job = await st.jobs.get()
-            try:
-                out = await self._outcome(job)
-                msg = job.msg
-                if out.crash and out.crash != "derender-crashed":
-                    self.stats.crashes += 1
-                    log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
-                              msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
-                              extra=log_fields(msg, out.request_id))
-                self._prom.processing_unary.observe(out.seconds)
-                plan, delivery = await self._publish(st, msg, self._safe_plan(msg, out))
-                st.acks.put_nowait((job, plan, out, delivery))
-            except Exception as e:
-                log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset,
-                              extra=log_fields(job.msg))
-                fut = asyncio.get_running_loop().create_future()
-                fut.set_exception(e)
-                st.acks.put_nowait((job, None, None, fut))
-            finally:
-                st.jobs.task_done()
-
-    async def _send(self, plan) -> asyncio.Future:
-        """Produce a reply/dead-letter ``plan`` (in a ``derender.publish`` span child of the
-        record's trace context; with a recording span the record's ``traceparent`` becomes the
-        span's). Returns the delivery future."""
-        topic, key, value, headers, reason = plan
-        carrier = [(k, v) for k, v in headers if k in (TRACEPARENT, TRACESTATE)]
-        if not self._tracer.enabled:
-            return await self._producer.send(topic, value=value, key=key, headers=headers)
-        with self._tracer.span("derender.publish", carrier, kind="producer",
-                               **{"messaging.system": "kafka", "messaging.destination.name": topic,
-                                  "derender.dead_letter_reason": reason}) as sp:
-            if carrier and sp is not None:
-                headers = [h for h in headers if h[0] not in (TRACEPARENT, TRACESTATE)]
-                headers += self._tracer.reply_headers(carrier, sp)
-            return await self._producer.send(topic, value=value, key=key, headers=headers)
-
-    async def _acker(self, st: _Partition) -> None:
-        """Await deliveries in offset order; advance the partition's committable offset."""
-        while True:
-            job, plan, out, delivery = await st.acks.get()
-            msg = job.msg
-            try:
-                try:
-                    await delivery
-                except KafkaError as e:  # the broker refused the reply (too large for the topic, ...)
-                    if plan is None:
-                        raise
-                    if plan[4] is None:
-                        refused = plan[0]
-                        plan = self._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                        log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                    msg.offset, plan[4], refused,
-                                    extra=log_fields(msg, out.request_id if out else None))
-                    await self._dead_letter_until_acked(st, msg, plan)  # retried until acked
-                self._count(plan, out, msg)
-                if not st.failed:
-                    st.inflight.discard(msg.offset)
-            except DeadLetterError as e:  # revoked / drain given up while retrying: redelivered later
-                st.failed = True  # never commit past an undelivered message
-                log.warning("%s; %s[%d]@%d left uncommitted", e, msg.topic, msg.partition, msg.offset,
-                            extra=log_fields(msg))
-            except Exception as e:
-                st.failed = True  # never commit past an undelivered message
-                log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
-                              msg.partition, msg.offset, extra=log_fields(msg))
-                self._fatal = self._fatal or e
-                if self._stopping is not None:
-                    self._stopping.set()
-            finally:
-                self._sem.release()
-                st.acks.task_done()
-
-    def _count(self, plan, out: JobOutcome, msg, mode: str = "unary") -> None:
-        """A record finished (its reply or dead letter acked): stats and metrics. ``out``: needs
-        ``status`` and ``kind``; ``mode``: ``unary`` or ``stream``."""
-        self.stats.processed += 1
-        if plan[4] is not None:
-            self.stats.dead_lettered += 1
-        elif out.status == 200:
-            self.stats.replied_ok += 1
-        else:
-            self.stats.errors += 1
-        self._prom.finished(mode, out.kind, plan[4], out.status, getattr(msg, "timestamp", None))
 
     # -- commits -------------------------------------------------------------------------------
+    def _on_committed(self, st: _Partition, offset: int) -> None:
+        if self._router is not None:
+            self._router.on_committed(st, offset)
+
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.commit_interval_ms / 1000)
             self._pauses.resume_windows(self._parts)
-            await self._commit()
+            await self._committer.commit()
             self._prom.observe_consumer(self._consumer, self._parts, self.settings.input_topic)
-
-    async def _commit(self) -> None:
-        """Commit every partition's committable offset that moved. Commit failures (rebalance in
-        progress, broker away) are logged; the offsets stay pending and are retried next time."""
-        if self._consumer is None:
-            return
-        offsets = {tp: st.update_committable() for tp, st in self._parts.items()}
-        offsets = {tp: o for tp, o in offsets.items() if o is not None and o != self._parts[tp].committed}
-        if not offsets:
-            return
-        try:
-            await self._consumer.commit(offsets)
-        except Exception as e:
-            err = OffsetCommitError(f"offset commit of {({f'{t.topic}[{t.partition}]': o for t, o in offsets.items()})} "
-                                    f"failed: {type(e).__name__}: {e}")
-            log.warning("%s", err)
-            return
-        self.stats.commits += 1
-        for tp, off in offsets.items():
-            self._committed_hw[tp] = max(self._committed_hw.get(tp, 0), off)
-            if tp in self._parts:
-                self._parts[tp].committed = off
-                if self._router is not None:
-                    self._router.on_committed(self._parts[tp], off)
-

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-from worker.transport.records import HDR_DLQ_REASON
+from worker.transport.records import HDR_DLQ_REASON, Outgoing
 
 __all__ = ["dead_letter", "DeadLetterError", "DEFAULT_MAX_BYTES", "MIN_MAX_BYTES", "KEY_MAX_BYTES", "REASON_MAX_BYTES",
            "HDR_ORIGINAL_TOPIC", "HDR_ORIGINAL_PARTITION", "HDR_ORIGINAL_OFFSET", "HDR_ORIGINAL_VALUE_SHA256",
@@ -50,9 +50,9 @@ def _hsize(k: str, v: bytes | None) -> int:
 
 
 def dead_letter(msg, reason: str, topic: str, max_bytes: int = DEFAULT_MAX_BYTES,
-                ) -> tuple[str, bytes | None, bytes | None, list, str]:
-    """The dead letter of record ``msg`` (aiokafka ``ConsumerRecord``) as a publish plan
-    ``(topic, key, value, headers, reason)``: the original key, value and headers (minus any
+                ) -> Outgoing:
+    """The dead letter of record ``msg`` (aiokafka ``ConsumerRecord``) as an ``Outgoing`` to
+    ``topic`` with ``dlq_reason`` = ``reason``: the original key, value and headers (minus any
     ``x-dlq-*``/``x-original-*`` ones), plus ``x-dlq-reason`` (``reason``, at most
     ``REASON_MAX_BYTES`` of UTF-8), the origin ``x-original-topic``/``-partition``/``-offset``
     (ASCII decimal), ``x-original-value-sha256`` and ``x-original-value-size``; everything cut to
@@ -95,4 +95,4 @@ def dead_letter(msg, reason: str, topic: str, max_bytes: int = DEFAULT_MAX_BYTES
     headers = kept + ours
     if cut:
         headers.append((HDR_TRUNCATED, ",".join(cut).encode()))
-    return topic, key, value, headers, reason
+    return Outgoing(topic, key, value, headers, reason)

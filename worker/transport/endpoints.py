@@ -7,7 +7,10 @@ is prometheus_client's WSGI app over the worker's registry (``worker.transport.m
 
 ``/livez`` (Kubernetes liveness: "restart me when this fails")
     200 ``ok`` while the event loop's heartbeat, a task that ticks every second, is younger than
-    ``stall_s`` seconds; 503 ``event loop stalled for N s`` otherwise.
+    ``stall_s`` seconds (10), the run loop advanced within ``run_stall_s`` seconds (10; a fetch, a record
+    finished; not checked while starting or stopping) and no dependency deadline has passed;
+    503 otherwise, with one line: ``event loop stalled for N s``, ``run loop has not advanced for
+    N s`` or ``gave up: <the give-up line>`` (``HealthState.liveness``).
 ``/readyz`` (Kubernetes readiness: "do not count on me now")
     200 ``ready`` when ``HealthState.ready`` (started, a member of its consumer group, state store
     and broker reachable, not stopping); 503 with one reason per line otherwise (``starting``,
@@ -57,17 +60,19 @@ class Endpoints:
 
     ``health``: the worker's ``HealthState`` (read from the server threads; it is thread safe).
     ``registry``: the prometheus_client ``CollectorRegistry`` to expose. ``stall_s``: heartbeat age
-    in seconds above which ``/livez`` fails. Raises ``EndpointError`` (naming the flag) for a port
+    in seconds above which ``/livez`` fails; ``run_stall_s``: seconds without run-loop progress
+    after which it fails (``HealthState.liveness``). Raises ``EndpointError`` (naming the flag) for a port
     outside 0..65535, and from ``start()`` when the port cannot be bound."""
 
     def __init__(self, health: HealthState, registry: Any, port: int, host: str = "0.0.0.0",
-                 stall_s: float = 10.0):
+                 stall_s: float = 10.0, run_stall_s: float = 10.0):
         if not 0 <= int(port) <= 65535:
             raise EndpointError(f"--metrics-port {port}: not a TCP port (0..65535)")
         self.health = health
         self.host = host
         self.port = int(port)
         self.stall_s = float(stall_s)
+        self.run_stall_s = float(run_stall_s)
         self._metrics_app = make_wsgi_app(registry)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -115,6 +120,9 @@ class Endpoints:
         age = time.monotonic() - self._beat
         if age > self.stall_s:
             return 503, f"event loop stalled for {age:.0f} s\n"
+        why = self.health.liveness(self.run_stall_s)
+        if why is not None:
+            return 503, why + "\n"
         return 200, "ok\n"
 
     def readyz(self) -> tuple[int, str]:

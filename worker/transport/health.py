@@ -31,6 +31,8 @@ class HealthState:
         self._started = False
         self._stopping = False
         self._live_streams = 0
+        self._gave_up: str | None = None  # a dependency's deadline passed (the give-up line)
+        self._progress: float | None = None  # time.monotonic() the run loop last advanced
 
     # -- writers -------------------------------------------------------------------------------
     def set_reason(self, key: str, text: str) -> None:
@@ -49,6 +51,17 @@ class HealthState:
         """The worker is running (consumer started); ready unless a reason is set."""
         with self._lock:
             self._started = True
+            self._progress = time.monotonic()
+
+    def progress(self) -> None:
+        """The worker's run loop advanced (a fetch, a record finished): ``liveness``."""
+        self._progress = time.monotonic()  # (one float store: atomic, no lock on the hot path)
+
+    def give_up(self, line: str) -> None:
+        """A dependency stayed away past its deadline (``line``: the give-up line): not live
+        from now on (``liveness``), whatever the worker still manages to do before it exits."""
+        with self._lock:
+            self._gave_up = self._gave_up or str(line)
 
     def mark_stopping(self) -> None:
         """The worker is draining/stopping: not ready from now on."""
@@ -61,6 +74,20 @@ class HealthState:
             self._live_streams = max(0, int(n))
 
     # -- readers -------------------------------------------------------------------------------
+    def liveness(self, stall_s: float = 10.0) -> str | None:
+        """Why the worker is not live (Kubernetes liveness: "restart me"), or None: a dependency
+        deadline passed (``give_up``), or, once started and while not stopping, its run loop has
+        not advanced (``progress``) for ``stall_s`` seconds."""
+        with self._lock:
+            if self._gave_up is not None:
+                return f"gave up: {self._gave_up}"
+            if not self._started or self._stopping or self._progress is None:
+                return None
+            age = time.monotonic() - self._progress
+        if age > stall_s:
+            return f"run loop has not advanced for {age:.0f} s"
+        return None
+
     @property
     def ready(self) -> bool:
         """True when started, not stopping and no reason is set."""

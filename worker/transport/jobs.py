@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from schemas import ErrorInfo, ErrorResponse
 from worker.config import ServedModelConfig
+from worker.core.errors import error_body
 from worker.core.service import DerenderService
 from worker.logs import setup_logging_from_env
 from worker.transport.lifetime import guard_pool_process
@@ -52,17 +52,6 @@ class JobOutcome(msgspec.Struct, array_like=True):
     is_object: bool
     crash: str | None = None
     seconds: float = 0.0
-
-
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError"}
-
-
-def error_body(message: str, status: int, request_id: str | None) -> bytes:
-    """OpenAI error object ``{"error": {message, type, param, code}, "request_id"}``; ``type`` by
-    ``status`` (400 ``BadRequestError``, 404 ``NotFoundError``, 409 ``ConflictError``, else ``InternalServerError``)."""
-    typ = _ERROR_TYPES.get(status, "InternalServerError")
-    return msgspec.json.encode(ErrorResponse(error=ErrorInfo(message=message, type=typ, code=status),
-                                             request_id=request_id))
 
 
 def _crash_outcome(e: BaseException, kind: str | None, is_object: bool, t0: float) -> JobOutcome:
@@ -191,16 +180,6 @@ def body_request_id(value: bytes | None) -> str | None:
     return gc.request_id if gc is not None and gc.request_id else None
 
 
-def _conflict_type(body: bytes) -> bytes:
-    """A 409 error object of the core with ``type`` ``ConflictError`` (the core says BadRequestError)."""
-    try:
-        obj = msgspec.json.decode(body)
-        obj["error"]["type"] = "ConflictError"
-        return msgspec.json.encode(obj)
-    except Exception:
-        return body
-
-
 def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, seq: int,
                         kind: str | None, created: int | None = None) -> StreamOutcome:
     """Derender one chunk with ``service.derender_stream``; never raises (a core exception
@@ -225,12 +204,10 @@ def _derender_stream_job(service: Any, body: bytes, state: bytes | None, seq: in
                              is_object_value(body), seconds=time.perf_counter() - t0)
     try:
         res, new_state = service.derender_stream(body, state, seq=seq, kind=kind, created=created)
-        rbody = _conflict_type(res.body) if int(res.status) == 409 else res.body
-        return StreamOutcome(rbody, int(res.status), bool(getattr(res, "done", False)),
+        return StreamOutcome(res.body, int(res.status), bool(getattr(res, "done", False)),
                              getattr(res, "kind", None), new_state if res.status == 200 else None,
                              is_object_value(body), seconds=time.perf_counter() - t0)
     except Exception as e:
-        from worker.core.service import error_body as core_error_body
-        return StreamOutcome(core_error_body(f"internal error: {type(e).__name__}: {e}", 500), 500, False, None, None,
+        return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500), 500, False, None, None,
                              is_object_value(body), crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
 

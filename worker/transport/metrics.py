@@ -26,7 +26,8 @@ KIND_VALUES = ("chat", "completion", "responses", "unknown")  # the kind label: 
 OUTCOMES = ("ok", "error", "dead_letter", "duplicate")
 #: the x-dlq-reason names of worker.transport.records (tests/test_metrics.py checks the list against it)
 DLQ_REASONS = ("invalid-reply-topic", "reply-topic-not-allowed", "unparseable-no-reply-topic", "no-correlation-id",
-               "derender-crashed", "reply-publish-failed", "internal-error", "unreadable-record", "other")
+               "derender-crashed", "reply-publish-failed", "internal-error", "unreadable-record", "reply-too-large",
+               "other")
 STATE_OPS = ("read", "write", "delete", "ping")
 #: seconds; from a fast derender (~1 ms) to a record that waited a minute in the topic
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

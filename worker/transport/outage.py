@@ -80,9 +80,12 @@ class OutageClock:
             self.health.clear_reason(self.key)
 
     def give_up_line(self) -> str:
-        """The one line logged when the deadline passed."""
-        return (f"{self.what} unavailable for {self.down_for:.0f}s (deadline {self.deadline_s:g}s): {self.reason}; "
+        """The one line logged when the deadline passed (also marks ``health`` given up: ``/livez`` 503)."""
+        line = (f"{self.what} unavailable for {self.down_for:.0f}s (deadline {self.deadline_s:g}s): {self.reason}; "
                 f"giving up{': ' + self.hint if self.hint else ''}")
+        if self.health is not None:
+            self.health.give_up(line)
+        return line
 
     def raise_if_expired(self) -> None:
         """Raises ``DependencyOutage`` (with ``give_up_line()``) when the outage outlived its deadline."""

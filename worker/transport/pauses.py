@@ -1,11 +1,17 @@
 """Partition pauses of a Kafka worker, by reason: a partition is fetched again only when every
 reason to pause it is lifted (the in-flight window of ``window()``, a dead letter being retried).
 
-The window: once ``max_in_flight`` records of a partition are read past its oldest unfinished one
-while that one is a stream record (it may wait: state store outage, stream gap), the partition is
-paused until that record finishes (``resume_windows()``, called every commit interval). That
-bounds memory and the replies a crash can repeat. Non-streaming records alone are bounded by the
-worker's ``--max-in-flight`` permits and never trigger it.
+The window: once ``max_in_flight`` records of a partition are read past its oldest *active*
+unfinished one while that one is a stream record (it may wait: stream gap, a slow derender), the
+partition is paused until that record finishes (``resume_windows()``, called every commit
+interval). That bounds memory and the replies a crash can repeat. Non-streaming records alone are
+bounded by the worker's ``--max-in-flight`` permits and never trigger it.
+
+Records that wait only for the state store (``st.store_wait``: stream chunks queued behind a
+stream being read from the store, and chunks answered and acked whose checkpoint is not written
+yet) are not *active*: a Redis stall or outage must not stop a partition's non-streaming records
+(issue 17, fault 1). They are bounded on their own: the partition pauses (reason ``state-store``)
+once ``STORE_WAIT_FACTOR * max_in_flight`` of them wait, and resumes below half of that.
 """
 from __future__ import annotations
 
@@ -14,7 +20,11 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PartitionPauses"]
+__all__ = ["PartitionPauses", "STORE_WAIT_FACTOR"]
+
+#: records of a partition that may wait for the state store, in units of ``--max-in-flight``
+#: (64 x 64 = 4,096 by default: an 8 s Redis stall at ~500 stream chunks/s per partition)
+STORE_WAIT_FACTOR = 64
 
 
 class PartitionPauses:
@@ -52,22 +62,31 @@ class PartitionPauses:
         self.whys.pop(tp, None)
 
     def window(self, st: Any) -> None:
-        """Check partition ``st`` (``inflight``, ``stream_inflight``, ``hi``) after a record was read."""
-        if "window" in self.whys.get(st.tp, ()) or not st.stream_inflight:
+        """Check partition ``st`` (``active``, ``stream_inflight``, ``store_wait``, ``hi``) after a
+        record was read: O(``max_in_flight``), whatever waits for the state store."""
+        whys = self.whys.get(st.tp, ())
+        if "state-store" not in whys and len(st.store_wait) >= STORE_WAIT_FACTOR * self.max_in_flight:
+            if self.pause(st.tp, "state-store"):
+                log.info("pausing %s[%d]: %d records wait for the state store", st.tp.topic, st.tp.partition,
+                         len(st.store_wait))
+        if "window" in whys or not st.stream_inflight or not st.active:
             return
-        oldest = min(st.inflight)
+        oldest = min(st.active)
         if st.hi - oldest < self.max_in_flight or oldest not in st.stream_inflight:
             return
         if self.pause(st.tp, "window"):
-            log.debug("pausing %s[%d]: %d records read past its oldest unfinished offset %d", st.tp.topic,
+            log.debug("pausing %s[%d]: %d records read past its oldest active offset %d", st.tp.topic,
                       st.tp.partition, st.hi - oldest, oldest)
 
     def resume_windows(self, parts: dict) -> None:
         """Lift the window of every partition (``parts``: tp -> partition state) whose oldest
-        unfinished record got within half a window of its highest read one."""
+        active record got within half a window of its highest read one, and the ``state-store``
+        pause of those with fewer than half the bound waiting for the store."""
         for tp, whys in list(self.whys.items()):
-            if "window" not in whys:
-                continue
             st = parts.get(tp)
-            if st is None or not st.inflight or st.hi - min(st.inflight) < self.max_in_flight // 2 + 1:
+            if "state-store" in whys and (
+                    st is None or len(st.store_wait) < STORE_WAIT_FACTOR * self.max_in_flight // 2):
+                self.unpause(tp, "state-store")
+            if "window" in whys and (
+                    st is None or not st.active or st.hi - min(st.active) < self.max_in_flight // 2 + 1):
                 self.unpause(tp, "window")

@@ -37,7 +37,8 @@ Reply (``reply-topic`` header, else ``--reply-topic``)
 * **value**: the OpenAI response JSON (``chat.completion`` / ``text_completion``) or an OpenAI
   error object ``{"error": {"message", "type", "param", "code"}, "request_id"}``.
 * **headers**: ``correlation-id`` (as above), ``content-type: application/json``,
-  ``derender-status`` (``200``, ``400``, ``404`` or ``500``, HTTP-like, as ASCII digits),
+  ``derender-status`` (``200``, ``400``, ``404``, ``413`` or ``500``, HTTP-like, as ASCII digits;
+  ``worker.core.errors`` is the taxonomy; streams add ``409``),
   ``derender-kind`` (``chat``/``completion``; omitted when the body's kind cannot be told),
   ``traceparent``/``tracestate`` (W3C Trace Context, copied from the input when valid; see
   ``worker.tracing``).
@@ -63,7 +64,12 @@ A message is dead-lettered, instead of answered, exactly when no useful reply ca
 7. ``internal-error: <error>``: planning the reply raised;
 8. ``unreadable-record: <error>``: the Kafka client cannot read the record (a header key that is
    not UTF-8, a malformed record); its dead letter has only the origin headers
-   (``worker.transport.unreadable``).
+   (``worker.transport.unreadable``);
+9. ``reply-too-large: reply of N bytes exceeds the limit of M bytes (--max-request-size)``: the
+   reply is larger than the producer may send; unlike the others the record is *also* answered,
+   with a small 413 ``PayloadTooLargeError`` error reply to the same address (for a stream chunk
+   it ends the stream: ``derender-stream-end: 1``, later chunks get the ended-stream 409);
+   ``worker.transport.publisher``.
 
 A dead-letter record carries the original key and value and headers, cut to fit
 ``--dead-letter-max-bytes``, plus ``x-dlq-reason``, ``x-original-topic``/``-partition``/``-offset``,
@@ -86,6 +92,7 @@ Where each part lives: ``worker.transport.AGENTS.md``.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from worker.logs import record_fields
@@ -93,7 +100,8 @@ from worker.logs import record_fields
 __all__ = ["HDR_REPLY_TOPIC", "HDR_CORRELATION_ID", "HDR_KIND", "HDR_STATUS", "HDR_CONTENT_TYPE",
            "HDR_DLQ_REASON", "HDR_SEQ", "HDR_STREAM_END", "JSON_CT", "KINDS", "STREAM_KINDS", "TOPIC_RE",
            "header", "kind_header", "reply_topic_problem", "INTERNAL_TOPIC_PREFIX", "parse_seq", "bad_kind_message", "SEQ_MAX",
-           "KIND_MAX_BYTES", "STREAM_KEY_MAX_BYTES", "record_created", "BINARY_KEY_PREFIX", "stream_id"]
+           "KIND_MAX_BYTES", "STREAM_KEY_MAX_BYTES", "record_created", "BINARY_KEY_PREFIX", "stream_id",
+           "Outgoing"]
 
 HDR_REPLY_TOPIC = "reply-topic"
 HDR_CORRELATION_ID = "correlation-id"
@@ -107,6 +115,23 @@ JSON_CT = b"application/json"
 KINDS = ("chat", "completion", "responses")  # responses: issue 14 (Responses API)
 STREAM_KINDS = ("chat-stream", "completion-stream", "responses-stream")  # also accepted on stream chunk records
 TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One record the worker publishes for an input record: its reply (``dlq_reason`` None) or
+    its dead letter (``dlq_reason``: the ``x-dlq-reason`` value, also in ``headers``). ``headers``:
+    ``(name, value)`` pairs in order; the stream path appends ``derender-seq``/``-stream-end``."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    dlq_reason: str | None = None
+
+    @property
+    def is_dead_letter(self) -> bool:
+        return self.dlq_reason is not None
 
 
 #: topic names a record may not reply to: Kafka's internal topics (``__consumer_offsets``,

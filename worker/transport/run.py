@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import runpy
 import signal
 import socket
 import sys
+import threading
+import time
 from typing import Any
 
 from aiokafka.errors import KafkaConnectionError
@@ -26,7 +29,8 @@ from worker.transport.settings import WorkerSettings, redact_url
 
 log = logging.getLogger(__name__)
 
-__all__ = ["main_run", "broker_unreachable", "check_state_store", "wait_for_state_store"]
+__all__ = ["main_run", "broker_unreachable", "check_state_store", "wait_for_state_store", "ExitBackstop",
+           "SIGTERM_GRACE_S"]
 
 
 async def check_state_store(redis_settings: Any) -> None:
@@ -43,6 +47,63 @@ async def wait_for_state_store(redis_settings: Any, clock: OutageClock) -> None:
     ``clock.deadline_s`` seconds (``--state-store-outage-deadline``; not ready meanwhile).
     Raises ``DependencyOutage`` (its message is the one line to log) when it never answered."""
     await clock.retry(lambda: check_state_store(redis_settings), (StoreConnectError,))
+
+
+#: seconds past ``--drain-timeout`` a stop request (SIGTERM/SIGINT) may take before the process
+#: ends (the promise is 5 s; the rest is for the exit itself)
+SIGTERM_GRACE_S = 4.5
+
+
+class ExitBackstop:
+    """Ends the process (``os._exit``) when stopping takes too long, whatever blocks it (a client
+    call to a broker that is gone, a stuck pool process, a commit that never returns): after a
+    fatal error within ``drain_timeout_s`` (exit 2 for a ``DependencyOutage``, else 1: the worker
+    has given up, its deadline already passed), after a stop request within ``drain_timeout_s``
+    + ``SIGTERM_GRACE_S`` (exit 1). A daemon thread, so it fires even when the event loop is
+    blocked; an earlier deadline replaces a later one. Uncommitted records are redelivered."""
+
+    def __init__(self, drain_timeout_s: float):
+        self.drain_timeout_s = max(0.0, float(drain_timeout_s))
+        self._timer: threading.Timer | None = None
+        self._at = float("inf")
+        self._lock = threading.Lock()
+
+    def on_stopping(self, fatal: BaseException | None) -> None:
+        """``KafkaDerenderWorker.on_stopping``: arm for a fatal error (``fatal``) or a stop request."""
+        if fatal is None:
+            self.arm(self.drain_timeout_s + SIGTERM_GRACE_S, 1, "stop requested")
+        else:
+            self.arm(self.drain_timeout_s, 2 if isinstance(fatal, DependencyOutage) else 1,
+                     f"fatal error ({type(fatal).__name__})")
+
+    def arm(self, seconds: float, status: int, why: str) -> None:
+        with self._lock:
+            at = time.monotonic() + seconds
+            if at >= self._at:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+            self._at = at
+            self._timer = threading.Timer(seconds, self._fire, (seconds, status, why))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer, self._at = None, float("inf")
+
+    @staticmethod
+    def _fire(seconds: float, status: int, why: str) -> None:
+        log.error("still stopping %.0fs after %s; exiting now with status %d (uncommitted records will be "
+                  "redelivered)", seconds, why, status)
+        for h in logging.getLogger().handlers:
+            try:
+                h.flush()
+            except Exception:  # noqa: BLE001 - exiting anyway; a broken log handler must not stop it
+                pass
+        os._exit(status)
 
 
 async def _run_until_signal(worker: KafkaDerenderWorker) -> None:
@@ -125,8 +186,10 @@ def main_run(args: argparse.Namespace) -> int:
     else:
         del service  # each pool process builds its own
         worker = KafkaDerenderWorker(settings, models)
+    backstop = ExitBackstop(settings.drain_timeout_s)
+    worker.on_stopping = backstop.on_stopping
     try:
-        asyncio.run(_run_until_signal(worker))
+        asyncio.run(_run_until_signal(worker))  # (the backstop stays armed until the process has ended)
     except EndpointError as e:  # raised before anything else started
         log.error("bad configuration: %s", e)
         return 2

@@ -64,13 +64,25 @@ import asyncio
 import logging
 import sys
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from worker.logs import record_fields
+from worker.transport.checkpoints import (
+    Checkpoint,
+    CheckpointWrite,
+    CheckpointWriter,
+    OffsetCommitError,
+    ReplayEntry,
+    ReplyAckError,
+    ReplyProduceError,
+    StateCommitError,
+    StreamStepError,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from worker.transport.context import StreamContext
 from worker.transport.deadletter import DeadLetterError
 from worker.transport.jobs import JobOutcome, body_request_id, error_body, is_object_value
 from worker.transport.outage import OutageClock
@@ -79,159 +91,31 @@ from worker.transport.records import (
     HDR_STREAM_END,
     SEQ_MAX,
     STREAM_KEY_MAX_BYTES,
+    kind_header,
     parse_seq,
     record_created,
     stream_id,
 )
 from worker.transport.stream_memory import StreamMemory
+from worker.transport.stream_registry import (
+    _GAP,
+    _park,
+    _Stream,
+    _unpark,
+    drop_streams,
+    end_stream,
+    held_offsets,
+    trim_committed,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StreamStepError", "ReplyProduceError", "ReplyAckError", "StateCommitError", "OffsetCommitError",
-           "ReplayEntry", "Checkpoint", "StreamRouter", "encode_checkpoint", "decode_checkpoint"]
-
-CHECKPOINT_VERSION = 1
-
-
-# --------------------------------------------------------------------------- typed errors ----
-class StreamStepError(Exception):
-    """A step of the per-chunk commit order failed; ``step`` names it."""
-
-    step = "stream"
-
-
-class ReplyProduceError(StreamStepError):
-    """(1) the producer refused the reply (and its dead letter)."""
-
-    step = "produce"
-
-
-class ReplyAckError(StreamStepError):
-    """(2) the broker did not acknowledge the reply (nor its dead letter)."""
-
-    step = "ack"
-
-
-class StateCommitError(StreamStepError):
-    """(3) the checkpoint write failed (after retries); wraps a ``StateStoreError``."""
-
-    step = "state"
-
-
-class OffsetCommitError(StreamStepError):
-    """(4) the offset commit failed (logged; retried at the next commit)."""
-
-    step = "offsets"
-
-
-# ---------------------------------------------------------------------------- checkpoints ----
-class ReplayEntry(msgspec.Struct, array_like=True):
-    """One published reply of a stream: enough to publish the identical record again."""
-
-    seq: int
-    status: int
-    end: bool
-    kind: str | None
-    value: bytes
-
-
-class Checkpoint(msgspec.Struct, array_like=True):
-    """The stored value of a stream: format version, state after the stored seq (None = ended)
-    and the replay window (ascending seq)."""
-
-    v: int
-    state: bytes | None
-    replies: list[ReplayEntry]
-
-
-_ckpt_encoder = msgspec.msgpack.Encoder()
-_ckpt_decoder = msgspec.msgpack.Decoder(Checkpoint)
-
-
-def encode_checkpoint(state: bytes | None, replies: list[ReplayEntry]) -> bytes:
-    return _ckpt_encoder.encode(Checkpoint(CHECKPOINT_VERSION, state, replies))
-
-
-def decode_checkpoint(data: bytes) -> Checkpoint:
-    """Raises ``msgspec.DecodeError``/``ValidationError`` on a foreign value."""
-    return _ckpt_decoder.decode(data)
+__all__ = ["StreamRouter",
+           # (defined in worker.transport.checkpoints, re-exported for existing imports)
+           "StreamStepError", "ReplyProduceError", "ReplyAckError", "StateCommitError", "OffsetCommitError",
+           "ReplayEntry", "Checkpoint", "encode_checkpoint", "decode_checkpoint"]
 
 # ------------------------------------------------------------------------------- router ----
-_GAP = object()  # queue marker: the gap timer fired
-
-
-class _Parked(msgspec.Struct, array_like=True):
-    """A parked (idle) stream's state and replay window in one msgpack value (``_park``)."""
-
-    state: bytes | None
-    replies: list[ReplayEntry]
-    offsets: list[int]  # input offset of each reply (-1: loaded from the store)
-
-
-_parked_encoder = msgspec.msgpack.Encoder()
-_parked_decoder = msgspec.msgpack.Decoder(_Parked)
-
-
-@dataclass(slots=True)
-class _Stream:
-    """One stream held in memory. While nothing of it runs or waits (``_park``), its state and
-    replay window live in ``packed`` (one bytes value) and ``state``/``window``/``queue``/``held``/
-    ``held_dups`` are None: thousands of idle streams then cost one object and one buffer each
-    instead of a dozen small objects scattered over the allocator's arenas (which a few surviving
-    neighbours would keep in the RSS after the streams are evicted)."""
-
-    rid: str
-    state: bytes | None = None  # state after next_seq - 1 (None before chunk 0 / once ended)
-    next_seq: int = 0
-    ended: bool = False
-    known: bool = False  # chunk 0 was seen (here or by a previous owner)
-    window: OrderedDict = field(default_factory=OrderedDict)  # seq -> (ReplayEntry, input offset)
-    queue: deque = field(default_factory=deque)
-    held: dict = field(default_factory=dict)  # seq -> msg (beyond a gap)
-    held_dups: list = field(default_factory=list)
-    gap_deadline: float | None = None
-    task: asyncio.Task | None = None
-    end_offset: int = -1  # highest input offset handled after the stream ended
-    deleted: bool = False
-    ended_at: float = 0.0
-    loading: bool = False  # being read from the store: its queue waits
-    last_used: float = field(default_factory=time.monotonic)  # last chunk handed to it (idle eviction)
-    pending_writes: int = 0  # checkpoints produced and not yet written (never evicted meanwhile)
-    packed: bytes | None = None  # parked: encoded ``_Parked`` (state, window)
-    packed_len: int = 0  # parked: replay window length
-    packed_first: int = -1  # parked: input offset of the window's first reply
-
-
-def _park(s: _Stream) -> None:
-    """Pack an idle stream (nothing queued, held or loading) into ``s.packed``; no-op otherwise."""
-    if s.packed is not None or s.queue or s.held or s.held_dups or s.loading:
-        return
-    entries = list(s.window.values())
-    s.packed = _parked_encoder.encode(_Parked(s.state, [e for e, _ in entries], [o for _, o in entries]))
-    s.packed_len = len(entries)
-    s.packed_first = entries[0][1] if entries else -1
-    s.state = s.window = s.queue = s.held = s.held_dups = None
-
-
-def _unpark(s: _Stream) -> None:
-    """Undo ``_park`` (before a chunk is handed to the stream); no-op when not parked."""
-    if s.packed is None:
-        return
-    p = _parked_decoder.decode(s.packed)
-    s.packed = None
-    s.state = p.state
-    s.window = OrderedDict((e.seq, (e, o)) for e, o in zip(p.replies, p.offsets, strict=True))
-    s.queue, s.held, s.held_dups = deque(), {}, []
-
-
-@dataclass
-class _Write:
-    st: Any  # _Partition
-    rid: str
-    seq: int
-    value: bytes  # encoded checkpoint
-    offsets: list
-    s: Any = None  # the _Stream (pending_writes)
 
 
 def _bad_chunk(msg, seq: int | None) -> str | None:
@@ -245,35 +129,50 @@ def _bad_chunk(msg, seq: int | None) -> str | None:
     return None
 
 
+async def _answer_too_large(ctx: StreamContext, st, s: _Stream | None, msg, plan, err, write: bool, rid: str | None):
+    """Reply ``plan`` of ``msg`` is larger than ``--max-request-size`` (``err``: the 413
+    ``ReplyTooLarge``): dead-letter the record in full (retried until acked), and return the
+    small 413 error reply to the same address that replaces ``plan``. For a new chunk of
+    stream ``s`` (``write``) that reply ends the stream (``derender-stream-end: 1``): later
+    chunks get the ended-stream 409, so no answer looks complete with a chunk missing."""
+    small = await ctx.publisher.replace_too_large(st, msg, plan, err, s.rid if s else rid)
+    if s is not None and write and not small.is_dead_letter:
+        end_stream(s)
+        if not any(k == HDR_STREAM_END for k, _ in small.headers):
+            small.headers.append((HDR_STREAM_END, b"1"))
+        log.warning("stream %r: chunk %s %d answered 413 (%s); stream ended", s.rid, HDR_SEQ,
+                    parse_seq(msg), err.message,
+                    extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
+    return small
+
+
 class StreamRouter:
-    """The streaming half of a ``KafkaDerenderWorker`` (see the module docstring). ``worker``
-    supplies the producer (``_send``, ``_publish``, ``_dead_letter_until_acked``), the reply planning
-    (``_safe_plan``/``_dlq``), the executor
-    (``_stream_submit``), stats and ``_stream_done(st, offset)`` (offset finished). ``store``: a
+    """The streaming half of a ``KafkaDerenderWorker`` (see the module docstring). ``ctx``: the
+    ``StreamContext`` it works with (publisher, planner, the pool's ``submit``, the
+    finished/abandoned/fatal callbacks, stats); it never sees the worker. ``store``: a
     ``RedisStateStore`` or ``MemoryStateStore``; ``outage``: the ``OutageClock`` reads and writes
     wait on (default: give up at the first failure); ``memory``: the ``StreamMemory`` eviction
     policy (default: 900 s idle, 20,000 streams)."""
 
-    def __init__(self, worker: Any, store: Any, gap_timeout_s: float, replay_window: int,
+    def __init__(self, ctx: StreamContext, store: Any, gap_timeout_s: float, replay_window: int,
                  outage: OutageClock | None = None, memory: StreamMemory | None = None):
-        self.w = worker
+        self.ctx = ctx
         self.store = store
         self.gap_timeout_s = gap_timeout_s
         self.replay_window = max(0, replay_window)
         self.outage = outage or OutageClock("stream state store", "state-store", 0.0)
         self.memory = memory or StreamMemory(900.0, 20000)
         self.parts: dict[int, Any] = {}  # id(partition) -> open partition (eviction, gauge)
-        self._pending: list[_Write] = []
-        self._wake = asyncio.Event()
+        self.writer = CheckpointWriter(store, self.outage, on_done=ctx.finished, on_abandon=ctx.abandoned,
+                                       on_fatal=ctx.fatal, stats=ctx.stats)
         self._writer: asyncio.Task | None = None
-        self._inflight_writes = 0
         self._bg: set[asyncio.Task] = set()
         self._answers: dict[int, set[asyncio.Task]] = {}  # id(partition) -> running answer() tasks
         self._acking: set[int] = set()  # id(partition) whose stream acker is awaiting a delivery
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self._writer = asyncio.create_task(self._write_loop(), name="derender-state-writer")
+        self._writer = asyncio.create_task(self.writer.run(), name="derender-state-writer")
         sweeper = asyncio.create_task(self.memory.run(self), name="derender-stream-sweeper")
         self._bg.add(sweeper)
         sweeper.add_done_callback(self._bg.discard)
@@ -297,8 +196,8 @@ class StreamRouter:
         st.tasks.append(asyncio.create_task(self._acker(st), name=f"derender-sack-{st.tp.topic}-{st.tp.partition}"))
 
     def held_offsets(self, st) -> set[int]:
-        return {m.offset for s in st.streams.values() if s.held or s.held_dups
-                for m in (*s.held.values(), *s.held_dups)}
+        """Offsets of the records of ``st`` held behind gaps."""
+        return held_offsets(st.streams)
 
     async def drain(self, st) -> None:
         """Wait until every stream record of ``st`` is finished except the held ones (gaps). Once
@@ -309,7 +208,7 @@ class StreamRouter:
             busy = any(s.task is not None or s.loading for s in st.streams.values()) \
                 or any(not t.done() for t in self._answers.get(id(st), ()))
             if not busy and st.sacks.empty() and id(st) not in self._acking \
-                    and not any(w.st is st for w in self._pending) and self._inflight_writes == 0 \
+                    and not self.writer.busy_with(st) \
                     and (st.failed or not (st.stream_inflight - self.held_offsets(st))):
                 return
             await asyncio.sleep(0.02)
@@ -319,20 +218,12 @@ class StreamRouter:
         committed (they stay in ``st.inflight``, the partition is marked failed), capacity released."""
         st.failed = True
         for off in offsets:
-            self.w._stream_abandon(st, off)
+            self.ctx.abandoned(st, off)
 
     def drop_partition(self, st) -> None:
         """Forget the partition's streams (revoke/close); held records stay uncommitted."""
-        for s in st.streams.values():
-            if s.task is not None:
-                s.task.cancel()
-            if s.packed is not None:
-                continue
-            for m in (*s.held.values(), *s.held_dups):
-                self.w._stream_abandon(st, m.offset)
-            s.held.clear()
-            s.held_dups.clear()
-        st.streams.clear()
+        for off in drop_streams(st.streams):
+            self.ctx.abandoned(st, off)
         self._answers.pop(id(st), None)
         self.parts.pop(id(st), None)
 
@@ -358,7 +249,9 @@ class StreamRouter:
             _unpark(s)
             s.last_used = now
             s.queue.append(m)
-            if not s.loading:
+            if s.loading:
+                st.wait_store((m.offset,))  # (not in the in-flight window: it waits for the store)
+            else:
                 self._kick(st, s)
         if new:
             task = asyncio.create_task(self._load(st, new), name=f"derender-stream-load-{st.tp.partition}")
@@ -381,7 +274,7 @@ class StreamRouter:
                 if s is not None and s.loading:
                     self._fail(st, [m.offset for m in s.queue if m is not _GAP])
                     s.queue.clear()
-            self.w._stream_fatal(e)
+            self.ctx.fatal(e)
             return
         for rid in rids:
             s = st.streams.get(rid)
@@ -405,10 +298,11 @@ class StreamRouter:
                         s.window[e.seq] = (e, -1)
                     log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
             s.loading = False
+            st.store_done([m.offset for m in s.queue if m is not _GAP])
             if st.closed:
                 for m in s.queue:
                     if m is not _GAP:
-                        self.w._stream_abandon(st, m.offset)
+                        self.ctx.abandoned(st, m.offset)
                 s.queue.clear()
                 continue
             self._kick(st, s)
@@ -434,7 +328,7 @@ class StreamRouter:
                 except Exception as e:
                     log.error("%s; stopping (it will be redelivered)", e)
                     self._fail(st, [msg.offset])
-                    self.w._stream_fatal(e)
+                    self.ctx.fatal(e)
 
             task = asyncio.create_task(answer())
             self._bg.add(task)
@@ -473,7 +367,7 @@ class StreamRouter:
             unsent = [m.offset for m in s.queue if m is not _GAP]
             s.queue.clear()
             self._fail(st, unsent)
-            self.w._stream_fatal(e)
+            self.ctx.fatal(e)
         finally:
             s.task = None
             _park(s)  # (a no-op when chunks wait)
@@ -540,40 +434,39 @@ class StreamRouter:
             why = (f"stream {s.rid!r}: chunk(s) {s.next_seq}..{seqs[0] - 1} missing after "
                    f"{self.gap_timeout_s:g}s (held {HDR_SEQ} {', '.join(map(str, seqs))}); stream ended")
         log.warning("%s", why)
-        self.w.stats.stream_gaps += 1
+        self.ctx.stats.stream_gaps += 1
         msgs = [s.held[k] for k in seqs]
         dups, s.held_dups = s.held_dups, []
         s.held.clear()
         s.gap_deadline = None
         entry = ReplayEntry(last, 409, True, None, error_body(why, 409, s.rid))
+        s.gap_from = s.next_seq  # a missing chunk arriving later is answered, not taken for a duplicate
         s.next_seq = last + 1
-        self._end(s)
+        end_stream(s)
         await self._publish(st, s, msgs[-1], entry, write=True, extra_offsets=[m.offset for m in msgs[:-1]])
         for m in dups:
             await self._old_or_ended(st, s, m, self.parse_seq(m))
 
-    def _end(self, s: _Stream) -> None:
-        s.ended = True
-        s.known = True
-        s.state = None
-        s.ended_at = time.monotonic()
-
     async def _old_or_ended(self, st, s: _Stream, msg, seq: int) -> None:
         s.end_offset = max(s.end_offset, msg.offset) if s.ended else s.end_offset
         hit = s.window.get(seq)
+        late = s.ended and 0 <= s.gap_from <= seq  # after a gap ended the stream: never answered alone
         if hit is not None:
-            self.w.stats.stream_replayed += 1
+            self.ctx.stats.stream_replayed += 1
             await self._publish(st, s, msg, hit[0])
-        elif seq < s.next_seq:
-            self.w.stats.stream_skipped += 1
-            self.w._prom.finished("stream", self.w._kind_header(msg), None, None, msg.timestamp, duplicate=True)
+        elif seq < s.next_seq and not late:
+            self.ctx.stats.stream_skipped += 1
+            self.ctx.metrics.finished("stream", kind_header(msg), None, None, msg.timestamp, duplicate=True)
             log.info("stream %r: duplicate %s %d older than the replay window: skipped (its reply was acked)",
                      s.rid, HDR_SEQ, seq)
-            self.w._stream_done(st, msg.offset)
+            self.ctx.finished(st, msg.offset)
         else:
-            entry = ReplayEntry(seq, 409, True, None,
-                                error_body(f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}); "
-                                       f"chunk {HDR_SEQ} {seq} ignored", 409, s.rid))
+            why = f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}"
+            if late:
+                why += f", ended after {HDR_SEQ} {s.gap_from} was missing for {self.gap_timeout_s:g}s"
+            why += f"); chunk {HDR_SEQ} {seq} ignored"
+            log.info("%s: answered 409", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
+            entry = ReplayEntry(seq, 409, True, None, error_body(why, 409, s.rid))
             await self._publish(st, s, msg, entry)
 
     async def _derender_publish(self, st, s: _Stream, msg, seq: int) -> None:
@@ -587,19 +480,19 @@ class StreamRouter:
         except Exception as e:
             log.exception("stream %r: chunk %s[%d]@%d failed; ending the stream with a 500", s.rid, msg.topic,
                           msg.partition, msg.offset)
-            self.w.stats.crashes += 1
+            self.ctx.stats.crashes += 1
             s.next_seq = max(s.next_seq, seq + 1)
-            self._end(s)
+            end_stream(s)
             entry = ReplayEntry(seq, 500, True, None,
                                 error_body(f"internal error: {type(e).__name__}: {e}", 500, s.rid))
             await self._publish(st, s, msg, entry, write=True)
 
     async def _derender_publish_one(self, st, s: _Stream, msg, seq: int) -> None:
-        kind = self.w._kind_header(msg)
-        out = await self.w._stream_submit(msg.value, s.state, seq, kind, record_created(msg))
-        self.w._prom.processing_stream.observe(out.seconds)
+        kind = kind_header(msg)
+        out = await self.ctx.submit(msg.value, s.state, seq, kind, record_created(msg))
+        self.ctx.metrics.processing_stream.observe(out.seconds)
         if out.crash:
-            self.w.stats.crashes += 1
+            self.ctx.stats.crashes += 1
             log.error("stream derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
                       msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
                       extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
@@ -608,10 +501,10 @@ class StreamRouter:
         s.next_seq = seq + 1
         end = out.status != 200 or out.done
         if end:
-            self._end(s)
+            end_stream(s)
         else:
             s.state = out.state
-        self.w.stats.stream_chunks += 1
+        self.ctx.stats.stream_chunks += 1
         # (one shared kind string, not one unpickled copy per reply held in replay windows)
         entry = ReplayEntry(seq, out.status, end, sys.intern(out.kind) if out.kind else out.kind, out.body)
         await self._publish(st, s, msg, entry, write=True, is_object=out.is_object)
@@ -622,21 +515,31 @@ class StreamRouter:
         ``rid``: the request id addressing the reply when there is no stream ``s``. An
         ``entry.seq`` < 0 (no valid ``derender-seq``) puts no ``derender-seq`` header on the reply."""
         out = JobOutcome(entry.value, entry.status, s.rid if s else rid, entry.kind, is_object)
-        plan = self.w._safe_plan(msg, out)
-        if plan[4] is None:
+        plan = self.ctx.planner.safe_plan(msg, out)
+        too_big = None
+        if not plan.is_dead_letter:
             if entry.seq >= 0:
-                plan[3].append((HDR_SEQ, str(entry.seq).encode()))
+                plan.headers.append((HDR_SEQ, str(entry.seq).encode()))
             if entry.end:
-                plan[3].append((HDR_STREAM_END, b"1"))
+                plan.headers.append((HDR_STREAM_END, b"1"))
+            too_big = self.ctx.publisher.too_large(plan)
+            if too_big is not None:  # the full record is dead-lettered; a 413 answers (and ends the stream)
+                plan = await _answer_too_large(self.ctx, st, s, msg, plan, too_big, write, rid)
+                if s is not None and write and not plan.is_dead_letter:
+                    entry = ReplayEntry(entry.seq, too_big.status, True, entry.kind, plan.value)
         wr = None  # the checkpoint is built before anything is sent: nothing can fail after the send
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
-            wr = _Write(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
-                        [msg.offset, *(extra_offsets or ())], s)
+            wr = CheckpointWrite(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
+                                 [msg.offset, *(extra_offsets or ())], s)
         try:
             # a reply refused for a reason of its own is dead-lettered; a dead letter is retried
             # until acked (partition paused, not ready) unless the partition goes away meanwhile
-            plan, delivery = await self.w._publish(st, msg, plan)
+            if too_big is not None and plan.is_dead_letter:  # (already acked by _too_large)
+                delivery = asyncio.get_running_loop().create_future()
+                delivery.set_result(None)
+            else:
+                plan, delivery = await self.ctx.publisher.publish(st, msg, plan, s.rid if s else rid)
         except DeadLetterError:
             raise
         except Exception as e:
@@ -650,27 +553,17 @@ class StreamRouter:
 
     async def _acker(self, st) -> None:
         """Step 2 (ack) in send order, then hand the checkpoint to the writer (step 3)."""
-        from aiokafka.errors import KafkaError
         while True:
             msg, plan, entry, delivery, wr = await st.sacks.get()
             self._acking.add(id(st))
             try:
-                try:
-                    await delivery
-                except KafkaError as e:
-                    if plan[4] is None:
-                        refused = plan[0]
-                        plan = self.w._dlq(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
-                        log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
-                                    msg.offset, plan[4], refused,
-                                    extra=record_fields(msg.topic, msg.partition, msg.offset))
-                    await self.w._dead_letter_until_acked(st, msg, plan)  # retried until acked
-                self.w._count(plan, _Counted(entry.status, entry.kind), msg, "stream")
+                plan = await self.ctx.publisher.settle(st, msg, plan, delivery)  # (retried until acked)
+                self.ctx.count(plan, _Counted(entry.status, entry.kind), msg, "stream")
                 if wr is None:
-                    self.w._stream_done(st, msg.offset)
+                    self.ctx.finished(st, msg.offset)
                 else:
-                    self._pending.append(wr)
-                    self._wake.set()
+                    st.wait_store(wr.offsets)  # acked: only the checkpoint is left (not in the window)
+                    self.writer.add(wr)
             except DeadLetterError as e:
                 log.warning("%s; %s[%d]@%d stays uncommitted", e, msg.topic, msg.partition, msg.offset)
                 self._fail(st, [msg.offset, *(wr.offsets if wr is not None else ())])
@@ -679,98 +572,16 @@ class StreamRouter:
                                     f"{type(e).__name__}: {e}")
                 log.error("%s; stopping (it will be redelivered)", err)
                 self._fail(st, [msg.offset, *(wr.offsets if wr is not None else ())])
-                self.w._stream_fatal(err)
+                self.ctx.fatal(err)
             finally:
                 self._acking.discard(id(st))
                 st.sacks.task_done()
 
-    # -- step 3: batched checkpoint writes -------------------------------------------------
-    async def _write_loop(self) -> None:
-        """Step 3: write every checkpoint waiting (coalesced per stream, latest seq wins) in one
-        pipeline. While the store is unavailable, keep the batch, merge the writes that arrive and
-        retry with backoff; after the outage deadline, stop the worker (exit status 2)."""
-        from worker.state import StateStoreError, StateWrite
-        from worker.transport.outage import DependencyOutage
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if not self._pending:
-                continue
-            batch, self._pending = self._pending, []
-            delay = 0.1
-            while True:
-                self._inflight_writes = len(batch)
-                latest: dict[str, _Write] = {}
-                for wr in batch:
-                    cur = latest.get(wr.rid)
-                    if cur is None or wr.seq >= cur.seq:
-                        latest[wr.rid] = wr
-                writes = [StateWrite(w.rid, w.value, w.seq) for w in latest.values()]
-                try:
-                    res = await self.store.commit(writes)
-                    self.outage.up()
-                    break
-                except StateStoreError as e:
-                    self.outage.down(f"checkpoint write of {len(writes)} stream(s): {type(e).__name__}: {e}")
-                    if not self.outage.expired:
-                        await asyncio.sleep(min(delay, max(0.01, self.outage.deadline_s - self.outage.down_for)))
-                        delay = min(2.0, delay * 2)
-                        batch += self._pending  # what piled up meanwhile joins the retry
-                        self._pending = []
-                        continue
-                    err = DependencyOutage(self.outage.give_up_line())
-                    err.__cause__ = StateCommitError(f"checkpoint write failed: {type(e).__name__}: {e}")
-                except Exception as e:  # not a store error: a bug; stop without committing
-                    err = StateCommitError(f"checkpoint write of {len(writes)} stream(s) failed: "
-                                           f"{type(e).__name__}: {e}")
-                    log.error("%s; stopping (the chunks will be redelivered)", err)
-                for wr in batch:
-                    self._fail(wr.st, wr.offsets)
-                self._inflight_writes = 0
-                self.w._stream_fatal(err)
-                res = None
-                break
-            if res is None:
-                continue
-            self.w.stats.state_writes += 1
-            for w, ok in zip(latest.values(), res, strict=False):
-                if not ok:
-                    log.warning("stream %r: checkpoint at seq %d fenced off (a newer one is stored: another "
-                                "worker advanced the stream)", w.rid, w.seq)
-            for wr in batch:
-                if wr.s is not None:
-                    wr.s.pending_writes -= 1
-                for off in wr.offsets:
-                    if wr.st.failed:  # a record before it was lost: never commit past that one
-                        self.w._stream_abandon(wr.st, off)
-                    else:
-                        self.w._stream_done(wr.st, off)
-            self._inflight_writes = 0
-
     # -- after an offset commit ------------------------------------------------------------
     def on_committed(self, st, offset: int) -> None:
         """Offsets below ``offset`` of partition ``st`` are committed: trim replay windows and
-        delete the stored checkpoints of streams that ended before it."""
-        from worker.state import StateWrite
-        deletes = []
-        now = time.monotonic()
-        for rid, s in list(st.streams.items()):
-            if s.packed is not None and s.packed_len > self.replay_window and s.packed_first < offset:
-                _unpark(s)  # its window is trimmed, then it is packed again
-            w = s.window
-            while w is not None and len(w) > self.replay_window:
-                first = next(iter(w.values()))
-                if first[1] >= offset:
-                    break
-                w.popitem(last=False)
-            if w is not None and s.task is None:
-                _park(s)
-            if s.ended and s.task is None and not s.held and s.end_offset < offset:
-                if not s.deleted:
-                    s.deleted = True
-                    deletes.append(StateWrite(rid, None, s.next_seq - 1))
-                elif now - s.ended_at > 60.0:
-                    del st.streams[rid]  # forget it (its replies were committed long ago)
+        delete the stored checkpoints of streams that ended before it (``stream_registry``)."""
+        deletes = trim_committed(st.streams, offset, self.replay_window)
         if deletes:
             async def go():
                 try:

@@ -1,0 +1,224 @@
+"""Stream checkpoints: the commit order of a stream chunk with its typed error per step, the
+stored value (``Checkpoint``: state + replay window, msgpack), and the checkpoint writer (step 3).
+
+Per-chunk commit order, one typed error per step (the non-streaming path is steps 1, 2, 4):
+
+1. produce the reply (``ReplyProduceError``; a reply refused for a reason of its own is
+   dead-lettered by ``worker.transport.publisher``);
+2. broker ack, ``acks=all`` (``ReplyAckError``);
+3. write of the checkpoint covering the chunk to the state store (``StateCommitError``; waits out
+   an outage up to ``--state-store-outage-deadline``, then ``DependencyOutage``);
+4. offset commit up to the lowest offset not through step 3 (``OffsetCommitError``; logged and
+   retried at the next commit interval).
+
+A failure of 1-2 (after a dead-letter attempt) or of 3 (after the outage deadline) stops the
+worker without committing: the chunk is redelivered.
+
+``CheckpointWriter`` (step 3): checkpoints handed to it (``add``) are coalesced per stream (the
+latest seq's value, every merged record's offsets: memory stays one checkpoint per stream however
+long the store is away) and written in one ``store.commit`` pipeline per wake-up; while the store
+is unavailable the batch is kept, what arrives meanwhile merges into it, and it is retried with
+backoff. Only once a checkpoint is durable are its records finished (``on_done``); after the
+outage deadline its records are abandoned (never committed) and the worker stops.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from worker.transport.outage import DependencyOutage, OutageClock
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StreamStepError", "ReplyProduceError", "ReplyAckError", "StateCommitError", "OffsetCommitError",
+           "ReplayEntry", "Checkpoint", "encode_checkpoint", "decode_checkpoint", "CHECKPOINT_VERSION",
+           "CheckpointWrite", "CheckpointWriter"]
+
+CHECKPOINT_VERSION = 1
+
+
+# --------------------------------------------------------------------------- typed errors ----
+class StreamStepError(Exception):
+    """A step of the per-chunk commit order failed; ``step`` names it."""
+
+    step = "stream"
+
+
+class ReplyProduceError(StreamStepError):
+    """(1) the producer refused the reply (and its dead letter)."""
+
+    step = "produce"
+
+
+class ReplyAckError(StreamStepError):
+    """(2) the broker did not acknowledge the reply (nor its dead letter)."""
+
+    step = "ack"
+
+
+class StateCommitError(StreamStepError):
+    """(3) the checkpoint write failed (after retries); wraps a ``StateStoreError``."""
+
+    step = "state"
+
+
+class OffsetCommitError(StreamStepError):
+    """(4) the offset commit failed (logged; retried at the next commit)."""
+
+    step = "offsets"
+
+
+# ---------------------------------------------------------------------------- checkpoints ----
+class ReplayEntry(msgspec.Struct, array_like=True):
+    """One published reply of a stream: enough to publish the identical record again."""
+
+    seq: int
+    status: int
+    end: bool
+    kind: str | None
+    value: bytes
+
+
+class Checkpoint(msgspec.Struct, array_like=True):
+    """The stored value of a stream: format version, state after the stored seq (None = ended)
+    and the replay window (ascending seq)."""
+
+    v: int
+    state: bytes | None
+    replies: list[ReplayEntry]
+
+
+_ckpt_encoder = msgspec.msgpack.Encoder()
+_ckpt_decoder = msgspec.msgpack.Decoder(Checkpoint)
+
+
+def encode_checkpoint(state: bytes | None, replies: list[ReplayEntry]) -> bytes:
+    """The stored value (msgpack ``Checkpoint``) of a stream's ``state`` and replay window."""
+    return _ckpt_encoder.encode(Checkpoint(CHECKPOINT_VERSION, state, replies))
+
+
+def decode_checkpoint(data: bytes) -> Checkpoint:
+    """Raises ``msgspec.DecodeError``/``ValidationError`` on a foreign value."""
+    return _ckpt_decoder.decode(data)
+
+
+# --------------------------------------------------------------------------------- writer ----
+@dataclass
+class CheckpointWrite:
+    """A checkpoint to write: the latest of a stream's checkpoints produced since its last write
+    (``n`` of them merged, their input ``offsets`` all finished once it is durable)."""
+
+    st: Any  # the partition (``failed``, ``tp``)
+    rid: str
+    seq: int
+    value: bytes  # encoded checkpoint
+    offsets: list
+    s: Any = None  # the stream (``pending_writes``: never evicted while a write is pending)
+    n: int = 1  # checkpoints merged into this one
+
+
+def _merge(into: dict, wr: CheckpointWrite) -> None:
+    """Add ``wr`` to the writes waiting in ``into`` (``(id(partition), rid) -> CheckpointWrite``):
+    one write per stream, the latest seq's value, every merged record's offsets."""
+    k = (id(wr.st), wr.rid)
+    cur = into.get(k)
+    if cur is None:
+        into[k] = wr
+        return
+    if wr.seq >= cur.seq:
+        cur.seq, cur.value = wr.seq, wr.value
+    cur.offsets.extend(wr.offsets)
+    cur.n += wr.n
+
+
+class CheckpointWriter:
+    """Step 3 (module docstring) over ``store`` (``commit([StateWrite])``), waiting on ``outage``
+    (an ``OutageClock``). ``on_done(st, offset)``: a record whose checkpoint is durable is
+    finished; ``on_abandon(st, offset)``: one that will never be (its partition failed);
+    ``on_fatal(err)``: the store stayed away past the deadline (``DependencyOutage``, its cause a
+    ``StateCommitError``) or a write failed otherwise (``StateCommitError``); ``stats``: counts
+    ``state_writes``."""
+
+    def __init__(self, store: Any, outage: OutageClock, *, on_done, on_abandon, on_fatal, stats: Any):
+        self.store = store
+        self.outage = outage
+        self.on_done = on_done
+        self.on_abandon = on_abandon
+        self.on_fatal = on_fatal
+        self.stats = stats
+        self._pending: dict[tuple[int, str], CheckpointWrite] = {}
+        self._wake = asyncio.Event()
+        self._inflight: list[CheckpointWrite] = []  # the batch being written
+
+    def add(self, wr: CheckpointWrite) -> None:
+        """Queue ``wr`` (its records' reply is acked): written at the next wake-up."""
+        _merge(self._pending, wr)
+        self._wake.set()
+
+    def busy_with(self, st: Any) -> bool:
+        """Whether a checkpoint of partition ``st`` waits or is being written."""
+        return any(w.st is st for w in self._pending.values()) or any(w.st is st for w in self._inflight)
+
+    def _fail(self, writes: list[CheckpointWrite]) -> None:
+        for wr in writes:
+            wr.st.failed = True  # never commit past a record whose checkpoint was lost
+            for off in wr.offsets:
+                self.on_abandon(wr.st, off)
+
+    async def run(self) -> None:
+        """Write what waits, batch by batch, until cancelled (module docstring)."""
+        from worker.state import StateStoreError, StateWrite
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._pending:
+                continue
+            batch, self._pending = self._pending, {}
+            delay = 0.1
+            while True:
+                latest = self._inflight = list(batch.values())
+                writes = [StateWrite(w.rid, w.value, w.seq) for w in latest]
+                try:
+                    res = await self.store.commit(writes)
+                    self.outage.up()
+                    break
+                except StateStoreError as e:
+                    self.outage.down(f"checkpoint write of {len(writes)} stream(s): {type(e).__name__}: {e}")
+                    if not self.outage.expired:
+                        await asyncio.sleep(min(delay, max(0.01, self.outage.deadline_s - self.outage.down_for)))
+                        delay = min(2.0, delay * 2)
+                        for wr in self._pending.values():  # what piled up meanwhile joins the retry
+                            _merge(batch, wr)
+                        self._pending = {}
+                        continue
+                    err: Exception = DependencyOutage(self.outage.give_up_line())
+                    err.__cause__ = StateCommitError(f"checkpoint write failed: {type(e).__name__}: {e}")
+                except Exception as e:  # not a store error: a bug; stop without committing
+                    err = StateCommitError(f"checkpoint write of {len(writes)} stream(s) failed: "
+                                           f"{type(e).__name__}: {e}")
+                    log.error("%s; stopping (the chunks will be redelivered)", err)
+                self._fail(latest)
+                self._inflight = []
+                self.on_fatal(err)
+                res = None
+                break
+            if res is None:
+                continue
+            self.stats.state_writes += 1
+            for w, ok in zip(latest, res, strict=False):
+                if not ok:
+                    log.warning("stream %r: checkpoint at seq %d fenced off (a newer one is stored: another "
+                                "worker advanced the stream)", w.rid, w.seq)
+            for wr in latest:
+                if wr.s is not None:
+                    wr.s.pending_writes -= wr.n
+                for off in wr.offsets:
+                    if wr.st.failed:  # a record before it was lost: never commit past that one
+                        self.on_abandon(wr.st, off)
+                    else:
+                        self.on_done(wr.st, off)
+            self._inflight = []

@@ -1,0 +1,285 @@
+"""The reply publisher: the only place the worker sends records from (replies, error replies and
+dead letters, for non-streaming records and stream chunks alike).
+
+Rules, in the order they apply to one ``Outgoing`` reply:
+
+1. a reply to a topic the producer does not know within ``--reply-topic-wait-ms`` is
+   dead-lettered (``reply-publish-failed: unknown topic``; remembered for
+   ``UNKNOWN_TOPIC_MEMORY_S``, all waits sharing one budget per window: ``reply_topic_known``);
+2. a reply larger than ``--max-request-size`` (as the Kafka producer counts a record) is
+   dead-lettered in full (``reply-too-large: ...``) and answered with a small 413 error reply to
+   the same address (``too_large``/``shrink``: ``worker.core.errors.ReplyTooLarge``);
+3. a reply the producer refuses at once, or whose delivery fails for good, is dead-lettered
+   (``reply-publish-failed: <error>``); a delivery failing with a transient error while a reply
+   topic is being created (``TRANSIENT_ERRORS``: aiokafka's ``UnknownError`` during auto-create,
+   unknown topic or partition, no leader yet) is sent again, with backoff, for at most
+   ``TRANSIENT_RETRY_S`` seconds first (``settle``);
+4. a dead letter is retried until the broker acknowledges it (``dead_letter_until_acked``: the
+   partition paused, the worker not ready meanwhile); never skipped, never a crash. Retrying
+   stops only when the partition goes away or the worker stops (``DeadLetterError``: the record
+   stays uncommitted and is redelivered).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiokafka.errors import (
+    KafkaError,
+    LeaderNotAvailableError,
+    NotLeaderForPartitionError,
+    UnknownError,
+    UnknownTopicOrPartitionError,
+)
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from worker.core.errors import ReplyTooLarge
+from worker.tracing import TRACEPARENT, TRACESTATE, Tracer
+from worker.transport.deadletter import DeadLetterError, dead_letter
+from worker.transport.health import HealthState
+from worker.transport.pauses import PartitionPauses
+from worker.transport.records import HDR_STATUS, Outgoing, log_fields
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ReplyPublisher", "UNKNOWN_TOPIC_MEMORY_S", "TRANSIENT_ERRORS", "TRANSIENT_RETRY_S"]
+
+#: seconds a reply topic that did not appear within ``reply_topic_wait_ms`` counts as unknown
+UNKNOWN_TOPIC_MEMORY_S = 10.0
+#: delivery errors of a reply that pass while its topic is being (auto-)created (issue 16, item 4)
+TRANSIENT_ERRORS = (UnknownError, UnknownTopicOrPartitionError, LeaderNotAvailableError, NotLeaderForPartitionError)
+#: seconds a reply failing with ``TRANSIENT_ERRORS`` is sent again before it is dead-lettered
+TRANSIENT_RETRY_S = 10.0
+
+
+def _done_future() -> asyncio.Future:
+    fut = asyncio.get_running_loop().create_future()
+    fut.set_result(None)
+    return fut
+
+
+class ReplyPublisher:
+    """Sends ``Outgoing`` records with the rules of the module docstring.
+
+    ``settings``: the ``WorkerSettings`` (reply and dead-letter topics, ``dead_letter_max_bytes``,
+    ``max_request_size``, ``reply_topic_wait_ms``, ``input_topic``); ``producer``: the started
+    ``AIOKafkaProducer`` (set before the first send); ``health``: not-ready reasons while a dead
+    letter is retried; ``pauses``: the partition pauses; ``stopping``: set when the worker stops
+    (retries end); ``tracer``: publish spans; ``on_dead_letter(reason)``: called for each dead
+    letter acked next to a reply (the 413 case; other dead letters are counted by the caller as the
+    record's outcome)."""
+
+    def __init__(self, settings: Any, health: HealthState, pauses: PartitionPauses, tracer: Tracer, *,
+                 on_dead_letter: Any = None):
+        self.settings = settings
+        self.producer: Any = None
+        self.health = health
+        self.pauses = pauses
+        self.tracer = tracer
+        self.stopping: asyncio.Event | None = None
+        self.on_dead_letter = on_dead_letter or (lambda reason: None)
+        self._unknown_topics: dict[str, float] = {}  # reply topic -> monotonic time until it counts as unknown
+        self._topic_wait_window = (0.0, 0.0)  # (monotonic end of the window, seconds spent waiting in it)
+
+    def _stopped(self) -> bool:
+        return self.stopping is not None and self.stopping.is_set()
+
+    # -- what to send ---------------------------------------------------------------------------
+    def dead_letter(self, msg: Any, reason: str) -> Outgoing:
+        """The dead letter of ``msg`` for ``reason`` (``worker.transport.deadletter``)."""
+        return dead_letter(msg, reason, self.settings.dead_letter_topic, self.settings.dead_letter_max_bytes)
+
+    def too_large(self, out: Outgoing) -> ReplyTooLarge | None:
+        """The 413 error of reply ``out`` when the producer would refuse it as larger than
+        ``--max-request-size`` (aiokafka's own estimate of the record's size), else None."""
+        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(out.key, out.value, out.headers)
+        return ReplyTooLarge(size, self.settings.max_request_size) if size > self.settings.max_request_size else None
+
+    @staticmethod
+    def shrink(out: Outgoing, err: ReplyTooLarge, request_id: str | None) -> Outgoing:
+        """Reply ``out`` replaced by the small error reply of ``err`` to the same address (topic,
+        key, headers; ``derender-status: 413``)."""
+        headers = [(k, str(err.status).encode() if k == HDR_STATUS else v) for k, v in out.headers]
+        return Outgoing(out.topic, out.key, err.to_body(request_id), headers)
+
+    # -- sending --------------------------------------------------------------------------------
+    async def send(self, out: Outgoing) -> asyncio.Future:
+        """Produce ``out`` (in a ``derender.publish`` span child of the record's trace context;
+        with a recording span the record's ``traceparent`` becomes the span's). Returns the
+        delivery future; raises ``KafkaError`` when the producer refuses it at once."""
+        headers = out.headers
+        if not self.tracer.enabled:
+            return await self.producer.send(out.topic, value=out.value, key=out.key, headers=headers)
+        carrier = [(k, v) for k, v in headers if k in (TRACEPARENT, TRACESTATE)]
+        with self.tracer.span("derender.publish", carrier, kind="producer",
+                              **{"messaging.system": "kafka", "messaging.destination.name": out.topic,
+                                 "derender.dead_letter_reason": out.dlq_reason}) as sp:
+            if carrier and sp is not None:
+                headers = [h for h in headers if h[0] not in (TRACEPARENT, TRACESTATE)]
+                headers += self.tracer.reply_headers(carrier, sp)
+            return await self.producer.send(out.topic, value=out.value, key=out.key, headers=headers)
+
+    async def publish(self, st: Any, msg: Any, out: Outgoing, request_id: str | None = None,
+                      ) -> tuple[Outgoing, asyncio.Future]:
+        """Send ``out`` for record ``msg`` of partition ``st`` -> ``(record actually sent, delivery
+        future)`` (rules 1-4 of the module docstring; rule 2 needs ``request_id`` for the error
+        object). Raises ``DeadLetterError`` when a dead letter's retries stop."""
+        if not out.is_dead_letter and not await self.reply_topic_known(out.topic):
+            out = self.dead_letter(msg, f"reply-publish-failed: unknown topic {out.topic!r}")
+        if not out.is_dead_letter:
+            err = self.too_large(out)
+            if err is not None:
+                out = await self.replace_too_large(st, msg, out, err, request_id)
+                if out.is_dead_letter:  # even the 413 was too big: the dead letter (acked) is all
+                    return out, _done_future()
+        if not out.is_dead_letter:
+            try:
+                return out, await self.send(out)
+            except KafkaError as e:  # refused at once for a reason of its own
+                refused = out.topic
+                out = self.dead_letter(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                            msg.offset, out.dlq_reason, refused, extra=log_fields(msg))
+        elif out.dlq_reason is not None:
+            log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, out.dlq_reason,
+                        extra=log_fields(msg))
+        try:
+            return out, await self.send(out)
+        except KafkaError:
+            pass
+        await self.dead_letter_until_acked(st, msg, out)
+        return out, _done_future()
+
+    async def replace_too_large(self, st: Any, msg: Any, out: Outgoing, err: ReplyTooLarge,
+                                request_id: str | None) -> Outgoing:
+        """Rule 2: dead-letter ``msg`` in full (``reply-too-large: <err>``, retried until acked),
+        then return the small 413 reply replacing ``out`` (or that dead letter, already acked,
+        when even the small reply is too large: a key or headers of megabytes)."""
+        reason = f"reply-too-large: {err.message}"
+        log.warning("%s[%d]@%d: %s; answering 413 and dead-lettering the record", msg.topic, msg.partition,
+                    msg.offset, err.message, extra=log_fields(msg, request_id))
+        dl = self.dead_letter(msg, reason)
+        await self.dead_letter_until_acked(st, msg, dl)
+        small = self.shrink(out, err, request_id)
+        if self.too_large(small) is not None:
+            return dl
+        self.on_dead_letter(reason)
+        return small
+
+    async def settle(self, st: Any, msg: Any, out: Outgoing, delivery: asyncio.Future,
+                     request_id: str | None = None) -> Outgoing:
+        """Await the broker's ack of ``out`` (``delivery``) -> the record acknowledged (``out``,
+        or the dead letter that replaced it). Rules 3-4; raises ``DeadLetterError`` when a dead
+        letter's retries stop, ``KafkaError`` never."""
+        t_end = None
+        delay = 0.1
+        while True:
+            try:
+                await delivery
+                return out
+            except KafkaError as e:
+                if out.is_dead_letter:
+                    break
+                if isinstance(e, TRANSIENT_ERRORS) and not self._stopped():
+                    now = time.monotonic()
+                    t_end = t_end if t_end is not None else now + TRANSIENT_RETRY_S
+                    if now < t_end:
+                        log.info("reply of %s[%d]@%d to %s: %s: %s; sending it again in %.1fs", msg.topic,
+                                 msg.partition, msg.offset, out.topic, type(e).__name__, e, delay,
+                                 extra=log_fields(msg, request_id))
+                        await asyncio.sleep(delay)
+                        delay = min(1.0, delay * 2)
+                        try:
+                            delivery = await self.send(out)
+                            continue
+                        except KafkaError as e2:
+                            e = e2
+                refused = out.topic
+                out = self.dead_letter(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
+                log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,
+                            msg.offset, out.dlq_reason, refused, extra=log_fields(msg, request_id))
+                break
+        await self.dead_letter_until_acked(st, msg, out)
+        return out
+
+    async def dead_letter_until_acked(self, st: Any, msg: Any, out: Outgoing) -> None:
+        """Publish dead letter ``out`` of ``msg`` and wait for the broker's ack, retrying with
+        backoff (0.5 s doubling to 30 s) while it fails (dead-letter topic missing or unwritable).
+        Meanwhile the partition ``st`` is paused (no new fetches; its offset cannot pass this
+        record anyway) and the health state is not ready (reason key
+        ``dead-letter:<topic>[<partition>]``). Raises ``DeadLetterError`` when the partition is
+        revoked or the worker is stopping while retrying: the record stays uncommitted."""
+        delay, paused, attempt = 0.5, False, 0
+        key = f"dead-letter:{st.tp.topic}[{st.tp.partition}]"
+        try:
+            while True:
+                attempt += 1
+                try:
+                    await (await self.send(out))
+                    if attempt > 1:
+                        log.warning("dead letter of %s[%d]@%d published after %d attempts", msg.topic,
+                                    msg.partition, msg.offset, attempt)
+                    return
+                except KafkaError as e:
+                    why = (f"cannot publish dead letters to {out.topic!r}: {type(e).__name__}: {e}; "
+                           f"partition {st.tp.topic}[{st.tp.partition}] paused at offset {msg.offset}")
+                    self.health.set_reason(key, why)
+                    if st.closed or self._stopped():
+                        raise DeadLetterError(why) from e
+                    log.error("%s; retrying in %.1fs (attempt %d)", why, delay, attempt)
+                    if not paused:
+                        paused = self.pauses.pause(st.tp, "dead-letter")
+                    try:  # the backoff, cut short by a stop request
+                        await asyncio.wait_for(self.stopping.wait(), delay)
+                    except asyncio.TimeoutError:
+                        pass
+                    delay = min(delay * 2, 30.0)
+        finally:
+            self.health.clear_reason(key)
+            if paused and not st.closed:
+                self.pauses.unpause(st.tp, "dead-letter")
+
+    # -- reply topics ---------------------------------------------------------------------------
+    async def reply_topic_known(self, topic: str) -> bool:
+        """Whether the producer has (or gets within ``reply_topic_wait_ms``) metadata for
+        ``topic``. A topic that did not appear is remembered as unknown for
+        ``UNKNOWN_TOPIC_MEMORY_S`` seconds, so records addressed to it fail at once instead of each
+        blocking its partition for the producer's full metadata wait (``request_timeout_ms``).
+        All waits together are bounded too: at most ``reply_topic_wait_ms`` per
+        ``UNKNOWN_TOPIC_MEMORY_S`` window, after which names not known yet fail at once until the
+        window ends (records naming a new missing topic each could otherwise hold up their
+        partition for ``reply_topic_wait_ms`` apiece)."""
+        if topic == self.settings.reply_topic or self.producer.client.cluster.partitions_for_topic(topic):  # cached
+            return True
+        now = time.monotonic()
+        until = self._unknown_topics.get(topic)
+        if until is not None and until > now:
+            return False
+        end, spent = self._topic_wait_window
+        if now >= end:
+            end, spent = now + UNKNOWN_TOPIC_MEMORY_S, 0.0
+            self._topic_wait_window = (end, spent)
+        budget = self.settings.reply_topic_wait_ms / 1000 - spent
+        try:
+            if budget <= 0:
+                raise asyncio.TimeoutError  # the window's waiting is spent: unknown at once
+            await asyncio.wait_for(self.producer.partitions_for(topic), budget)
+            self._unknown_topics.pop(topic, None)
+            return True
+        except (asyncio.TimeoutError, KafkaError):
+            if len(self._unknown_topics) >= 1024:  # bounded: forget the oldest
+                self._unknown_topics.pop(next(iter(self._unknown_topics)))
+            self._unknown_topics[topic] = now + UNKNOWN_TOPIC_MEMORY_S
+            # the producer's client added the name to the topics it refreshes metadata for, for
+            # good: take it out again, so that names from records cannot grow that list forever
+            client = self.producer.client
+            known = getattr(client, "_topics", None)
+            if isinstance(known, set) and topic in known:
+                client.set_topics(known - {topic})
+            return False
+        finally:  # (concurrent waits of other partitions add up in the same window)
+            cur_end, cur_spent = self._topic_wait_window
+            if cur_end == end:
+                self._topic_wait_window = (end, cur_spent + time.monotonic() - now)

@@ -1,0 +1,145 @@
+"""The stream registry: the streams a worker holds in memory per partition (``LiveStream``,
+alias ``_Stream``; request id -> stream in ``partition.streams``), how an idle one is parked
+(packed into one msgpack value) and unparked, and what happens to them when offsets commit
+(replay windows trimmed, ended streams' stored checkpoints deleted) or the partition goes away.
+Pure bookkeeping: no I/O (``worker.transport.streams`` runs them).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import msgspec
+
+from worker.transport.checkpoints import ReplayEntry
+
+__all__ = ["LiveStream", "end_stream", "held_offsets", "trim_committed", "drop_streams"]
+
+_GAP = object()  # queue marker: the gap timer fired
+
+
+class _Parked(msgspec.Struct, array_like=True):
+    """A parked (idle) stream's state and replay window in one msgpack value (``_park``)."""
+
+    state: bytes | None
+    replies: list[ReplayEntry]
+    offsets: list[int]  # input offset of each reply (-1: loaded from the store)
+
+
+_parked_encoder = msgspec.msgpack.Encoder()
+_parked_decoder = msgspec.msgpack.Decoder(_Parked)
+
+
+@dataclass(slots=True)
+class LiveStream:
+    """One stream held in memory. While nothing of it runs or waits (``_park``), its state and
+    replay window live in ``packed`` (one bytes value) and ``state``/``window``/``queue``/``held``/
+    ``held_dups`` are None: thousands of idle streams then cost one object and one buffer each
+    instead of a dozen small objects scattered over the allocator's arenas (which a few surviving
+    neighbours would keep in the RSS after the streams are evicted)."""
+
+    rid: str
+    state: bytes | None = None  # state after next_seq - 1 (None before chunk 0 / once ended)
+    next_seq: int = 0
+    ended: bool = False
+    known: bool = False  # chunk 0 was seen (here or by a previous owner)
+    window: OrderedDict = field(default_factory=OrderedDict)  # seq -> (ReplayEntry, input offset)
+    queue: deque = field(default_factory=deque)
+    held: dict = field(default_factory=dict)  # seq -> msg (beyond a gap)
+    held_dups: list = field(default_factory=list)
+    gap_deadline: float | None = None
+    task: asyncio.Task | None = None
+    end_offset: int = -1  # highest input offset handled after the stream ended
+    gap_from: int = -1  # ended by a gap: the first missing seq (seqs from it on were never answered alone)
+    deleted: bool = False
+    ended_at: float = 0.0
+    loading: bool = False  # being read from the store: its queue waits
+    last_used: float = field(default_factory=time.monotonic)  # last chunk handed to it (idle eviction)
+    pending_writes: int = 0  # checkpoints produced and not yet written (never evicted meanwhile)
+    packed: bytes | None = None  # parked: encoded ``_Parked`` (state, window)
+    packed_len: int = 0  # parked: replay window length
+    packed_first: int = -1  # parked: input offset of the window's first reply
+
+
+def _park(s: LiveStream) -> None:
+    """Pack an idle stream (nothing queued, held or loading) into ``s.packed``; no-op otherwise."""
+    if s.packed is not None or s.queue or s.held or s.held_dups or s.loading:
+        return
+    entries = list(s.window.values())
+    s.packed = _parked_encoder.encode(_Parked(s.state, [e for e, _ in entries], [o for _, o in entries]))
+    s.packed_len = len(entries)
+    s.packed_first = entries[0][1] if entries else -1
+    s.state = s.window = s.queue = s.held = s.held_dups = None
+
+
+def _unpark(s: LiveStream) -> None:
+    """Undo ``_park`` (before a chunk is handed to the stream); no-op when not parked."""
+    if s.packed is None:
+        return
+    p = _parked_decoder.decode(s.packed)
+    s.packed = None
+    s.state = p.state
+    s.window = OrderedDict((e.seq, (e, o)) for e, o in zip(p.replies, p.offsets, strict=True))
+    s.queue, s.held, s.held_dups = deque(), {}, []
+
+
+_Stream = LiveStream  # (the name the router and the tests use)
+
+
+def end_stream(s: LiveStream) -> None:
+    """Mark ``s`` ended (its state dropped; later chunks get the ended-stream 409)."""
+    s.ended = True
+    s.known = True
+    s.state = None
+    s.ended_at = time.monotonic()
+
+
+def held_offsets(streams: dict) -> set[int]:
+    """Offsets of the records held behind gaps in ``streams`` (request id -> ``LiveStream``)."""
+    return {m.offset for s in streams.values() if s.held or s.held_dups for m in (*s.held.values(), *s.held_dups)}
+
+
+def drop_streams(streams: dict) -> list[int]:
+    """Forget ``streams`` (partition revoked/closed): cancel their runners; returns the offsets of
+    their held records (never committed: the caller abandons them)."""
+    out = []
+    for s in streams.values():
+        if s.task is not None:
+            s.task.cancel()
+        if s.packed is not None:
+            continue
+        out.extend(m.offset for m in (*s.held.values(), *s.held_dups))
+        s.held.clear()
+        s.held_dups.clear()
+    streams.clear()
+    return out
+
+
+def trim_committed(streams: dict, offset: int, replay_window: int) -> list:
+    """Offsets below ``offset`` are committed: trim the replay windows of ``streams`` to
+    ``replay_window`` (keeping every reply whose input offset is not committed), repack idle ones,
+    forget streams ended long ago; returns the fenced deletes (``StateWrite``, state None) of the
+    streams that ended before ``offset``."""
+    from worker.state import StateWrite
+    deletes = []
+    now = time.monotonic()
+    for rid, s in list(streams.items()):
+        if s.packed is not None and s.packed_len > replay_window and s.packed_first < offset:
+            _unpark(s)  # its window is trimmed, then it is packed again
+        w = s.window
+        while w is not None and len(w) > replay_window:
+            first = next(iter(w.values()))
+            if first[1] >= offset:
+                break
+            w.popitem(last=False)
+        if w is not None and s.task is None:
+            _park(s)
+        if s.ended and s.task is None and not s.held and s.end_offset < offset:
+            if not s.deleted:
+                s.deleted = True
+                deletes.append(StateWrite(rid, None, s.next_seq - 1))
+            elif now - s.ended_at > 60.0:
+                del streams[rid]  # forget it (its replies were committed long ago)
+    return deletes

@@ -1,0 +1,124 @@
+"""The per-partition pipeline of non-streaming records: each partition has a *sequencer* (takes
+its jobs in offset order, awaits each derender, hands the planned reply to the publisher in that
+order) and an *acker* (awaits the deliveries in that order, then the record is finished:
+committable). Commit order of a non-streaming record: derender -> produce reply (or dead letter)
+-> broker ack -> finished (then ``commits.OffsetCommitter`` commits up to the lowest unfinished).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from worker.tracing import Tracer, kafka_span_attrs, trace_headers
+from worker.transport.deadletter import DeadLetterError
+from worker.transport.health import HealthState
+from worker.transport.jobs import JobOutcome
+from worker.transport.metrics import PromMetrics, WorkerStats, dlq_reason_label
+from worker.transport.planning import ReplyPlanner
+from worker.transport.pool import DerenderPool
+from worker.transport.publisher import ReplyPublisher
+from worker.transport.records import Outgoing, kind_header, log_fields, record_created
+
+log = logging.getLogger(__name__)
+
+__all__ = ["UnaryPipeline"]
+
+
+class UnaryPipeline:
+    """Runs the sequencer and acker of each partition (``sequencer(st)``/``acker(st)`` tasks; a
+    partition state has ``jobs``/``acks`` queues, ``failed``, ``finish(offset)``). ``pool``:
+    derenders; ``planner``/``publisher``: the reply; ``permits()``: the worker's
+    ``--max-in-flight`` semaphore (one released per record acked); ``fatal(err)``: stop the
+    worker; ``count(...)`` is also the stream path's record counter."""
+
+    def __init__(self, pool: DerenderPool, planner: ReplyPlanner, publisher: ReplyPublisher, tracer: Tracer,
+                 stats: WorkerStats, metrics: PromMetrics, health: HealthState, *,
+                 permits: Callable[[], asyncio.Semaphore], fatal: Callable[[BaseException], None]):
+        self.pool = pool
+        self.planner = planner
+        self.publisher = publisher
+        self.tracer = tracer
+        self.stats = stats
+        self.metrics = metrics
+        self.health = health
+        self.permits = permits
+        self.fatal = fatal
+
+    async def outcome(self, job: Any) -> JobOutcome:
+        """Await a job's derender (see ``DerenderPool.outcome``: pool crashes, quarantine)."""
+        msg = job.msg
+        with self.tracer.span("derender.derender", trace_headers(msg.headers), **kafka_span_attrs(msg)):
+            return await self.pool.outcome(job.future, msg.value, kind_header(msg),
+                                           f"{msg.topic}[{msg.partition}]@{msg.offset}", record_created(msg))
+
+    async def sequencer(self, st: Any) -> None:
+        """Take the partition's jobs in offset order, await each derender, hand its record to the
+        producer (in order) and pass the delivery future to the acker."""
+        while True:
+            job = await st.jobs.get()
+            try:
+                out = await self.outcome(job)
+                msg = job.msg
+                if out.crash and out.crash != "derender-crashed":
+                    self.stats.crashes += 1
+                    log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
+                              msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
+                              extra=log_fields(msg, out.request_id))
+                self.metrics.processing_unary.observe(out.seconds)
+                plan, delivery = await self.publisher.publish(st, msg, self.planner.safe_plan(msg, out), out.request_id)
+                st.acks.put_nowait((job, plan, out, delivery))
+            except Exception as e:
+                log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset,
+                              extra=log_fields(job.msg))
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_exception(e)
+                st.acks.put_nowait((job, None, None, fut))
+            finally:
+                st.jobs.task_done()
+
+    async def acker(self, st: Any) -> None:
+        """Await deliveries in offset order; advance the partition's committable offset."""
+        while True:
+            job, plan, out, delivery = await st.acks.get()
+            msg = job.msg
+            try:
+                if plan is None:  # publishing raised: a bug, or a dead letter given up
+                    await delivery
+                plan = await self.publisher.settle(st, msg, plan, delivery, out.request_id if out else None)
+                self.count(plan, out, msg)
+                if not st.failed:
+                    st.finish(msg.offset)
+            except DeadLetterError as e:  # revoked / drain given up while retrying: redelivered later
+                st.failed = True  # never commit past an undelivered message
+                log.warning("%s; %s[%d]@%d left uncommitted", e, msg.topic, msg.partition, msg.offset,
+                            extra=log_fields(msg))
+            except Exception as e:
+                st.failed = True  # never commit past an undelivered message
+                log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
+                              msg.partition, msg.offset, extra=log_fields(msg))
+                self.fatal(e)
+            finally:
+                self.permits().release()
+                st.acks.task_done()
+
+    def dead_letter_beside_reply(self, reason: str) -> None:
+        """A record got a 413 reply and its dead letter (``publisher`` rule 2): count the dead
+        letter (``derender_dead_letters_total{reason}``); the record's outcome is its reply."""
+        self.stats.dead_lettered += 1
+        self.metrics.dead_letters.labels(dlq_reason_label(reason)).inc()
+
+    def count(self, plan: Outgoing, out: JobOutcome, msg, mode: str = "unary") -> None:
+        """A record finished (its reply or dead letter acked): stats and metrics. ``out``: needs
+        ``status`` and ``kind``; ``mode``: ``unary`` or ``stream``."""
+        self.health.progress()  # (``/livez``: a fetch loop waiting for capacity still advances)
+        self.stats.processed += 1
+        if plan.is_dead_letter:
+            self.stats.dead_lettered += 1
+        elif out.status == 200:
+            self.stats.replied_ok += 1
+        else:
+            self.stats.errors += 1
+        self.metrics.finished(mode, out.kind, plan.dlq_reason, out.status, getattr(msg, "timestamp", None))
+
