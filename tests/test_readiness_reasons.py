@@ -152,8 +152,10 @@ async def test_endpoints_bind_the_host(host):
     await asyncio.sleep(0)
 
 
-def test_an_address_not_on_this_host_is_one_line():
-    """203.0.113.1 (TEST-NET-3) is no address of this machine: one line naming both flags."""
-    p = cli("run", "--tokenizer", QWEN3, "--bootstrap-servers", "127.0.0.1:1", "--stream-state", "memory",
+@pytest.mark.kafka
+def test_an_address_not_on_this_host_is_one_line(kafka_bootstrap):
+    """203.0.113.1 (TEST-NET-3) is no address of this machine: one line naming both flags (a
+    reachable broker, since an unreachable one is refused first, before the endpoints start)."""
+    p = cli("run", "--tokenizer", QWEN3, "--bootstrap-servers", kafka_bootstrap, "--stream-state", "memory",
             "--num-threads", "1", "--metrics-port", "0", "--metrics-host", "203.0.113.1")
     one_error_line(p, "--metrics-port 0", "--metrics-host 203.0.113.1", "cannot listen")

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from tokenizers import Tokenizer as FastTokenizer
+
 from worker.config import ServedModelConfig
 from worker.core.service import DerenderService
 
@@ -133,7 +135,6 @@ def run(tokenizer: str, token_counts: list[int], logprob_tokens: int, distinct: 
     """Measure (module docstring). Returns ``{"lengths": [{"tokens", "core_us", "floor_us", "ratio"}],
     "logprobs": [{"top_logprobs", "core_us", "x"}]}``. Raises ``RuntimeError`` if a body does not
     derender into reasoning + a tool call (the figures would be meaningless)."""
-    from tokenizers import Tokenizer as FastTokenizer
 
     svc = make_service(tokenizer)
     tok = svc.runtime("qwen3").tokenizer

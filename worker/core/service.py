@@ -359,7 +359,11 @@ def _one_decode(body: bytes, kind: str | None):
     decode and has exactly that shape (``kind_of``'s rule: the other shapes' keys absent or
     null; ``kind``, when given, agrees); None otherwise: the caller then takes the probe path,
     which reports the same error message it always did. Which shape is tried is guessed from the
-    bytes (``"generate_responses"`` present: completion); a wrong guess only costs the fallback."""
+    bytes (``"generate_responses"`` present: completion); a wrong guess only costs the fallback.
+    A body that may be a Responses body (``"responses_request"`` in its bytes, or the kind says
+    so) always takes the probe path, which tells the Responses shape."""
+    if kind == "responses" or b'"responses_request"' in body:
+        return None
     want = kind if kind is not None else ("completion" if b'"generate_responses"' in body else "chat")
     try:
         if want == "chat":

@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from worker.state import StateStoreError, StateWrite
 from worker.transport.outage import DependencyOutage, OutageClock
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,6 @@ class CheckpointWriter:
 
     async def run(self) -> None:
         """Write what waits, batch by batch, until cancelled (module docstring)."""
-        from worker.state import StateStoreError, StateWrite
         while True:
             await self._wake.wait()
             self._wake.clear()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from worker.state import StateWrite
 from worker.transport.checkpoints import ReplayEntry
 
 __all__ = ["LiveStream", "end_stream", "held_offsets", "trim_committed", "drop_streams"]
@@ -122,7 +123,6 @@ def trim_committed(streams: dict, offset: int, replay_window: int) -> list:
     ``replay_window`` (keeping every reply whose input offset is not committed), repack idle ones,
     forget streams ended long ago; returns the fenced deletes (``StateWrite``, state None) of the
     streams that ended before ``offset``."""
-    from worker.state import StateWrite
     deletes = []
     now = time.monotonic()
     for rid, s in list(streams.items()):
