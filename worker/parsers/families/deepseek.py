@@ -51,6 +51,12 @@ from worker.parsers.think import ThinkReasoningParser, ThinkSpec, ThinkState
 from worker.parsers.values import convert_param, dumps_args, loads_json
 
 
+#: DeepSeek V4's DSML block openers / closers: its own ``tool_calls`` fence and the V3.2 name
+#: ``function_calls`` (SGLang's fix for the same model output, bug-209; module docstring)
+V4_STARTS = ("<｜DSML｜tool_calls>", "<dsml:tool_calls>", "<｜DSML｜function_calls>", "<dsml:function_calls>")
+V4_ENDS = ("</｜DSML｜tool_calls>", "</dsml:tool_calls>", "</｜DSML｜function_calls>", "</dsml:function_calls>")
+
+
 # ----------------------------------------------------------------------------- reasoning ---
 def _thinking_requested(ctx: RequestContext) -> bool:
     kw = ctx.chat_template_kwargs or {}
@@ -80,7 +86,7 @@ class DeepSeekV4ReasoningParser(ThinkReasoningParser):
     """DeepSeek V4: reasoning until ``</think>`` (or a DSML tool-call block)."""
 
     spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
-                     turn_token="<｜Assistant｜>", implicit_end=("<｜DSML｜tool_calls>", "<dsml:tool_calls>"))
+                     turn_token="<｜Assistant｜>", implicit_end=V4_STARTS)
 
 
 # ------------------------------------------------------------------------------ V3.1 tools ---
@@ -135,14 +141,39 @@ _O = r"<(?:｜DSML｜|dsml:)"
 _C = r"</(?:｜DSML｜|dsml:)"
 _INVOKE_OPEN = re.compile(_O + r'invoke\s+name="([^"]+)"\s*>')
 _INVOKE_CLOSE = re.compile(_C + r"invoke>")
-_PARAM = re.compile(_O + r'parameter\s+name="([^"]+)"\s+string="(true|false)"\s*>(.*?)' + _C + r"parameter>",
-                    re.DOTALL)
+_PARAM_OPEN = re.compile(_O + r'parameter\s+name="([^"]+)"\s+string="(true|false)"\s*>')
+_PARAM_CLOSE = re.compile(_C + r"parameter>")
 
 
-def _dsml_params(text: str, fn_types: dict[str, Any] | None) -> dict[str, Any]:
+def dsml_param_values(text: str, complete: bool = True) -> list[tuple[str, bool, str]]:
+    """``[(name, string="true", raw value)]`` of the DSML parameters in one invoke's inner text.
+
+    A value ends at its ``</｜DSML｜parameter>``, or, when that closer is missing, where the next
+    ``<｜DSML｜parameter`` opens (vLLM PR 54838, bug-202: the missing closer no longer swallows
+    the next parameter); the last one also ends at the end of ``text`` when ``complete`` (the
+    invoke's ``</｜DSML｜invoke>`` arrived: the rule "implied closing tag" of ``xmlcall.py``). A
+    value closed by implication loses one trailing newline (the encoder's layout between two
+    elements). Text between parameters is ignored. O(len(text))."""
+    out: list[tuple[str, bool, str]] = []
+    opens = list(_PARAM_OPEN.finditer(text))
+    for k, m in enumerate(opens):
+        nxt = opens[k + 1].start() if k + 1 < len(opens) else len(text)
+        close = _PARAM_CLOSE.search(text, m.end(), nxt)
+        if close is not None:
+            raw = text[m.end():close.start()]
+        elif k + 1 < len(opens) or complete:
+            raw = text[m.end():nxt]
+            raw = raw[:-1] if raw.endswith("\n") else raw
+        else:  # the cut-off last value of an open invoke: dropped
+            break
+        out.append((m.group(1), m.group(2) == "true", raw))
+    return out
+
+
+def _dsml_params(text: str, fn_types: dict[str, Any] | None, complete: bool = True) -> dict[str, Any]:
     params: dict[str, Any] = {}
-    for pname, is_str, raw in _PARAM.findall(text):
-        if is_str == "true":
+    for pname, is_str, raw in dsml_param_values(text, complete):
+        if is_str:
             params[pname] = raw
         elif fn_types is not None and fn_types.get(pname) is not None:
             params[pname] = convert_param(raw, fn_types[pname])
@@ -184,7 +215,7 @@ def parse_dsml_body(body: str, types: dict[str, dict[str, Any]], complete: bool
             inner, pos = body[m.end():], len(body)
         else:
             inner, pos = body[m.end():end.start()], end.end()
-        calls.append((name, dumps_args(_dsml_params(inner, types.get(name)))))
+        calls.append((name, dumps_args(_dsml_params(inner, types.get(name), end is not None))))
         if end is None:
             break
     return calls or None
@@ -194,8 +225,8 @@ def parse_dsml_body(body: str, types: dict[str, dict[str, Any]], complete: bool
 class DeepSeekV4ToolParser(TaggedToolParser):
     """DeepSeek V4 DSML calls (one fenced block, one or more invokes)."""
 
-    starts = ("<｜DSML｜tool_calls>", "<dsml:tool_calls>")
-    ends = ("</｜DSML｜tool_calls>", "</dsml:tool_calls>")
+    starts = V4_STARTS
+    ends = V4_ENDS
     param_types = True
     strips_markup_when_off = True
 

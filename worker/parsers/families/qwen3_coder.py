@@ -25,6 +25,22 @@ implied by the next tag; a missing ``<parameter=K>`` or ``<function=NAME>`` cann
 key or name is unknown): its orphan closing tag leaves the block as content. Plain text between
 the tags is ignored, as vLLM's ``qwen3coder`` parser does.
 
+**Call without the ``<tool_call>`` wrapper** (bug-210): Qwen3-Coder sometimes writes the
+``<function=NAME>…</function>`` call bare. vLLM's non-streaming ``qwen3coder`` parser searches the
+whole output for ``<function=`` when no ``<tool_call>`` block matches; here the same output is a
+call in both modes (and with incremental streaming), by the tagged engine's "bare calls" rule
+(``worker.parsers.tagged``): a bare ``<function=`` opens a call only at the start of a line
+(start of the answer, after a newline, or right after another call) and outside a fenced code
+block (an odd number of backtick runs of three or more before it in the answer), so a
+``<function=`` written inside an answer's code block or inline in prose stays content. The call
+ends at ``</function>``; a ``</tool_call>`` right after it (wrapper missing only at the start)
+is its closer; a wrapper missing only at the end (``<tool_call><function=…></function>`` and
+the output ends) keeps the call, as any block left open does here. Limits: ``~~~`` fences and
+indented code are not seen as code; a bare ``<function=`` starting a line of plain prose is read
+as a call, as vLLM reads it. Departure from vLLM: vLLM's streaming parser has no fallback (the
+same output streams as content), and its fallback takes a ``<function=`` anywhere, also inside
+a code block (``vllm/tool_parsers/qwen3coder_tool_parser.py``).
+
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): the name goes out with
 ``<function=NAME>``, a string parameter's value as it arrives, any other parameter (typed JSON) when its
 ``</parameter>`` arrives, ``}`` with
@@ -63,6 +79,9 @@ class Qwen3CoderToolParser(TaggedToolParser):
 
     starts = ("<tool_call>",)
     ends = ("</tool_call>",)
+    #: a call without the wrapper (module docstring; ``tagged`` "bare calls")
+    bare_start = "<function="
+    bare_end = "</function>"
     param_types = True
     #: incremental streaming: the name at ``<function=NAME>``, each parameter at its
     #: ``</parameter>`` (``worker.parsers.incremental``)
