@@ -50,7 +50,6 @@ from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec, ThinkState
 from worker.parsers.values import convert_param, dumps_args, loads_json
 
-
 #: DeepSeek V4's DSML block openers / closers: its own ``tool_calls`` fence and the V3.2 name
 #: ``function_calls`` (SGLang's fix for the same model output, bug-209; module docstring)
 V4_STARTS = ("<｜DSML｜tool_calls>", "<dsml:tool_calls>", "<｜DSML｜function_calls>", "<dsml:function_calls>")
