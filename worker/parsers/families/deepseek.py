@@ -220,7 +220,9 @@ def parse_dsml_body(body: str, types: dict[str, dict[str, Any]], complete: bool
     return calls or None
 
 
-@register_tool("deepseek_v4", "DeepSeek V4", '<｜DSML｜tool_calls><｜DSML｜invoke name=…><｜DSML｜parameter …>')
+@register_tool("deepseek_v4", "DeepSeek V4", '<｜DSML｜tool_calls><｜DSML｜invoke name=…><｜DSML｜parameter …>',
+               "the V3.2 fence `function_calls` (SGLang PR 40237; not in vLLM); a parameter without its closer "
+               "ends at the next parameter or the invoke's end (vLLM PR 54838)")
 class DeepSeekV4ToolParser(TaggedToolParser):
     """DeepSeek V4 DSML calls (one fenced block, one or more invokes)."""
 

@@ -181,7 +181,8 @@ class Gemma4ReasoningParser(ThinkReasoningParser):
         return d
 
 
-@register_tool("gemma4", "Google Gemma 4", '<|tool_call>call:name{key:<|"|>str<|"|>,n:1}<tool_call|>')
+@register_tool("gemma4", "Google Gemma 4", '<|tool_call>call:name{key:<|"|>str<|"|>,n:1}<tool_call|>',
+               "the opener without `call` (`<|tool_call>:name{…}`, vLLM PR 53444)")
 class Gemma4ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<|tool_call>",)

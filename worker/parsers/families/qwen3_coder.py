@@ -73,7 +73,12 @@ def parse_coder_body(body: str, types: dict[str, dict[str, Any]], complete: bool
     return [(name, typed_args(params, types.get(name))) for name, params in calls]
 
 
-@register_tool("qwen3_coder", "Qwen3-Coder", "<tool_call><function=NAME><parameter=P>V</parameter></function></tool_call>")
+_BARE_NOTE = ("`<function=…>` without the `<tool_call>` wrapper, at a line start outside a code fence "
+              "(vLLM's non-streaming fallback, here in both modes)")
+
+
+@register_tool("qwen3_coder", "Qwen3-Coder", "<tool_call><function=NAME><parameter=P>V</parameter></function></tool_call>",
+               _BARE_NOTE)
 class Qwen3CoderToolParser(TaggedToolParser):
     """Qwen3-Coder XML calls, values typed by the request's tool schemas."""
 
@@ -94,6 +99,6 @@ class Qwen3CoderToolParser(TaggedToolParser):
         return parse_coder_body(body, st.types, complete=False)
 
 
-@register_tool("qwen3_xml", "Qwen3-Coder", "same format as qwen3_coder")
+@register_tool("qwen3_xml", "Qwen3-Coder", "same format as qwen3_coder", _BARE_NOTE)
 class Qwen3XmlToolParser(Qwen3CoderToolParser):
     """``qwen3_xml``: vLLM's streaming-XML variant of the same Qwen3-Coder format."""

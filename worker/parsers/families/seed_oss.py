@@ -46,7 +46,9 @@ class SeedOssReasoningParser(ThinkReasoningParser):
 
 
 @register_tool("seed_oss", "ByteDance Seed-OSS-36B",
-               "<seed:tool_call><function=f><parameter=k>v</parameter></function></seed:tool_call>")
+               "<seed:tool_call><function=f><parameter=k>v</parameter></function></seed:tool_call>",
+               "`<function=…>` without the `<seed:tool_call>` wrapper, at a line start outside a code fence "
+               "(not in vLLM)")
 class SeedOssToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<seed:tool_call>",)
