@@ -120,7 +120,8 @@ __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "d
 #: stored by an older build is refused (a 400 for that stream), never misread.
 #: 3: tagged / jsontail states gained the incremental tool-call streamer (``inc``, ``calls``).
 #: 4: tagged states gained the bare-call fields (``bare``, ``bol``, ``fence``: qwen3_coder /
-#: seed_oss calls without their wrapper).
+#: seed_oss calls without their wrapper); gpt-oss's Harmony state became one Struct with enum
+#: phase / route and a typed header (``worker.parsers.harmony.HarmonyState``).
 STATE_VERSION = 4
 
 
