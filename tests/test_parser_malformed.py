@@ -187,10 +187,11 @@ XML_VECTORS: list[V] = [
 #    a well-formed call · 13f after one · 13g from the thought channel · 13h openers that are not
 #    recovered (no brace, round brackets): content
 # 14 ``<function=`` without its wrapper (qwen3_coder, qwen3_xml, seed_oss; tagged "bare calls"):
-#    14a alone · 14b after a line of text · 14c inside a fenced code block: content · 14d inline
-#    (not at a line start): content · 14e wrapper missing only at the start · 14f only at the
-#    end · 14g two bare calls · 14h a missing </parameter> implied · 14i after reasoning ·
-#    14j after a closed fence · 14k cut off (qwen3_coder: the complete parameters; seed_oss: content)
+#    14a alone · 14b after a line of text · 14c inside a fenced code block: content · 14d inside
+#    an inline code span: content (a call after the span is one) · 14e wrapper missing only at
+#    the start · 14f only at the end · 14g two bare calls · 14h a missing </parameter> implied ·
+#    14i after reasoning · 14j after a closed fence · 14k cut off (qwen3_coder: the complete
+#    parameters; seed_oss: content) · 14l after text on the same line
 # 15 deepseek_v4 given the V3.2 fence ``function_calls`` (SGLang PR 40237): 15a text before ·
 #    15b ends the reasoning · 15c cut off, keeps complete invokes · 15d both fences in one output
 _DS_P = '<｜DSML｜parameter name="{}" string="{}">'
@@ -275,7 +276,10 @@ for _tp, _fam, _wo, _wc in (("qwen3_coder", "plain", "<tool_call>", "</tool_call
         T("14a", _tp, _fam, _FN_W, calls=[W]),
         T("14b", _tp, _fam, "Checking the weather.\n" + _FN_W + "\n", "Checking the weather.\n", [W]),
         T("14c", _tp, _fam, _fence, _fence),
-        T("14d", _tp, _fam, "Use `" + _FN_W + "` or " + _FN_T, "Use `" + _FN_W + "` or " + _FN_T),
+        T("14d", _tp, _fam, "Use `" + _FN_W.replace("\n", "") + "` for it.", "Use `" + _FN_W.replace("\n", "") + "` for it."),
+        T("14d", _tp, _fam, "Use ``" + _FN_T.replace("\n", "") + "`` then:" + _FN_W, "Use ``" + _FN_T.replace("\n", "")
+          + "`` then:", [W]),
+        T("14l", _tp, _fam, "Let me check." + _FN_W, "Let me check.", [W]),
         T("14e", _tp, _fam, _FN_W + "\n" + _wc + "\nDone.", "\n\nDone.", [W]),
         T("14g", _tp, _fam, _FN_W + "\n" + _FN_T + "\n", calls=[W, TM]),
         T("14h", _tp, _fam, "<function=get_weather>\n<parameter=city>\nParis\n<parameter=days>\n2\n</function>",

@@ -119,7 +119,7 @@ __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "d
 #: 2: parser states gained fields (tagged ``after_end``, think ``ws``, Harmony id scanning); a state
 #: stored by an older build is refused (a 400 for that stream), never misread.
 #: 3: tagged / jsontail states gained the incremental tool-call streamer (``inc``, ``calls``).
-#: 4: tagged states gained the bare-call fields (``bare``, ``bol``, ``fence``: qwen3_coder /
+#: 4: tagged states gained the bare-call fields (``bare``, ``fence``, ``inline``: qwen3_coder /
 #: seed_oss calls without their wrapper); gpt-oss's Harmony state became one Struct with enum
 #: phase / route and a typed header (``worker.parsers.harmony.HarmonyState``).
 STATE_VERSION = 4

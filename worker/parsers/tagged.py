@@ -30,19 +30,18 @@ Content rules (coupled vLLM's non-streaming answer, kept split-independent):
   it) ``incremental.settle`` completes them against this engine's parse of the body. A block
   whose calls started streaming never comes back as content (``worker.parsers.incremental``);
 * **bare calls** (``bare_start`` set: Qwen3-Coder and Seed-OSS's ``<function=``): a call may
-  stand without the block's start marker (vLLM's ``qwen3coder`` non-streaming fallback, bug-210).
-  The bare opener starts a block only where an answer's own text cannot hold it: at the start of
-  a line (the start of the parsed text, or right after a newline, or right after a call) and
-  outside a fenced code block (an odd number of backtick runs of three or more seen before it
-  in the content). Anywhere else (inside a fence, after other text on its line, e.g. in inline
-  code) it is content. The opener stays in the body (zero-width marker), the block ends at
-  ``bare_end`` and is parsed by the same ``parse_call`` / ``parse_partial``; a stray start
-  marker's end right after it (``<function=…></function></tool_call>``: the wrapper missing only
-  at the start) counts as its closer. Limits: a fence opened with ``~~~`` or by indentation is
-  not seen as code; a bare opener at the start of a line of plain prose is read as a call (as
-  vLLM does). Only the fence parity and whether the text ends a line are kept (``bol``,
-  ``fence``); a trailing run of backticks is held back until it is complete, so the answer does
-  not depend on how the text was split;
+  stand without the block's start marker (vLLM's ``qwen3coder`` non-streaming fallback, which
+  searches the whole output for ``<function=``; bug-210). Here the bare opener starts a block
+  anywhere in the text except inside code of the answer: a fenced code block (between backtick
+  runs of three or more: each such run toggles the fence) or an inline code span (between
+  runs of one or two backticks on the same line). There it is content. The opener stays in the
+  body (zero-width marker), the block ends at ``bare_end`` and is parsed by the same
+  ``parse_call`` / ``parse_partial``; the block's end marker right after it
+  (``<function=…></function></tool_call>``: the wrapper missing only at the start) counts as its
+  closer. Limits: ``~~~`` fences, indented code blocks and inline spans running over a newline
+  are not seen as code; a bare opener in plain prose is read as a call (as vLLM reads it). Only
+  two flags are kept (``fence``, ``inline``); a trailing run of backticks is held back until it
+  is complete, so the answer does not depend on how the text was split.
 """
 from __future__ import annotations
 
@@ -68,8 +67,26 @@ from worker.parsers.marker import json_call_list
 from worker.parsers.values import is_string_param
 from worker.parsers.xmlcall import strip_newline, typed_value
 
-#: a Markdown code fence's backtick run (three or more; each one toggles the fence)
-_FENCE = re.compile(r"`{3,}")
+#: backtick runs and newlines: what moves the code state of the content (``code_state``)
+_CODE = re.compile(r"`+|\n")
+
+
+def code_state(st: TaggedState, t: str) -> None:
+    """Advance ``st.fence`` / ``st.inline`` over content text ``t`` (module docstring, "bare
+    calls"): a run of three or more backticks toggles the fence (and ends an inline span), a
+    run of one or two toggles an inline span outside a fence, a newline ends an inline span."""
+    if "`" not in t:
+        if st.inline and "\n" in t:
+            st.inline = False
+        return
+    for m in _CODE.finditer(t):
+        g = m.group()
+        if g == "\n":
+            st.inline = False
+        elif len(g) >= 3:
+            st.fence, st.inline = not st.fence, False
+        elif not st.fence:
+            st.inline = not st.inline
 
 
 def trailing_ticks(s: str) -> int:
@@ -105,11 +122,11 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     after_end: str = ""
     #: incremental argument streaming (``--tool-call-streaming incremental``; None: whole)
     inc: ArgStream | None = None
-    #: the open block was started by the family's ``bare_start`` (no start marker); the text
-    #: so far ends a line (or nothing was seen yet); inside a fenced code block of the content
+    #: the open block was started by the family's ``bare_start`` (no start marker); the content
+    #: so far is inside a fenced code block / an inline code span (``code_state``)
     bare: bool = False
-    bol: bool = True
     fence: bool = False
+    inline: bool = False
 
 
 def lex_json(st: TaggedState, s: str, end: int) -> None:
@@ -285,9 +302,7 @@ class TaggedToolParser(ToolParser):
         if not t:
             return
         if self.bare_start:  # where a bare opener may start a call (module docstring)
-            st.bol = t.endswith("\n")
-            if "```" in t and len(_FENCE.findall(t)) % 2:
-                st.fence = not st.fence
+            code_state(st, t)
         if st.seg_text:
             out.content += t
         elif t.isspace():
@@ -311,14 +326,12 @@ class TaggedToolParser(ToolParser):
         if st.inc is not None and st.inc.n:
             self._settle(st, out, body, parsed)
             st.after_end = end_after
-            st.bol = True
             return
         if parsed is None:
             self._text(st, out, st.marker + body + end)
             return
         self._emit(st, out, parsed)
         st.after_end = end_after
-        st.bol = True
 
     def _settle(self, st: TaggedState, out: Delta, body: str, parsed: list[tuple[str, str]] | None) -> None:
         """Finish a block whose calls started streaming (``incremental.settle``): no content."""
@@ -353,7 +366,7 @@ class TaggedToolParser(ToolParser):
                     return out
                 self._text(st, out, s[:i])
                 bare = m == self.bare_start and m not in self.starts
-                if bare and (st.fence or not st.bol):  # a bare opener inside an answer's text
+                if bare and (st.fence or st.inline):  # a bare opener inside the answer's code
                     self._text(st, out, m)
                     st.buf = s[i + len(m):]
                     continue

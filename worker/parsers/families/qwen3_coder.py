@@ -29,17 +29,16 @@ the tags is ignored, as vLLM's ``qwen3coder`` parser does.
 ``<function=NAME>…</function>`` call bare. vLLM's non-streaming ``qwen3coder`` parser searches the
 whole output for ``<function=`` when no ``<tool_call>`` block matches; here the same output is a
 call in both modes (and with incremental streaming), by the tagged engine's "bare calls" rule
-(``worker.parsers.tagged``): a bare ``<function=`` opens a call only at the start of a line
-(start of the answer, after a newline, or right after another call) and outside a fenced code
-block (an odd number of backtick runs of three or more before it in the answer), so a
-``<function=`` written inside an answer's code block or inline in prose stays content. The call
-ends at ``</function>``; a ``</tool_call>`` right after it (wrapper missing only at the start)
-is its closer; a wrapper missing only at the end (``<tool_call><function=…></function>`` and
-the output ends) keeps the call, as any block left open does here. Limits: ``~~~`` fences and
-indented code are not seen as code; a bare ``<function=`` starting a line of plain prose is read
-as a call, as vLLM reads it. Departure from vLLM: vLLM's streaming parser has no fallback (the
-same output streams as content), and its fallback takes a ``<function=`` anywhere, also inside
-a code block (``vllm/tool_parsers/qwen3coder_tool_parser.py``).
+(``worker.parsers.tagged``): a bare ``<function=`` opens a call anywhere in the answer except
+inside its code: a fenced code block (backtick runs of three or more) or an inline code span
+(single or double backticks on one line); there it stays content. The call ends at
+``</function>``; a ``</tool_call>`` right after it (wrapper missing only at the start) is its
+closer; a wrapper missing only at the end (``<tool_call><function=…></function>`` and the output
+ends) keeps the call, as any block left open does here. Limits: ``~~~`` fences, indented code and
+inline spans over a newline are not seen as code; a bare ``<function=`` in plain prose is read as
+a call, as vLLM reads it. Departures from vLLM: vLLM's streaming parser has no fallback (the same
+output streams as content), and its fallback also takes a ``<function=`` inside a code block
+(``vllm/tool_parsers/qwen3coder_tool_parser.py``).
 
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): the name goes out with
 ``<function=NAME>``, a string parameter's value as it arrives, any other parameter (typed JSON) when its
@@ -73,7 +72,7 @@ def parse_coder_body(body: str, types: dict[str, dict[str, Any]], complete: bool
     return [(name, typed_args(params, types.get(name))) for name, params in calls]
 
 
-_BARE_NOTE = ("`<function=…>` without the `<tool_call>` wrapper, at a line start outside a code fence "
+_BARE_NOTE = ("`<function=…>` without the `<tool_call>` wrapper, outside the answer's code "
               "(vLLM's non-streaming fallback, here in both modes)")
 
 

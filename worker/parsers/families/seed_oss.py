@@ -20,8 +20,8 @@ the inner grammar is Qwen3-Coder's, so the body is parsed by ``qwen3_coder.parse
 
 **Call without the ``<seed:tool_call>`` wrapper**: the same rule as Qwen3-Coder (bug-210's kind;
 ``qwen3_coder`` module docstring, ``worker.parsers.tagged`` "bare calls"): a bare
-``<function=NAME>…</function>`` at the start of a line and outside a fenced code block of the
-answer is a call, in both modes; a ``</seed:tool_call>`` right after it is its closer. **This
+``<function=NAME>…</function>`` outside the answer's code (fenced block or inline span) is a
+call, in both modes; a ``</seed:tool_call>`` right after it is its closer. **This
 departs from vLLM**: vLLM's ``seed_oss`` parser (``vllm/tool_parsers/seed_oss_tool_parser.py``)
 has no such fallback (it needs ``<seed:tool_call>``), so there the bare call stays content. We
 apply it because the inner grammar is Qwen3-Coder's and the model drops the wrapper the same
@@ -47,7 +47,7 @@ class SeedOssReasoningParser(ThinkReasoningParser):
 
 @register_tool("seed_oss", "ByteDance Seed-OSS-36B",
                "<seed:tool_call><function=f><parameter=k>v</parameter></function></seed:tool_call>",
-               "`<function=…>` without the `<seed:tool_call>` wrapper, at a line start outside a code fence "
+               "`<function=…>` without the `<seed:tool_call>` wrapper, outside the answer's code "
                "(not in vLLM)")
 class SeedOssToolParser(TaggedToolParser):
     needs_special_tokens = True
