@@ -181,7 +181,8 @@ XML_VECTORS: list[V] = [
 # 12 DSML parameter without </｜DSML｜parameter> (deepseek_v4 and deepseek_v32, vLLM PR 54838):
 #    12a the next parameter opens · 12b the last parameter (closed invoke) · 12c a nested
 #    (string="false" JSON) value · 12d the encoder's newline layout · 12e a block cut off (the
-#    open invoke's last value without closer is dropped) · 12f two invokes
+#    open invoke's last value without closer is dropped) · 12f two invokes · 12g the invokes'
+#    closers missing too
 # 13 Gemma 4 opener without ``call`` (vLLM PR 53444), each value syntax: 13a strings · 13b
 #    numbers / booleans / null · 13c nested object · 13d array of delimited strings · 13e before
 #    a well-formed call · 13f after one · 13g from the thought channel · 13h openers that are not
@@ -224,6 +225,10 @@ for _tp, _fence in (("deepseek_v4", "tool_calls"), ("deepseek_v32", "function_ca
           "Checking.\n\n", [W2]),
         T("12f", _tp, "deepseek", _dsml(_fence, _inv("get_weather", f"{_CITY}Paris\n"),
                                         _inv("get_time", _DS_P.format("tz", "true") + "CET\n")), calls=[W, TM]),
+        # the invoke's closer missing too: it ends at the next invoke / the end of the closed block
+        T("12g", _tp, "deepseek", _dsml(_fence, _inv("get_weather", f"{_CITY}Paris\n", close=False),
+                                        _inv("get_time", _DS_P.format("tz", "true") + "CET\n", close=False)),
+          calls=[W, TM]),
     ]
 DSML_VECTORS += [
     # cut off: deepseek_v4 keeps the open invoke's complete parameters (an implied close counts)

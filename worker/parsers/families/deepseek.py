@@ -35,6 +35,27 @@ encoder shipped with vLLM ``--tokenizer-mode deepseek_v4``; vLLM's ``deepseek_v3
   "none"`` coupled V4 serving still removes the DSML block from the content (no call), see
   ``dsv4-tool-choice-none-v0``.
 
+  Recoveries (both modes, every chunking, also ``--tool-call-streaming incremental``, where
+  DSML calls go out whole when the block closes):
+
+  - **V3.2 block name**: the fence may be ``<｜DSML｜function_calls>`` (DeepSeek V3.2's name,
+    which V4 models sometimes write, bug-209) instead of ``<｜DSML｜tool_calls>``; the invokes
+    inside are parsed the same way, and the block ends the reasoning as ``tool_calls`` does.
+    This follows SGLang's fix (PR 40237 for issue 40236). **Departs from vLLM**: vLLM's
+    ``DeepSeekV4ToolParser`` (``vllm/tool_parsers/deepseekv4_tool_parser.py``) subclasses the
+    V3.2 parser and only replaces its start/end tokens with ``<｜DSML｜tool_calls>`` /
+    ``</｜DSML｜tool_calls>``, so there a ``function_calls`` block stays content. A block is
+    closed by either fence's end marker (the invoke grammar is the same);
+  - **missing ``</｜DSML｜parameter>``** (bug-202, vLLM PR 54838, which applies it to V3.2 as
+    well; so does ``deepseek_v32`` here, same ``parse_dsml_body``): a value ends where the next
+    ``<｜DSML｜parameter`` opens, and the last value of a closed invoke at its
+    ``</｜DSML｜invoke>``; a value closed that way loses one trailing newline (the encoder's
+    layout between elements). In a block cut off at the end of the output the open invoke's
+    last value without closer is dropped (only complete parameters are kept, as before)
+    (``dsml_param_values``). Likewise an invoke without ``</｜DSML｜invoke>`` ends where the
+    next invoke opens, or at the end of a closed block (``parse_dsml_body``; the rule "implied
+    closing tag" of ``xmlcall.py``).
+
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): V3.1 calls stream (name
 once ``<｜tool▁sep｜>{`` arrives, then the raw JSON arguments); V4's DSML calls go out whole.
 """
@@ -198,25 +219,21 @@ def _dsml_params(text: str, fn_types: dict[str, Any] | None, complete: bool = Tr
 
 def parse_dsml_body(body: str, types: dict[str, dict[str, Any]], complete: bool
                     ) -> list[tuple[str, str]] | None:
-    """Calls of a DSML ``tool_calls`` body. ``complete``: every invoke must be closed; else the
-    open last invoke keeps its complete parameters. None when there is no named invoke."""
+    """Calls of a DSML block body (``tool_calls`` / ``function_calls``). An invoke ends at its
+    ``</｜DSML｜invoke>``, or, when that closer is missing, where the next invoke opens or (the
+    block's end marker arrived: ``complete``) at the end of the body: the rule "implied closing
+    tag" of ``xmlcall.py``. In a block cut off at the end of the output (``complete`` False) the
+    last invoke without closer keeps its complete parameters. Parameters: ``dsml_param_values``.
+    None when there is no named invoke."""
     calls = []
-    pos = 0
-    while True:
-        m = _INVOKE_OPEN.search(body, pos)
-        if m is None:
-            break
-        name = m.group(1).strip()
-        end = _INVOKE_CLOSE.search(body, m.end())
-        if end is None:
-            if complete:
-                return None
-            inner, pos = body[m.end():], len(body)
-        else:
-            inner, pos = body[m.end():end.start()], end.end()
-        calls.append((name, dumps_args(_dsml_params(inner, types.get(name), end is not None))))
-        if end is None:
-            break
+    opens = list(_INVOKE_OPEN.finditer(body))
+    for k, m in enumerate(opens):
+        last = k + 1 == len(opens)
+        nxt = len(body) if last else opens[k + 1].start()
+        end = _INVOKE_CLOSE.search(body, m.end(), nxt)
+        inner = body[m.end():end.start() if end is not None else nxt]
+        closed = end is not None or not last or complete
+        calls.append((m.group(1).strip(), dumps_args(_dsml_params(inner, types.get(m.group(1).strip()), closed))))
     return calls or None
 
 
