@@ -48,6 +48,12 @@ CASE_RULES = {
                "every reasoning parser in tests/test_stop_answer.py",
     "bug-114": "schema-typed parameter values keep integers of any size exactly (vLLM's "
                "_convert_param_value goes through float for 'number'): tests/test_exact_numbers.py",
+    "bug-209": "deepseek_v4: the V3.2 fence <｜DSML｜function_calls> is a tool-call block, as SGLang's fix (PR "
+               "40237); vLLM's V4 parser keys on <｜DSML｜tool_calls> only and returns it as content "
+               "(worker/parsers/families/deepseek.py; vectors 15 in tests/test_parser_malformed.py)",
+    "bug-210": "qwen3_coder: <function=...> without <tool_call> is a call in both modes (vLLM's fallback is "
+               "non-streaming only), never inside the answer's code (tagged engine, bare calls; vectors 14 in "
+               "tests/test_parser_malformed.py)",
     "bug-046": "request stop strings are applied by the derender (the engine never sees them)",
     "bug-047": "request stop strings are applied by the derender (the engine never sees them)",
 }
