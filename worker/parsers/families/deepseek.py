@@ -44,13 +44,18 @@ encoder shipped with vLLM ``--tokenizer-mode deepseek_v4``; vLLM's ``deepseek_v3
     This follows SGLang's fix (PR 40237 for issue 40236). **Departs from vLLM**: vLLM's
     ``DeepSeekV4ToolParser`` (``vllm/tool_parsers/deepseekv4_tool_parser.py``) subclasses the
     V3.2 parser and only replaces its start/end tokens with ``<｜DSML｜tool_calls>`` /
-    ``</｜DSML｜tool_calls>``, so there a ``function_calls`` block stays content. A block is
-    closed by either fence's end marker (the invoke grammar is the same);
+    ``</｜DSML｜tool_calls>``, and its state-machine parser (``vllm/parser/deepseek_v4.py``) has
+    ``<｜DSML｜tool_calls>`` as its only tool-start terminal (``function_calls`` is listed there
+    only among the tag prefixes held back while streaming), so in vLLM a ``function_calls``
+    block stays content. A block is closed by either fence's end marker (the invoke grammar is
+    the same);
   - **missing ``</｜DSML｜parameter>``** (bug-202, vLLM PR 54838, which applies it to V3.2 as
     well; so does ``deepseek_v32`` here, same ``parse_dsml_body``): a value ends where the next
     ``<｜DSML｜parameter`` opens, and the last value of a closed invoke at its
     ``</｜DSML｜invoke>``; a value closed that way loses one trailing newline (the encoder's
-    layout between elements). In a block cut off at the end of the output the open invoke's
+    layout between elements; vLLM's ``_PARAM_RE`` in ``vllm/parser/deepseek_v4.py`` keeps it, and
+    drops a last value whose closer is missing: both departures keep the value the model wrote
+    without the markup's layout). In a block cut off at the end of the output the open invoke's
     last value without closer is dropped (only complete parameters are kept, as before)
     (``dsml_param_values``). Likewise an invoke without ``</｜DSML｜invoke>`` ends where the
     next invoke opens, or at the end of a closed block (``parse_dsml_body``; the rule "implied
