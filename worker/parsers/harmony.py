@@ -102,6 +102,14 @@ class Route(enum.IntEnum):
     DROP = 5  #: the tool parser's view of reasoning
 
 
+#: enum members as module constants: the scanners and the apply loop run per delta (an enum
+#: class attribute lookup costs several times a global one)
+_TEXT, _HEADER, _BODY = Phase.TEXT, Phase.HEADER, Phase.BODY
+_LOOSE, _OPEN, _SBODY, _CLOSE = Seg.LOOSE, Seg.OPEN, Seg.BODY, Seg.CLOSE
+_R_NONE, _R_REASONING, _R_CONTENT, _R_CALL, _R_RAW, _R_DROP = (
+    Route.NONE, Route.REASONING, Route.CONTENT, Route.CALL, Route.RAW, Route.DROP)
+
+
 class Header(msgspec.Struct, frozen=True, array_like=True):
     """A parsed message header: ``raw`` text (id mode: with the ``<|start|>`` that opened it),
     ``channel``, ``recipient`` (``functions.NAME`` for a call) and content type ``ctype`` (id
@@ -129,13 +137,13 @@ class HarmonyState(msgspec.Struct, kw_only=True, array_like=True):
     character). Open message: ``header``, ``route``, ``body`` (a call's buffered body). Tool
     parser: ``calls`` emitted, ``parallel`` (``parallel_tool_calls``)."""
 
-    phase: Phase = Phase.TEXT
+    phase: Phase = _TEXT
     buf: str = ""
     hdr: list[int] = msgspec.field(default_factory=list)
     opener: str = ""
     pend: bytes = b""
     header: Header | None = None
-    route: Route = Route.NONE
+    route: Route = _R_NONE
     body: str = ""
     calls: int = 0
     parallel: bool = True
@@ -157,56 +165,56 @@ def scan(st: HarmonyState, text: str, final: bool) -> list[Segment]:
     out: list[Segment] = []
     s, st.buf = st.buf + text, ""
     while s:
-        if st.phase == Phase.TEXT:
+        if st.phase == _TEXT:
             i, _ = find_first(s, OPENERS)
             if i < 0:
                 keep = 0 if final else hold_back(s, OPENERS)
                 if len(s) > keep:
-                    out.append(Segment(Seg.LOOSE, s[: len(s) - keep]))
+                    out.append(Segment(_LOOSE, s[: len(s) - keep]))
                 st.buf = s[len(s) - keep:]
                 return out
             if i:
-                out.append(Segment(Seg.LOOSE, s[:i]))
-            st.phase, s = Phase.HEADER, s[i:]
+                out.append(Segment(_LOOSE, s[:i]))
+            st.phase, s = _HEADER, s[i:]
             continue
-        if st.phase == Phase.HEADER:
+        if st.phase == _HEADER:
             j = s.find(MESSAGE)
             if j < 0:
                 if len(s) > MAX_HEADER or final:
                     # not a header after all: give the opener back as text, rescan the rest
-                    st.phase = Phase.TEXT
+                    st.phase = _TEXT
                     opener = START if s.startswith(START) else CHANNEL
-                    out.append(Segment(Seg.LOOSE, opener))
+                    out.append(Segment(_LOOSE, opener))
                     s = s[len(opener):]
                     continue
                 st.buf = s
                 return out
-            st.phase = Phase.BODY
-            out.append(Segment(Seg.OPEN, header=text_header(s[:j])))
+            st.phase = _BODY
+            out.append(Segment(_OPEN, header=text_header(s[:j])))
             s = s[j + len(MESSAGE):]
             continue
         i, m = find_first(s, BODY_STOPS)
         if i < 0:
             keep = 0 if final else hold_back(s, BODY_STOPS)
             if len(s) > keep:
-                out.append(Segment(Seg.BODY, s[: len(s) - keep]))
+                out.append(Segment(_SBODY, s[: len(s) - keep]))
             st.buf = s[len(s) - keep:]
             if final:
-                st.phase = Phase.TEXT
-                out.append(Segment(Seg.CLOSE))
+                st.phase = _TEXT
+                out.append(Segment(_CLOSE))
             return out
         if i:
-            out.append(Segment(Seg.BODY, s[:i]))
-        st.phase = Phase.TEXT
+            out.append(Segment(_SBODY, s[:i]))
+        st.phase = _TEXT
         if m == START:
-            out.append(Segment(Seg.CLOSE))
+            out.append(Segment(_CLOSE))
             s = s[i:]
         else:
-            out.append(Segment(Seg.CLOSE, m or ""))
+            out.append(Segment(_CLOSE, m or ""))
             s = s[i + len(m or ""):]
-    if final and st.phase == Phase.BODY:
-        st.phase = Phase.TEXT
-        out.append(Segment(Seg.CLOSE))
+    if final and st.phase == _BODY:
+        st.phase = _TEXT
+        out.append(Segment(_CLOSE))
     return out
 
 
@@ -304,62 +312,62 @@ def scan_ids(st: HarmonyState, ids: list[int], final: bool, tb: Callable[[int], 
     run: list[bytes] = []  # bytes of the current body / loose run, decoded once per run
 
     def flush(final_run: bool) -> None:
-        kind = Seg.BODY if st.phase == Phase.BODY else Seg.LOOSE
+        kind = _SBODY if st.phase == _BODY else _LOOSE
         text = _utf8(st, b"".join(run), final_run) if (run or final_run) else ""
         run.clear()
         if text:
             out.append(Segment(kind, text))
 
     for t in ids:
-        if st.phase == Phase.HEADER:
+        if st.phase == _HEADER:
             if t == MESSAGE_ID:
                 head = _utf8(st, b"".join(tb(i) for i in st.hdr), True)
                 st.hdr = []
                 header = parse_header(head, role_known=not st.opener)
                 if header is None:
-                    out.append(Segment(Seg.LOOSE, st.opener + head + MESSAGE))
-                    st.phase = Phase.TEXT
+                    out.append(Segment(_LOOSE, st.opener + head + MESSAGE))
+                    st.phase = _TEXT
                     continue
-                st.phase = Phase.BODY
-                out.append(Segment(Seg.OPEN, header=Header(st.opener + head, header.channel, header.recipient,
+                st.phase = _BODY
+                out.append(Segment(_OPEN, header=Header(st.opener + head, header.channel, header.recipient,
                                                            header.ctype)))
             elif t in STOP_IDS or len(st.hdr) >= MAX_HEADER_TOKENS:
                 # never a header: its text (and the stop marker) as it came
                 data = b"".join(tb(i) for i in st.hdr) + tb(t)
                 st.hdr = []
-                out.append(Segment(Seg.LOOSE, st.opener + _utf8(st, data, t in STOP_IDS)))
-                st.phase = Phase.TEXT
+                out.append(Segment(_LOOSE, st.opener + _utf8(st, data, t in STOP_IDS)))
+                st.phase = _TEXT
             else:
                 st.hdr.append(t)
-        elif t in STOP_IDS and st.phase == Phase.BODY:
+        elif t in STOP_IDS and st.phase == _BODY:
             flush(True)
-            out.append(Segment(Seg.CLOSE, STOP_IDS[t]))
-            st.phase = Phase.TEXT
-        elif t == START_ID and st.phase == Phase.TEXT:
+            out.append(Segment(_CLOSE, STOP_IDS[t]))
+            st.phase = _TEXT
+        elif t == START_ID and st.phase == _TEXT:
             flush(True)
-            st.phase, st.opener, st.hdr = Phase.HEADER, START, []
+            st.phase, st.opener, st.hdr = _HEADER, START, []
         elif t != ENDOFTEXT_ID:
             run.append(tb(t))
     if run:
         flush(False)
     if final:
-        if st.phase == Phase.BODY:
+        if st.phase == _BODY:
             # cut by the end of output: an incomplete character is not text yet (openai-harmony's
             # current_content and vLLM's detokenizer leave it out)
             st.pend = b""
-            out.append(Segment(Seg.CLOSE))
-        elif st.phase == Phase.HEADER:
+            out.append(Segment(_CLOSE))
+        elif st.phase == _HEADER:
             # cut by the end of output: dropped once it has begun like a header (a marker, or
             # the recipient ``to=`` first; vLLM shows nothing for it); plain text that never
             # became a header is content
             if st.hdr and not st.opener and not any(i in _MARKER_IDS for i in st.hdr):
                 head = _utf8(st, b"".join(tb(i) for i in st.hdr), True)
                 if not head.lstrip().startswith("to="):
-                    out.append(Segment(Seg.LOOSE, head))
+                    out.append(Segment(_LOOSE, head))
             st.hdr = []
         else:
             flush(True)
-        st.phase = Phase.TEXT
+        st.phase = _TEXT
     return out
 
 
@@ -376,12 +384,12 @@ def classify(header: Header, role: Role, text_mode: bool) -> Route:
     as any message with a recipient there); ``analysis`` -> ``REASONING`` (tool parser:
     ``DROP``); else ``CONTENT``."""
     if role == Role.REASONING and text_mode and header.recipient:
-        return Route.RAW
+        return _R_RAW
     if call_name(header.recipient) is not None:
-        return Route.CALL
+        return _R_CALL
     if header.channel == "analysis":
-        return Route.REASONING if role == Role.REASONING else Route.DROP
-    return Route.CONTENT
+        return _R_REASONING if role == Role.REASONING else _R_DROP
+    return _R_CONTENT
 
 
 def call_arguments(body: str, ctype: str) -> str | None:
@@ -420,7 +428,7 @@ class HarmonyParser:
         self._tb = tok.token_bytes if self.reads_ids else None
 
     def initial_state(self, ctx: RequestContext) -> HarmonyState:
-        return HarmonyState(phase=Phase.HEADER if self.reads_ids else Phase.TEXT,
+        return HarmonyState(phase=_HEADER if self.reads_ids else _TEXT,
                             parallel=ctx.parallel_tool_calls is not False)
 
     def feed(self, state: HarmonyState, text: str, token_ids: list[int]) -> Delta:
@@ -444,28 +452,28 @@ class HarmonyParser:
         tool = self.role == Role.TOOL
         for seg in segments:
             kind, t = seg.kind, seg.text
-            if kind == Seg.LOOSE:
+            if kind == _LOOSE:
                 out.content += t
-            elif kind == Seg.OPEN:
+            elif kind == _OPEN:
                 st.header = seg.header
                 st.route = classify(seg.header, self.role, not self.reads_ids)  # type: ignore[arg-type]
                 st.body = ""
-                if st.route == Route.RAW:
+                if st.route == _R_RAW:
                     out.content += seg.header.raw + MESSAGE  # type: ignore[union-attr]
-            elif kind == Seg.BODY:
+            elif kind == _SBODY:
                 r = st.route
-                if r == Route.REASONING:
+                if r == _R_REASONING:
                     out.reasoning += t
-                elif r in (Route.CONTENT, Route.RAW):
+                elif r in (_R_CONTENT, _R_RAW):
                     out.content += t
-                elif r == Route.CALL and tool:
+                elif r == _R_CALL and tool:
                     st.body += t
             else:  # CLOSE
-                if st.route == Route.RAW:
+                if st.route == _R_RAW:
                     out.content += t
-                elif st.route == Route.CALL and tool:
+                elif st.route == _R_CALL and tool:
                     self._close_call(st, out, t)
-                st.route, st.header = Route.NONE, None
+                st.route, st.header = _R_NONE, None
         return out
 
     def _close_call(self, st: HarmonyState, out: Delta, stop: str) -> None:
