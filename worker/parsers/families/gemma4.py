@@ -21,8 +21,9 @@ colon; Gemma 4 writes it in about 0.4% of tool turns, vLLM issue 53431) is a cal
 documented form, with the same argument grammar (every value syntax), alone or next to
 well-formed calls, in both modes: vLLM PR 53444 (a ``:`` transition out of the tool preamble),
 bug-207. The other openers that PR mentions (``call:NAME prose`` without ``{``,
-``call:NAME(args)``) are not calls here: their block stays content, verbatim (vLLM's escape
-hatch ends them without a call; neither answer invents arguments). Calls go out whole when
+``call:NAME(args)``) are not calls here: their block stays content, verbatim, and the text
+and calls after it are read as usual (that PR's escape from the name state fixes the same
+swallowing in vLLM; no arguments are invented from them here). Calls go out whole when
 their block closes, also with ``--tool-call-streaming incremental``.
 """
 import json
