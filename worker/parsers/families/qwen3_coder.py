@@ -36,9 +36,13 @@ inside its code: a fenced code block (backtick runs of three or more) or an inli
 closer; a wrapper missing only at the end (``<tool_call><function=…></function>`` and the output
 ends) keeps the call, as any block left open does here. Limits: ``~~~`` fences, indented code and
 inline spans over a newline are not seen as code; a bare ``<function=`` in plain prose is read as
-a call, as vLLM reads it. Departures from vLLM: vLLM's streaming parser has no fallback (the same
-output streams as content), and its fallback also takes a ``<function=`` inside a code block
-(``vllm/tool_parsers/qwen3coder_tool_parser.py``).
+a call, as vLLM reads it. What vLLM does (``vllm/tool_parsers/qwen3coder_tool_parser.py``,
+``_get_function_calls`` / ``extract_tool_calls``): with no ``<tool_call>`` block the whole output
+is taken as one block, so only its first ``<function=`` is read, wherever it is (also inside a
+code block), and the content is the text before it (text after the call is dropped); its
+streaming parser has no fallback (the same output streams as content). Departures here, to
+keep one answer for both modes: every bare call is read (each is its own block), the text
+around them stays content, and a ``<function=`` inside the answer's code stays content.
 
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): the name goes out with
 ``<function=NAME>``, a string parameter's value as it arrives, any other parameter (typed JSON) when its
