@@ -192,7 +192,8 @@ XML_VECTORS: list[V] = [
 #    an inline code span: content (a call after the span is one) · 14e wrapper missing only at
 #    the start · 14f only at the end · 14g two bare calls · 14h a missing </parameter> implied ·
 #    14i after reasoning · 14j after a closed fence · 14k cut off (qwen3_coder: the complete
-#    parameters; seed_oss: content) · 14l after text on the same line
+#    parameters; seed_oss: content) · 14l after text on the same line · 14m a name
+#    no function has (a template in prose): content
 # 15 deepseek_v4 given the V3.2 fence ``function_calls`` (SGLang PR 40237): 15a text before ·
 #    15b ends the reasoning · 15c cut off, keeps complete invokes · 15d both fences in one output
 _DS_P = '<｜DSML｜parameter name="{}" string="{}">'
@@ -285,6 +286,8 @@ for _tp, _fam, _wo, _wc in (("qwen3_coder", "plain", "<tool_call>", "</tool_call
         T("14d", _tp, _fam, "Use ``" + _FN_T.replace("\n", "") + "`` then:" + _FN_W, "Use ``" + _FN_T.replace("\n", "")
           + "`` then:", [W]),
         T("14l", _tp, _fam, "Let me check." + _FN_W, "Let me check.", [W]),
+        T("14m", _tp, _fam, "Template: <function={{ tc.name }}>\n</function>\n" + _FN_T,
+          "Template: <function={{ tc.name }}>\n</function>\n", [TM]),
         T("14e", _tp, _fam, _FN_W + "\n" + _wc + "\nDone.", "\n\nDone.", [W]),
         T("14g", _tp, _fam, _FN_W + "\n" + _FN_T + "\n", calls=[W, TM]),
         T("14h", _tp, _fam, "<function=get_weather>\n<parameter=city>\nParis\n<parameter=days>\n2\n</function>",

@@ -313,14 +313,13 @@ class TaggedToolParser(ToolParser):
             st.seg_text = True
 
     def _close(self, st: TaggedState, out: Delta, body: str, end: str) -> None:
-        if st.bare:  # a stray start marker's end after a bare call counts as its closer
-            st.bare, end_after = False, self.ends[0]
-        else:
-            end_after = end
+        # a stray start marker's end after a bare call counts as its closer
+        end_after = self.ends[0] if st.bare else end
         try:
-            parsed = self.parse_call(st, body)
+            parsed = self.parse_call(st, body)  # reads ``st.bare``
         except Exception:  # noqa: BLE001 - bad markup never raises
             parsed = None
+        st.bare = False
         if not names_ok(parsed):  # a nameless call is malformed markup
             parsed = None
         if st.inc is not None and st.inc.n:
@@ -402,11 +401,12 @@ class TaggedToolParser(ToolParser):
         st = state
         rest, st.buf = st.buf, ""
         if st.in_call:
-            st.in_call = st.bare = False
+            st.in_call = False
             try:
-                parsed = self.parse_partial(st, rest)
+                parsed = self.parse_partial(st, rest)  # reads ``st.bare``
             except Exception:  # noqa: BLE001
                 parsed = None
+            st.bare = False
             if not names_ok(parsed):
                 parsed = None
             if st.inc is not None and st.inc.n:

@@ -33,7 +33,9 @@ call in both modes (and with incremental streaming), by the tagged engine's "bar
 inside its code: a fenced code block (backtick runs of three or more) or an inline code span
 (single or double backticks on one line); there it stays content. The call ends at
 ``</function>``; a ``</tool_call>`` right after it (wrapper missing only at the start) is its
-closer; a wrapper missing only at the end (``<tool_call><function=…></function>`` and the output
+closer; a name holding whitespace, quotes, braces or angle brackets (``<function={{ tc.name }}>``,
+a template in prose) leaves a bare call as content, as vLLM's ``_is_valid_function_name``
+rejects such names; a wrapper missing only at the end (``<tool_call><function=…></function>`` and the output
 ends) keeps the call, as any block left open does here. Limits: ``~~~`` fences, indented code and
 inline spans over a newline are not seen as code; a bare ``<function=`` in plain prose is read as
 a call, as vLLM reads it. What vLLM does (``vllm/tool_parsers/qwen3coder_tool_parser.py``,
@@ -61,6 +63,19 @@ from worker.parsers.xmlcall import XmlFormat, read_calls, typed_args
 #: Qwen3-Coder's tags; ``lenient``: text outside the tags is ignored (vLLM's ``findall``)
 CODER_FORMAT = XmlFormat(call_open=r"<function=(?P<a>[^>]*)>", call_close=r"</function>",
                          value_open=r"<parameter=(?P<a>[^>]*)>", value_close=r"</parameter>", lenient=True)
+
+
+#: characters a function name never holds (vLLM's ``_is_valid_function_name``: a template such
+#: as ``<function={{ tc.name }}>`` written in an answer is not a call)
+_NOT_IN_NAME = frozenset('{}<>"\' \t\n\r')
+
+
+def plausible_calls(calls: list[tuple[str, str]] | None) -> list[tuple[str, str]] | None:
+    """``calls`` when every name is a plausible function name, else None (content): applied to
+    bare calls (no wrapper), where a ``<function=`` may be a template or pseudo-XML in prose."""
+    if calls is None or any(_NOT_IN_NAME.intersection(name) for name, _ in calls):
+        return None
+    return calls
 
 
 def parse_coder_body(body: str, types: dict[str, dict[str, Any]], complete: bool
@@ -96,10 +111,12 @@ class Qwen3CoderToolParser(TaggedToolParser):
     stream_spec = XmlArgs(CODER_FORMAT)
 
     def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
-        return parse_coder_body(body, st.types, complete=True)
+        calls = parse_coder_body(body, st.types, complete=True)
+        return plausible_calls(calls) if st.bare else calls
 
     def parse_partial(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
-        return parse_coder_body(body, st.types, complete=False)
+        calls = parse_coder_body(body, st.types, complete=False)
+        return plausible_calls(calls) if st.bare else calls
 
 
 @register_tool("qwen3_xml", "Qwen3-Coder", "same format as qwen3_coder", _BARE_NOTE)

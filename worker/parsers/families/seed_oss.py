@@ -30,7 +30,7 @@ block).
 
 ``--tool-call-streaming incremental``: as Qwen3-Coder (same tags, ``worker.parsers.incremental``).
 """
-from worker.parsers.families.qwen3_coder import CODER_FORMAT, parse_coder_body
+from worker.parsers.families.qwen3_coder import CODER_FORMAT, parse_coder_body, plausible_calls
 from worker.parsers.incremental import XmlArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
@@ -59,4 +59,5 @@ class SeedOssToolParser(TaggedToolParser):
     stream_spec = XmlArgs(CODER_FORMAT)  # incremental streaming: Qwen3-Coder's tags
 
     def parse_call(self, st: TaggedState, body: str):
-        return parse_coder_body(body, st.types, complete=True)
+        calls = parse_coder_body(body, st.types, complete=True)
+        return plausible_calls(calls) if st.bare else calls
