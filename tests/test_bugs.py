@@ -48,6 +48,12 @@ CASE_RULES = {
                "every reasoning parser in tests/test_stop_answer.py",
     "bug-114": "schema-typed parameter values keep integers of any size exactly (vLLM's "
                "_convert_param_value goes through float for 'number'): tests/test_exact_numbers.py",
+    "bug-209": "deepseek_v4: the V3.2 fence <｜DSML｜function_calls> is a tool-call block, as SGLang's fix (PR "
+               "40237); vLLM's V4 parser keys on <｜DSML｜tool_calls> only and returns it as content "
+               "(worker/parsers/families/deepseek.py; vectors 15 in tests/test_parser_malformed.py)",
+    "bug-210": "qwen3_coder: <function=...> without <tool_call> is a call in both modes (vLLM's fallback is "
+               "non-streaming only), never inside the answer's code (tagged engine, bare calls; vectors 14 in "
+               "tests/test_parser_malformed.py)",
     "bug-046": "request stop strings are applied by the derender (the engine never sees them)",
     "bug-047": "request stop strings are applied by the derender (the engine never sees them)",
 }
@@ -502,3 +508,73 @@ def test_logprob_alternatives_decoded_on_their_own():
             assert got["token"] == (want if want is not None else got["token"]), (p, alt)
             if want is None:  # a partial byte piece: its own decode, never a neighbour's text
                 assert got["token"] in ("", plan.tok.decode([alt["token_id"]]).rstrip("\ufffd"))
+
+
+# ------------------------------- issue 15: variants of the round-3 kinds, end to end ---
+_FN = "<function=read_file>\n<parameter=path>\nconfig.yaml\n</parameter>\n</function>"
+_DS = "｜DSML｜"
+_PAT = f'<{_DS}parameter name="pattern" string="true">'
+_MAXR = f'<{_DS}parameter name="max_results" string="false">'
+_Q = '<|"|>'
+
+
+def _variant(cid: str, tag: str, text: str, exp: dict, **case_fields) -> tuple[str, dict]:
+    c = json.loads(json.dumps(next(x for x in CASES if x["id"] == cid)))
+    c["output_text"] = text
+    c["expected_correct"] = {**c["expected_correct"], **exp}
+    c.update(case_fields)
+    return f"{cid}-{tag}", c
+
+
+def _round3_variants() -> list[tuple[str, dict]]:
+    """Neighbours of bug-202 / 207 / 209 / 210 (the kinds issue 15 recovers) with their right
+    answers: the same checks as the cases themselves, real tokenizers, both modes."""
+    search = {"name": "search_files", "arguments": {"pattern": "src/**/*.py", "max_results": 20}}
+    read = {"name": "read_file", "arguments": {"path": "config.yaml"}}
+    proc = {"name": "process", "arguments": {"action": "poll", "sessionId": "calm-ridge", "timeout": 20000}}
+    v = [
+        _variant("bug-202", "last-param", f"<{_DS}tool_calls>\n<{_DS}invoke name=\"search_files\">\n{_PAT}src/**/*.py"
+                 f"</{_DS}parameter>\n{_MAXR}20\n</{_DS}invoke>\n</{_DS}tool_calls>", {"tool_calls": [search]}),
+        _variant("bug-202", "both-params", f"<{_DS}tool_calls>\n<{_DS}invoke name=\"search_files\">\n{_PAT}src/**/*.py\n"
+                 f"{_MAXR}20\n</{_DS}invoke>\n</{_DS}tool_calls>", {"tool_calls": [search]}),
+        _variant("bug-202", "v32", f"<{_DS}function_calls>\n<{_DS}invoke name=\"search_files\">\n{_PAT}src/**/*.py"
+                 f"{_MAXR}20</{_DS}parameter>\n</{_DS}invoke>\n</{_DS}function_calls>", {"tool_calls": [search]},
+                 tool_parser="deepseek_v32"),
+        _variant("bug-207", "then-call", f"<|tool_call>:process{{action:{_Q}poll{_Q},sessionId:{_Q}calm-ridge{_Q},"
+                 f"timeout:20000}}<tool_call|><|tool_call>call:process{{action:{_Q}poll{_Q},sessionId:{_Q}calm-ridge{_Q},"
+                 "timeout:20000}<tool_call|>", {"tool_calls": [proc, proc]}),
+        _variant("bug-207", "nested", f"Checking.<|tool_call>:process{{action:{_Q}poll{_Q},sessionId:{_Q}calm-ridge{_Q},"
+                 f"timeout:20000,opts:{{tags:[{_Q}a,b{_Q},true,null],depth:{{n:1.5}}}}}}<tool_call|>",
+                 {"content": "Checking.", "tool_calls": [{"name": "process", "arguments": {
+                     **proc["arguments"], "opts": {"tags": ["a,b", True, None], "depth": {"n": 1.5}}}}]}),
+        _variant("bug-209", "reasoning", f"Read it first.<{_DS}function_calls>\n<{_DS}invoke name=\"read_file\">\n"
+                 f'<{_DS}parameter name="path" string="true">README.md</{_DS}parameter>\n</{_DS}invoke>\n'
+                 f"</{_DS}function_calls>", {"content": None, "reasoning": "Read it first."},
+                 reasoning_parser="deepseek_v4"),
+        _variant("bug-210", "prose", "I'll open it.\n" + _FN, {"content": "I'll open it."}),
+        _variant("bug-210", "wrapper-end", "<tool_call>\n" + _FN + "\n", {"tool_calls": [read]}),
+        _variant("bug-210", "wrapper-start", _FN + "\n</tool_call>", {"tool_calls": [read]}),
+        _variant("bug-210", "seed", _FN, {"tool_calls": [read]}, tool_parser="seed_oss"),
+        _variant("bug-210", "code-block", "Like this:\n```xml\n" + _FN + "\n```",
+                 {"content": "Like this:\n```xml\n" + _FN + "\n```", "tool_calls": [], "finish_reason": "stop",
+                  "content_must_not_contain": [], "stream_checks": []}),
+    ]
+    return v
+
+
+ROUND3_VARIANTS = _round3_variants()
+
+
+@pytest.mark.parametrize("vid,case", ROUND3_VARIANTS, ids=[v[0] for v in ROUND3_VARIANTS])
+def test_round3_variants_both_modes(vid, case):
+    """Each variant non-streaming, then streamed in 1-token, 3-token and random chunks: the
+    case's checks (content, reasoning, calls, finish_reason, streamed argument fragments)."""
+    import random
+
+    fails, _ = run_case(case)
+    assert not fails, "; ".join(fails)
+    rng = random.Random(vid)
+    for chunks in ([1], [3], [rng.randint(1, 6) for _ in range(6)]):
+        c = {**case, "stream_chunks": chunks}
+        fails, _ = run_stream_case(c)
+        assert not fails, f"{chunks}: " + "; ".join(fails)

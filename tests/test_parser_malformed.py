@@ -10,7 +10,10 @@ Extends the numbered corner-case taxonomy of ``tests/test_parser_families.py`` (
    before the section · 10e ``parallel_tool_calls=false`` · 10f DeepSeek V4 (its own rule: the
    open invoke's complete parameters, as the parity corpus expects);
 11 malformed XML-parameter markup that is still unambiguous is recovered (the rules of
-   ``worker.parsers.xmlcall``; an ambiguous one stays content, kind 4).
+   ``worker.parsers.xmlcall``; an ambiguous one stays content, kind 4);
+12-15 the round-3 recoveries (issue 15): a DSML parameter without its closer, Gemma 4's opener
+   without ``call``, ``<function=`` without its wrapper, DeepSeek V4 given the V3.2 fence (see
+   their section below).
 
 Every vector runs like the family vectors (one delta, 1-char and random char deltas, state
 round-tripped through msgspec) and, here, also as token-aligned deltas: the text encoded with
@@ -176,7 +179,10 @@ XML_VECTORS: list[V] = [
       'name="get_weather">Paris</steptml:parameter></steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>'),
 ]
 
-VECTORS = SECTION_VECTORS + XML_VECTORS
+# --------------------------------------------- 12-15: round 3 recoveries (issue 15) --
+from tests.harness.round3 import ROUND3_VECTORS  # noqa: E402  (kinds 12-15, shared)
+
+VECTORS = SECTION_VECTORS + XML_VECTORS + ROUND3_VECTORS
 
 
 # ------------------------------------------------------------------------- machinery --

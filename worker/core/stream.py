@@ -122,7 +122,10 @@ __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "d
 #: 2: parser states gained fields (tagged ``after_end``, think ``ws``, Harmony id scanning); a state
 #: stored by an older build is refused (a 400 for that stream), never misread.
 #: 3: tagged / jsontail states gained the incremental tool-call streamer (``inc``, ``calls``).
-STATE_VERSION = 3
+#: 4: tagged states gained the bare-call fields (``bare``, ``fence``, ``inline``: qwen3_coder /
+#: seed_oss calls without their wrapper); gpt-oss's Harmony state became one Struct with enum
+#: phase / route and a typed header (``worker.parsers.harmony.HarmonyState``).
+STATE_VERSION = 4
 
 
 class StreamOpts(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):

@@ -11,8 +11,8 @@ from worker.parsers.base import ReasoningParser, ToolParser
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {}
 TOOL_PARSERS: dict[str, type[ToolParser]] = {}
-#: human-readable facts per parser name, for the README table: (families, format)
-DOCS: dict[tuple[str, str], tuple[str, str]] = {}
+#: human-readable facts per parser name, for the README table: (families, format, recoveries)
+DOCS: dict[tuple[str, str], tuple[str, str, str]] = {}
 
 
 def register_reasoning(name: str, families: str = "", fmt: str = "") -> Callable[[type], type]:
@@ -21,19 +21,21 @@ def register_reasoning(name: str, families: str = "", fmt: str = "") -> Callable
     def deco(cls: type) -> type:
         cls.name = name
         REASONING_PARSERS[name] = cls
-        DOCS[("reasoning", name)] = (families, fmt)
+        DOCS[("reasoning", name)] = (families, fmt, "")
         return cls
 
     return deco
 
 
-def register_tool(name: str, families: str = "", fmt: str = "") -> Callable[[type], type]:
-    """Class decorator: register a ``ToolParser`` subclass under ``name``."""
+def register_tool(name: str, families: str = "", fmt: str = "", recovers: str = "") -> Callable[[type], type]:
+    """Class decorator: register a ``ToolParser`` subclass under ``name``. ``recovers``: the
+    malformed markup the family turns into calls beyond its format (README table; the family
+    docstring gives the rule and its source), empty when none is specific to it."""
 
     def deco(cls: type) -> type:
         cls.name = name
         TOOL_PARSERS[name] = cls
-        DOCS[("tool", name)] = (families, fmt)
+        DOCS[("tool", name)] = (families, fmt, recovers)
         return cls
 
     return deco

@@ -1,5 +1,5 @@
 """Print the markdown table of every registered parser (``python -m worker.parsers.table``):
-name, kind, model families, format, streaming-ready. Generated from ``registry.DOCS`` (filled by
+name, kind, model families, format, streaming-ready, recovered malformations. Generated from ``registry.DOCS`` (filled by
 the ``register_*`` decorators), so it lists exactly what ``worker.parsers`` registers; the README
 includes its output (``--update README.md`` rewrites it there).
 """
@@ -34,23 +34,23 @@ def _streaming(cls: type) -> str:
     return "yes" if ok else "no"
 
 
-def rows() -> list[tuple[str, str, str, str, str]]:
-    """``(name, kind, families, format, streaming)`` sorted by kind then name."""
+def rows() -> list[tuple[str, str, str, str, str, str]]:
+    """``(name, kind, families, format, streaming, recoveries)`` sorted by kind then name."""
     out = []
-    for (kind, name), (families, fmt) in DOCS.items():
+    for (kind, name), (families, fmt, recovers) in DOCS.items():
         cls = (REASONING_PARSERS if kind == "reasoning" else TOOL_PARSERS).get(name)
         if cls is None:
             continue
-        out.append((name, kind, families, fmt, _streaming(cls)))
+        out.append((name, kind, families, fmt, _streaming(cls), recovers))
     out.sort(key=lambda r: (r[1], r[0]))
     return out
 
 
 def markdown() -> str:
-    lines = ["| name | kind | model families | format | streaming-ready |",
-             "|---|---|---|---|---|"]
-    for name, kind, families, fmt, streaming in rows():
-        lines.append(f"| `{name}` | {kind} | {_cell(families)} | {_code(fmt)} | {streaming} |")
+    lines = ["| name | kind | model families | format | streaming-ready | also recovers |",
+             "|---|---|---|---|---|---|"]
+    for name, kind, families, fmt, streaming, recovers in rows():
+        lines.append(f"| `{name}` | {kind} | {_cell(families)} | {_code(fmt)} | {streaming} | {_cell(recovers)} |")
     lines.append("")
     lines.append("`--reasoning-parser none`/`identity` and `--tool-parser none` (or no flag) run no parser: "
                  "the output is all content.")

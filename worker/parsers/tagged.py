@@ -28,11 +28,25 @@ Content rules (coupled vLLM's non-streaming answer, kept split-independent):
   block is open, ``incremental.advance`` sends each call's name and argument pieces as they
   become certain (family ``stream_spec``); when the block closes (or the output ends inside
   it) ``incremental.settle`` completes them against this engine's parse of the body. A block
-  whose calls started streaming never comes back as content (``worker.parsers.incremental``).
+  whose calls started streaming never comes back as content (``worker.parsers.incremental``);
+* **bare calls** (``bare_start`` set: Qwen3-Coder and Seed-OSS's ``<function=``): a call may
+  stand without the block's start marker (vLLM's ``qwen3coder`` non-streaming fallback, which
+  searches the whole output for ``<function=``; bug-210). Here the bare opener starts a block
+  anywhere in the text except inside code of the answer: a fenced code block (between backtick
+  runs of three or more: each such run toggles the fence) or an inline code span (between
+  runs of one or two backticks on the same line). There it is content. The opener stays in the
+  body (zero-width marker), the block ends at ``bare_end`` and is parsed by the same
+  ``parse_call`` / ``parse_partial``; the block's end marker right after it
+  (``<function=…></function></tool_call>``: the wrapper missing only at the start) counts as its
+  closer. Limits: ``~~~`` fences, indented code blocks and inline spans running over a newline
+  are not seen as code; a bare opener in plain prose is read as a call (as vLLM reads it). Only
+  two flags are kept (``fence``, ``inline``); a trailing run of backticks is held back until it
+  is complete, so the answer does not depend on how the text was split.
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -52,6 +66,32 @@ from worker.parsers.jsonlex import scan_json
 from worker.parsers.marker import json_call_list
 from worker.parsers.values import is_string_param
 from worker.parsers.xmlcall import strip_newline, typed_value
+
+#: backtick runs and newlines: what moves the code state of the content (``code_state``)
+_CODE = re.compile(r"`+|\n")
+
+
+def code_state(st: TaggedState, t: str) -> None:
+    """Advance ``st.fence`` / ``st.inline`` over content text ``t`` (module docstring, "bare
+    calls"): a run of three or more backticks toggles the fence (and ends an inline span), a
+    run of one or two toggles an inline span outside a fence, a newline ends an inline span."""
+    if "`" not in t:
+        if st.inline and "\n" in t:
+            st.inline = False
+        return
+    for m in _CODE.finditer(t):
+        g = m.group()
+        if g == "\n":
+            st.inline = False
+        elif len(g) >= 3:
+            st.fence, st.inline = not st.fence, False
+        elif not st.fence:
+            st.inline = not st.inline
+
+
+def trailing_ticks(s: str) -> int:
+    """Length of the run of backticks ending ``s`` (held back: the run may still grow)."""
+    return len(s) - len(s.rstrip("`"))
 
 
 class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
@@ -82,6 +122,11 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     after_end: str = ""
     #: incremental argument streaming (``--tool-call-streaming incremental``; None: whole)
     inc: ArgStream | None = None
+    #: the open block was started by the family's ``bare_start`` (no start marker); the content
+    #: so far is inside a fenced code block / an inline code span (``code_state``)
+    bare: bool = False
+    fence: bool = False
+    inline: bool = False
 
 
 def lex_json(st: TaggedState, s: str, end: int) -> None:
@@ -167,6 +212,10 @@ class TaggedToolParser(ToolParser):
 
     starts: ClassVar[tuple[str, ...]] = ("<tool_call>",)
     ends: ClassVar[tuple[str, ...]] = ("</tool_call>",)
+    #: a call opener that may stand without a start marker, and the text ending such a call
+    #: (module docstring, "bare calls"; empty: none)
+    bare_start: ClassVar[str] = ""
+    bare_end: ClassVar[str] = ""
     parse_body: ClassVar[Callable[[str], list[tuple[str, str]] | None]] = staticmethod(json_name_arguments)
 
     def __init__(self, tok):
@@ -179,6 +228,7 @@ class TaggedToolParser(ToolParser):
         if spec is None and type(self).parse_call is TaggedToolParser.parse_call:
             spec = {json_name_arguments: NAME_ARGS, json_call_list: LIST_ARGS}.get(type(self).parse_body)
         self.spec = spec
+        self._starts = self.starts + ((self.bare_start,) if self.bare_start else ())
 
     @property
     def incremental(self) -> bool:  # type: ignore[override]
@@ -251,6 +301,8 @@ class TaggedToolParser(ToolParser):
     def _text(self, st: TaggedState, out: Delta, t: str) -> None:
         if not t:
             return
+        if self.bare_start:  # where a bare opener may start a call (module docstring)
+            code_state(st, t)
         if st.seg_text:
             out.content += t
         elif t.isspace():
@@ -261,21 +313,24 @@ class TaggedToolParser(ToolParser):
             st.seg_text = True
 
     def _close(self, st: TaggedState, out: Delta, body: str, end: str) -> None:
+        # a stray start marker's end after a bare call counts as its closer
+        end_after = self.ends[0] if st.bare else end
         try:
-            parsed = self.parse_call(st, body)
+            parsed = self.parse_call(st, body)  # reads ``st.bare``
         except Exception:  # noqa: BLE001 - bad markup never raises
             parsed = None
+        st.bare = False
         if not names_ok(parsed):  # a nameless call is malformed markup
             parsed = None
         if st.inc is not None and st.inc.n:
             self._settle(st, out, body, parsed)
-            st.after_end = end
+            st.after_end = end_after
             return
         if parsed is None:
             self._text(st, out, st.marker + body + end)
             return
         self._emit(st, out, parsed)
-        st.after_end = end
+        st.after_end = end_after
 
     def _settle(self, st: TaggedState, out: Delta, body: str, parsed: list[tuple[str, str]] | None) -> None:
         """Finish a block whose calls started streaming (``incremental.settle``): no content."""
@@ -300,27 +355,36 @@ class TaggedToolParser(ToolParser):
                     if st.after_end.startswith(s):  # empty, or a prefix of the marker: wait
                         return out
                     st.after_end = ""
-                i, m = find_first(s, self.starts)
+                i, m = find_first(s, self._starts)
                 if i < 0:
-                    keep = hold_back(s, self.starts)
+                    keep = hold_back(s, self._starts)
+                    if self.bare_start:  # a backtick run may still grow into a fence
+                        keep = max(keep, trailing_ticks(s))
                     self._text(st, out, s[: len(s) - keep])
                     st.buf = s[len(s) - keep:]
                     return out
                 self._text(st, out, s[:i])
+                bare = m == self.bare_start and m not in self.starts
+                if bare and (st.fence or st.inline):  # a bare opener inside the answer's code
+                    self._text(st, out, m)
+                    st.buf = s[i + len(m):]
+                    continue
                 if not st.seg_text:
                     st.pending_ws = ""
-                st.in_call, st.marker, st.buf, st.scan = True, m, s[i + len(m):], 0
+                body = s[i:] if bare else s[i + len(m):]  # a bare opener stays in the body
+                st.in_call, st.marker, st.bare, st.buf, st.scan = True, "" if bare else m, bare, body, 0
                 st.lex, st.lex_str, st.lex_esc, st.lex_depth = 0, False, False, 0
                 if st.inc is not None:
                     st.inc = ArgStream()
                 continue
             s = st.buf
-            longest = max(len(e) for e in self.ends)
-            j, e = find_first(s[st.scan:], self.ends)
+            ends = (self.bare_end,) if st.bare else self.ends
+            longest = max(len(e) for e in ends)
+            j, e = find_first(s[st.scan:], ends)
             if j < 0:
                 st.scan = max(0, len(s) - longest + 1)
                 if st.inc is not None:  # incremental: what can no longer be the end marker
-                    advance(self, st, out, s, len(s) - hold_back(s, self.ends))
+                    advance(self, st, out, s, len(s) - hold_back(s, ends))
                 return out
             j += st.scan
             if self._json_body:
@@ -339,9 +403,10 @@ class TaggedToolParser(ToolParser):
         if st.in_call:
             st.in_call = False
             try:
-                parsed = self.parse_partial(st, rest)
+                parsed = self.parse_partial(st, rest)  # reads ``st.bare``
             except Exception:  # noqa: BLE001
                 parsed = None
+            st.bare = False
             if not names_ok(parsed):
                 parsed = None
             if st.inc is not None and st.inc.n:

@@ -35,6 +35,32 @@ encoder shipped with vLLM ``--tokenizer-mode deepseek_v4``; vLLM's ``deepseek_v3
   "none"`` coupled V4 serving still removes the DSML block from the content (no call), see
   ``dsv4-tool-choice-none-v0``.
 
+  Recoveries (both modes, every chunking, also ``--tool-call-streaming incremental``, where
+  DSML calls go out whole when the block closes):
+
+  - **V3.2 block name**: the fence may be ``<｜DSML｜function_calls>`` (DeepSeek V3.2's name,
+    which V4 models sometimes write, bug-209) instead of ``<｜DSML｜tool_calls>``; the invokes
+    inside are parsed the same way, and the block ends the reasoning as ``tool_calls`` does.
+    This follows SGLang's fix (PR 40237 for issue 40236). **Departs from vLLM**: vLLM's
+    ``DeepSeekV4ToolParser`` (``vllm/tool_parsers/deepseekv4_tool_parser.py``) subclasses the
+    V3.2 parser and only replaces its start/end tokens with ``<｜DSML｜tool_calls>`` /
+    ``</｜DSML｜tool_calls>``, and its state-machine parser (``vllm/parser/deepseek_v4.py``) has
+    ``<｜DSML｜tool_calls>`` as its only tool-start terminal (``function_calls`` is listed there
+    only among the tag prefixes held back while streaming), so in vLLM a ``function_calls``
+    block stays content. A block is closed by either fence's end marker (the invoke grammar is
+    the same);
+  - **missing ``</｜DSML｜parameter>``** (bug-202, vLLM PR 54838, which applies it to V3.2 as
+    well; so does ``deepseek_v32`` here, same ``parse_dsml_body``): a value ends where the next
+    ``<｜DSML｜parameter`` opens, and the last value of a closed invoke at its
+    ``</｜DSML｜invoke>``; a value closed that way loses one trailing newline (the encoder's
+    layout between elements; vLLM's ``_PARAM_RE`` in ``vllm/parser/deepseek_v4.py`` keeps it, and
+    drops a last value whose closer is missing: both departures keep the value the model wrote
+    without the markup's layout). In a block cut off at the end of the output the open invoke's
+    last value without closer is dropped (only complete parameters are kept, as before)
+    (``dsml_param_values``). Likewise an invoke without ``</｜DSML｜invoke>`` ends where the
+    next invoke opens, or at the end of a closed block (``parse_dsml_body``; the rule "implied
+    closing tag" of ``xmlcall.py``).
+
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): V3.1 calls stream (name
 once ``<｜tool▁sep｜>{`` arrives, then the raw JSON arguments); V4's DSML calls go out whole.
 """
@@ -49,6 +75,11 @@ from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec, ThinkState
 from worker.parsers.values import convert_param, dumps_args, loads_json
+
+#: DeepSeek V4's DSML block openers / closers: its own ``tool_calls`` fence and the V3.2 name
+#: ``function_calls`` (SGLang's fix for the same model output, bug-209; module docstring)
+V4_STARTS = ("<｜DSML｜tool_calls>", "<dsml:tool_calls>", "<｜DSML｜function_calls>", "<dsml:function_calls>")
+V4_ENDS = ("</｜DSML｜tool_calls>", "</dsml:tool_calls>", "</｜DSML｜function_calls>", "</dsml:function_calls>")
 
 
 # ----------------------------------------------------------------------------- reasoning ---
@@ -80,7 +111,7 @@ class DeepSeekV4ReasoningParser(ThinkReasoningParser):
     """DeepSeek V4: reasoning until ``</think>`` (or a DSML tool-call block)."""
 
     spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
-                     turn_token="<｜Assistant｜>", implicit_end=("<｜DSML｜tool_calls>", "<dsml:tool_calls>"))
+                     turn_token="<｜Assistant｜>", implicit_end=V4_STARTS)
 
 
 # ------------------------------------------------------------------------------ V3.1 tools ---
@@ -135,14 +166,39 @@ _O = r"<(?:｜DSML｜|dsml:)"
 _C = r"</(?:｜DSML｜|dsml:)"
 _INVOKE_OPEN = re.compile(_O + r'invoke\s+name="([^"]+)"\s*>')
 _INVOKE_CLOSE = re.compile(_C + r"invoke>")
-_PARAM = re.compile(_O + r'parameter\s+name="([^"]+)"\s+string="(true|false)"\s*>(.*?)' + _C + r"parameter>",
-                    re.DOTALL)
+_PARAM_OPEN = re.compile(_O + r'parameter\s+name="([^"]+)"\s+string="(true|false)"\s*>')
+_PARAM_CLOSE = re.compile(_C + r"parameter>")
 
 
-def _dsml_params(text: str, fn_types: dict[str, Any] | None) -> dict[str, Any]:
+def dsml_param_values(text: str, complete: bool = True) -> list[tuple[str, bool, str]]:
+    """``[(name, string="true", raw value)]`` of the DSML parameters in one invoke's inner text.
+
+    A value ends at its ``</｜DSML｜parameter>``, or, when that closer is missing, where the next
+    ``<｜DSML｜parameter`` opens (vLLM PR 54838, bug-202: the missing closer no longer swallows
+    the next parameter); the last one also ends at the end of ``text`` when ``complete`` (the
+    invoke's ``</｜DSML｜invoke>`` arrived: the rule "implied closing tag" of ``xmlcall.py``). A
+    value closed by implication loses one trailing newline (the encoder's layout between two
+    elements). Text between parameters is ignored. O(len(text))."""
+    out: list[tuple[str, bool, str]] = []
+    opens = list(_PARAM_OPEN.finditer(text))
+    for k, m in enumerate(opens):
+        nxt = opens[k + 1].start() if k + 1 < len(opens) else len(text)
+        close = _PARAM_CLOSE.search(text, m.end(), nxt)
+        if close is not None:
+            raw = text[m.end():close.start()]
+        elif k + 1 < len(opens) or complete:
+            raw = text[m.end():nxt]
+            raw = raw[:-1] if raw.endswith("\n") else raw
+        else:  # the cut-off last value of an open invoke: dropped
+            break
+        out.append((m.group(1), m.group(2) == "true", raw))
+    return out
+
+
+def _dsml_params(text: str, fn_types: dict[str, Any] | None, complete: bool = True) -> dict[str, Any]:
     params: dict[str, Any] = {}
-    for pname, is_str, raw in _PARAM.findall(text):
-        if is_str == "true":
+    for pname, is_str, raw in dsml_param_values(text, complete):
+        if is_str:
             params[pname] = raw
         elif fn_types is not None and fn_types.get(pname) is not None:
             params[pname] = convert_param(raw, fn_types[pname])
@@ -168,34 +224,32 @@ def _dsml_params(text: str, fn_types: dict[str, Any] | None) -> dict[str, Any]:
 
 def parse_dsml_body(body: str, types: dict[str, dict[str, Any]], complete: bool
                     ) -> list[tuple[str, str]] | None:
-    """Calls of a DSML ``tool_calls`` body. ``complete``: every invoke must be closed; else the
-    open last invoke keeps its complete parameters. None when there is no named invoke."""
+    """Calls of a DSML block body (``tool_calls`` / ``function_calls``). An invoke ends at its
+    ``</｜DSML｜invoke>``, or, when that closer is missing, where the next invoke opens or (the
+    block's end marker arrived: ``complete``) at the end of the body: the rule "implied closing
+    tag" of ``xmlcall.py``. In a block cut off at the end of the output (``complete`` False) the
+    last invoke without closer keeps its complete parameters. Parameters: ``dsml_param_values``.
+    None when there is no named invoke."""
     calls = []
-    pos = 0
-    while True:
-        m = _INVOKE_OPEN.search(body, pos)
-        if m is None:
-            break
-        name = m.group(1).strip()
-        end = _INVOKE_CLOSE.search(body, m.end())
-        if end is None:
-            if complete:
-                return None
-            inner, pos = body[m.end():], len(body)
-        else:
-            inner, pos = body[m.end():end.start()], end.end()
-        calls.append((name, dumps_args(_dsml_params(inner, types.get(name)))))
-        if end is None:
-            break
+    opens = list(_INVOKE_OPEN.finditer(body))
+    for k, m in enumerate(opens):
+        last = k + 1 == len(opens)
+        nxt = len(body) if last else opens[k + 1].start()
+        end = _INVOKE_CLOSE.search(body, m.end(), nxt)
+        inner = body[m.end():end.start() if end is not None else nxt]
+        closed = end is not None or not last or complete
+        calls.append((m.group(1).strip(), dumps_args(_dsml_params(inner, types.get(m.group(1).strip()), closed))))
     return calls or None
 
 
-@register_tool("deepseek_v4", "DeepSeek V4", '<｜DSML｜tool_calls><｜DSML｜invoke name=…><｜DSML｜parameter …>')
+@register_tool("deepseek_v4", "DeepSeek V4", '<｜DSML｜tool_calls><｜DSML｜invoke name=…><｜DSML｜parameter …>',
+               "the V3.2 fence `function_calls` (SGLang PR 40237; not in vLLM); a parameter without its closer "
+               "ends at the next parameter or the invoke's end (vLLM PR 54838)")
 class DeepSeekV4ToolParser(TaggedToolParser):
     """DeepSeek V4 DSML calls (one fenced block, one or more invokes)."""
 
-    starts = ("<｜DSML｜tool_calls>", "<dsml:tool_calls>")
-    ends = ("</｜DSML｜tool_calls>", "</dsml:tool_calls>")
+    starts = V4_STARTS
+    ends = V4_ENDS
     param_types = True
     strips_markup_when_off = True
 

@@ -15,7 +15,9 @@ The invoke grammar is DeepSeek V4's DSML inside a ``function_calls`` fence, so t
 by ``deepseek.parse_dsml_body`` (``string="false"`` values typed by the request schema, else
 JSON). A block left open at the end of the output keeps its complete invokes
 (``TaggedToolParser.call_ends``: ``</｜DSML｜invoke>``), the cut-off invoke after them is dropped;
-with no complete invoke it is content.
+with no complete invoke it is content. A parameter missing its ``</｜DSML｜parameter>`` ends where the
+next parameter opens (or at its invoke's end), as vLLM PR 54838 does for V3.2 and V4
+(``deepseek.dsml_param_values``).
 """
 from worker.parsers.families.deepseek import parse_dsml_body
 from worker.parsers.registry import register_tool
@@ -24,7 +26,8 @@ from worker.parsers.tagged import TaggedState, TaggedToolParser
 
 @register_tool("deepseek_v32", "DeepSeek-V3.2, V3.2-Speciale",
                '<｜DSML｜function_calls><｜DSML｜invoke name="f"><｜DSML｜parameter name="k" string="true">v'
-               "</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>")
+               "</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>",
+               "a parameter without its closer ends at the next parameter or the invoke's end (vLLM PR 54838)")
 class DeepSeekV32ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<｜DSML｜function_calls>",)

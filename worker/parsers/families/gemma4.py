@@ -15,6 +15,16 @@ serialization: unquoted keys, strings between ``<|"|>`` tokens, bare numbers/boo
     <|tool_call>call:get_weather{location:<|"|>Tokyo<|"|>,days:3,opts:{metric:true}}<tool_call|>
 
 -> ``get_weather`` with ``{"location": "Tokyo", "days": 3, "opts": {"metric": true}}``.
+
+Recovery: the **bare opener** ``<|tool_call>:NAME{...}<tool_call|>`` (``call`` missing before the
+colon; Gemma 4 writes it in about 0.4% of tool turns, vLLM issue 53431) is a call like the
+documented form, with the same argument grammar (every value syntax), alone or next to
+well-formed calls, in both modes: vLLM PR 53444 (a ``:`` transition out of the tool preamble),
+bug-207. The other openers that PR mentions (``call:NAME prose`` without ``{``,
+``call:NAME(args)``) are not calls here: their block stays content, verbatim, and the text
+and calls after it are read as usual (that PR's escape from the name state fixes the same
+swallowing in vLLM; no arguments are invented from them here). Calls go out whole when
+their block closes, also with ``--tool-call-streaming incremental``.
 """
 import json
 from typing import Any
@@ -109,11 +119,13 @@ def _array(s: str, i: int) -> tuple[list, int]:
 
 
 def parse_gemma4_call(body: str) -> list[tuple[str, str]] | None:
-    """``call:NAME{args}`` -> ``[(NAME, arguments JSON)]``; None when malformed."""
-    if not body.startswith("call:"):
+    """``call:NAME{args}`` (or the bare opener ``:NAME{args}``, module docstring) ->
+    ``[(NAME, arguments JSON)]``; None when malformed."""
+    head = "call:" if body.startswith("call:") else ":" if body.startswith(":") else ""
+    if not head:
         return None
     b = body.find("{")
-    name = body[5:b].strip() if b > 0 else ""
+    name = body[len(head):b].strip() if b > 0 else ""
     if not name or any(c.isspace() for c in name):
         return None
     try:
@@ -170,7 +182,8 @@ class Gemma4ReasoningParser(ThinkReasoningParser):
         return d
 
 
-@register_tool("gemma4", "Google Gemma 4", '<|tool_call>call:name{key:<|"|>str<|"|>,n:1}<tool_call|>')
+@register_tool("gemma4", "Google Gemma 4", '<|tool_call>call:name{key:<|"|>str<|"|>,n:1}<tool_call|>',
+               "the opener without `call` (`<|tool_call>:name{…}`, vLLM PR 53444)")
 class Gemma4ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<|tool_call>",)

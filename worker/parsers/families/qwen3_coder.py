@@ -25,6 +25,27 @@ implied by the next tag; a missing ``<parameter=K>`` or ``<function=NAME>`` cann
 key or name is unknown): its orphan closing tag leaves the block as content. Plain text between
 the tags is ignored, as vLLM's ``qwen3coder`` parser does.
 
+**Call without the ``<tool_call>`` wrapper** (bug-210): Qwen3-Coder sometimes writes the
+``<function=NAME>…</function>`` call bare. vLLM's non-streaming ``qwen3coder`` parser searches the
+whole output for ``<function=`` when no ``<tool_call>`` block matches; here the same output is a
+call in both modes (and with incremental streaming), by the tagged engine's "bare calls" rule
+(``worker.parsers.tagged``): a bare ``<function=`` opens a call anywhere in the answer except
+inside its code: a fenced code block (backtick runs of three or more) or an inline code span
+(single or double backticks on one line); there it stays content. The call ends at
+``</function>``; a ``</tool_call>`` right after it (wrapper missing only at the start) is its
+closer; a name holding whitespace, quotes, braces or angle brackets (``<function={{ tc.name }}>``,
+a template in prose) leaves a bare call as content, as vLLM's ``_is_valid_function_name``
+rejects such names; a wrapper missing only at the end (``<tool_call><function=…></function>`` and the output
+ends) keeps the call, as any block left open does here. Limits: ``~~~`` fences, indented code and
+inline spans over a newline are not seen as code; a bare ``<function=`` in plain prose is read as
+a call, as vLLM reads it. What vLLM does (``vllm/tool_parsers/qwen3coder_tool_parser.py``,
+``_get_function_calls`` / ``extract_tool_calls``): with no ``<tool_call>`` block the whole output
+is taken as one block, so only its first ``<function=`` is read, wherever it is (also inside a
+code block), and the content is the text before it (text after the call is dropped); its
+streaming parser has no fallback (the same output streams as content). Departures here, to
+keep one answer for both modes: every bare call is read (each is its own block), the text
+around them stays content, and a ``<function=`` inside the answer's code stays content.
+
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): the name goes out with
 ``<function=NAME>``, a string parameter's value as it arrives, any other parameter (typed JSON) when its
 ``</parameter>`` arrives, ``}`` with
@@ -44,6 +65,19 @@ CODER_FORMAT = XmlFormat(call_open=r"<function=(?P<a>[^>]*)>", call_close=r"</fu
                          value_open=r"<parameter=(?P<a>[^>]*)>", value_close=r"</parameter>", lenient=True)
 
 
+#: characters a function name never holds (vLLM's ``_is_valid_function_name``: a template such
+#: as ``<function={{ tc.name }}>`` written in an answer is not a call)
+_NOT_IN_NAME = frozenset('{}<>"\' \t\n\r')
+
+
+def plausible_calls(calls: list[tuple[str, str]] | None) -> list[tuple[str, str]] | None:
+    """``calls`` when every name is a plausible function name, else None (content): applied to
+    bare calls (no wrapper), where a ``<function=`` may be a template or pseudo-XML in prose."""
+    if calls is None or any(_NOT_IN_NAME.intersection(name) for name, _ in calls):
+        return None
+    return calls
+
+
 def parse_coder_body(body: str, types: dict[str, dict[str, Any]], complete: bool
                      ) -> list[tuple[str, str]] | None:
     """``[(name, arguments JSON)]`` of the ``<function=NAME>...`` calls of one block body
@@ -57,24 +91,34 @@ def parse_coder_body(body: str, types: dict[str, dict[str, Any]], complete: bool
     return [(name, typed_args(params, types.get(name))) for name, params in calls]
 
 
-@register_tool("qwen3_coder", "Qwen3-Coder", "<tool_call><function=NAME><parameter=P>V</parameter></function></tool_call>")
+_BARE_NOTE = ("`<function=…>` without the `<tool_call>` wrapper, outside the answer's code "
+              "(vLLM's non-streaming fallback, here in both modes)")
+
+
+@register_tool("qwen3_coder", "Qwen3-Coder", "<tool_call><function=NAME><parameter=P>V</parameter></function></tool_call>",
+               _BARE_NOTE)
 class Qwen3CoderToolParser(TaggedToolParser):
     """Qwen3-Coder XML calls, values typed by the request's tool schemas."""
 
     starts = ("<tool_call>",)
     ends = ("</tool_call>",)
+    #: a call without the wrapper (module docstring; ``tagged`` "bare calls")
+    bare_start = "<function="
+    bare_end = "</function>"
     param_types = True
     #: incremental streaming: the name at ``<function=NAME>``, each parameter at its
     #: ``</parameter>`` (``worker.parsers.incremental``)
     stream_spec = XmlArgs(CODER_FORMAT)
 
     def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
-        return parse_coder_body(body, st.types, complete=True)
+        calls = parse_coder_body(body, st.types, complete=True)
+        return plausible_calls(calls) if st.bare else calls
 
     def parse_partial(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
-        return parse_coder_body(body, st.types, complete=False)
+        calls = parse_coder_body(body, st.types, complete=False)
+        return plausible_calls(calls) if st.bare else calls
 
 
-@register_tool("qwen3_xml", "Qwen3-Coder", "same format as qwen3_coder")
+@register_tool("qwen3_xml", "Qwen3-Coder", "same format as qwen3_coder", _BARE_NOTE)
 class Qwen3XmlToolParser(Qwen3CoderToolParser):
     """``qwen3_xml``: vLLM's streaming-XML variant of the same Qwen3-Coder format."""

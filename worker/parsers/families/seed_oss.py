@@ -18,9 +18,19 @@ tag:
 the inner grammar is Qwen3-Coder's, so the body is parsed by ``qwen3_coder.parse_coder_body``
 (one leading/trailing newline around a value removed, values typed by the request's schema).
 
+**Call without the ``<seed:tool_call>`` wrapper**: the same rule as Qwen3-Coder (bug-210's kind;
+``qwen3_coder`` module docstring, ``worker.parsers.tagged`` "bare calls"): a bare
+``<function=NAME>…</function>`` outside the answer's code (fenced block or inline span) is a
+call, in both modes; a ``</seed:tool_call>`` right after it is its closer. **This
+departs from vLLM**: vLLM's ``seed_oss`` parser (``vllm/tool_parsers/seed_oss_tool_parser.py``)
+has no such fallback (it needs ``<seed:tool_call>``), so there the bare call stays content. We
+apply it because the inner grammar is Qwen3-Coder's and the model drops the wrapper the same
+way. A bare call cut off at the end of the output stays content (Seed-OSS's rule for an open
+block).
+
 ``--tool-call-streaming incremental``: as Qwen3-Coder (same tags, ``worker.parsers.incremental``).
 """
-from worker.parsers.families.qwen3_coder import CODER_FORMAT, parse_coder_body
+from worker.parsers.families.qwen3_coder import CODER_FORMAT, parse_coder_body, plausible_calls
 from worker.parsers.incremental import XmlArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
@@ -36,13 +46,18 @@ class SeedOssReasoningParser(ThinkReasoningParser):
 
 
 @register_tool("seed_oss", "ByteDance Seed-OSS-36B",
-               "<seed:tool_call><function=f><parameter=k>v</parameter></function></seed:tool_call>")
+               "<seed:tool_call><function=f><parameter=k>v</parameter></function></seed:tool_call>",
+               "`<function=…>` without the `<seed:tool_call>` wrapper, outside the answer's code "
+               "(not in vLLM)")
 class SeedOssToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<seed:tool_call>",)
     ends = ("</seed:tool_call>",)
+    bare_start = "<function="  # a call without the wrapper (module docstring)
+    bare_end = "</function>"
     param_types = True
     stream_spec = XmlArgs(CODER_FORMAT)  # incremental streaming: Qwen3-Coder's tags
 
     def parse_call(self, st: TaggedState, body: str):
-        return parse_coder_body(body, st.types, complete=True)
+        calls = parse_coder_body(body, st.types, complete=True)
+        return plausible_calls(calls) if st.bare else calls
