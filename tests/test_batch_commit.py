@@ -11,33 +11,15 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 from tqdm import tqdm
 
-from tests.harness.batch import QWEN3
-from tests.parity import corpus, missing_parser, nonstream_cases
+from tests.harness.batch import QWEN3, ROOT, qwen3_bodies, run_cli, write_jsonl
+from tests.harness.batch import spawn as _spawn
+from tests.harness.batch import wait_for as _wait_for
+from tests.parity import corpus, missing_parser
 from tests.parity_tools import to_requests
-from worker.cli import main as cli_main
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def qwen3_bodies() -> list[dict]:
-    """Non-streaming bodies of the parity cases served by ``qwen3`` (ok and refused ones)."""
-    return [to_requests.nonstream_body(c) for c in nonstream_cases()
-            if c["model"] == "qwen3" and not missing_parser(c)]
-
-
-def write_jsonl(path: Path, bodies: list) -> Path:
-    path.write_text("".join(json.dumps(b) + "\n" for b in bodies))
-    return path
-
-
-def run_cli(*args: str) -> int:
-    return cli_main(["batch", *args, "--config", QWEN3])
 
 
 def test_missing_input_keeps_existing_output(tmp_path, capsys):
@@ -136,24 +118,6 @@ def test_progress_counts_records_in_plain_digits(tmp_path, capsys):
     assert run_cli(str(src), "-o", str(tmp_path / "o.jsonl"), "--workers", "1", "--progress") == 0
     err = capsys.readouterr().err
     assert "records=10000]" in err and "e+" not in err
-
-
-def _spawn(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", *args, "--config", QWEN3,
-                             "--no-progress"], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-
-
-def _wait_for(pred, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    t0 = time.monotonic()
-    while not pred():
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before the kill point: {proc.stderr.read().decode()[-2000:]}")
-        if time.monotonic() - t0 > timeout:
-            proc.kill()
-            raise AssertionError("kill point not reached")
-        time.sleep(0.02)
 
 
 def test_sigkilled_run_leaves_earlier_output_whole(tmp_path):

@@ -18,7 +18,9 @@ import time
 
 import pytest
 
-from tests.test_batch_commit import QWEN3, ROOT, _spawn, _wait_for, qwen3_bodies, run_cli, write_jsonl
+from tests.harness.batch import QWEN3, ROOT, qwen3_bodies, run_cli, write_jsonl
+from tests.harness.batch import spawn as _spawn
+from tests.harness.batch import wait_for as _wait_for
 from worker.offline import commit
 
 

@@ -102,9 +102,9 @@ def test_derender_class_on_ray_data_parquet(tmp_path, local_ray, qwen3_service):
 def test_ray_engine_responses_equals_local_engine(tmp_path, local_ray):
     """Responses bodies (issue 14) and whole-request Responses stream lines through Ray Data:
     the same bytes as the local engine, and the reference's answers (compare_responses.py)."""
+    from tests.harness.responses import CASES, MODELS, PARSER_CUT_CALL
     from tests.parity_tools import compare_responses as cmp
     from tests.parity_tools import responses_to_requests as r2r
-    from tests.test_responses import CASES, MODELS, PARSER_CUT_CALL
     svc = DerenderService(load_config_file(str(MODELS)))
     lines = [r2r.nonstream_body(c) for c in CASES] + [r2r.stream_bodies(c) for c in CASES[:6]]
     src = tmp_path / "in.jsonl"

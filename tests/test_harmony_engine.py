@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from tests.test_parser_families import TOOLS, tokenizer
+from tests.harness.parsers import TOOLS, tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
 from worker.parsers.base import RequestContext
 from worker.parsers.harmony import (

@@ -358,7 +358,7 @@ def test_too_large_reply_mid_stream_ends_the_stream_with_413(kafka_bootstrap, ka
     import hashlib
     import re
 
-    from tests.test_kafka_worker import _committed_and_end
+    from tests.harness.kafka import committed_and_end as _committed_and_end
 
     tok = _tokenizer(qwen3_models)
     n = _names()

@@ -13,11 +13,15 @@ from collections import defaultdict
 
 import pytest
 
+from tests.harness.kafka import REDIS_URL
+from tests.harness.kafka import collect as _collect
+from tests.harness.kafka import headers as _h
+from tests.harness.kafka import names as _names
+from tests.harness.kafka import produce as _produce
+from tests.harness.kafka import settings as _settings
+from tests.harness.responses import CASES, DELTA_BOUNDARIES, MODELS, PARSER_CUT_CALL
 from tests.parity_tools import compare_responses as cmp
 from tests.parity_tools import responses_to_requests as r2r
-from tests.test_kafka_stream import REDIS_URL, redis_prefix  # noqa: F401 (fixture)
-from tests.test_kafka_worker import _collect, _h, _names, _produce, _settings
-from tests.test_responses import CASES, DELTA_BOUNDARIES, MODELS, PARSER_CUT_CALL
 from worker.config import load_config_file
 from worker.state import RedisSettings
 from worker.transport.consumer import KafkaDerenderWorker

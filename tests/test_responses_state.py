@@ -14,9 +14,9 @@ import msgspec
 import pytest
 import redis
 
+from tests.harness.responses import BY_ID, MODELS
 from tests.parity_tools import compare_responses as cmp
 from tests.parity_tools import responses_to_requests as r2r
-from tests.test_responses import BY_ID, MODELS
 from worker.config import load_config_file
 from worker.core.service import DerenderService
 from worker.state import RedisSettings, RedisStateStore, StoreConnectError, StoreReadError

@@ -2,10 +2,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
 
+from tests.parity import missing_parser, nonstream_cases
+from tests.parity_tools import to_requests
+from worker.cli import main as cli_main
 from worker.offline import formats
 
 
@@ -25,3 +32,41 @@ def table_json_columns(bodies: list[dict]) -> pa.Table:
 
 #: served-model config of the batch tests (qwen3 + qwen3-noparser: quick to load)
 QWEN3 = str(Path(__file__).resolve().parents[2] / "tests" / "data" / "models.json")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def qwen3_bodies() -> list[dict]:
+    """Non-streaming bodies of the parity cases served by ``qwen3`` (ok and refused ones)."""
+    return [to_requests.nonstream_body(c) for c in nonstream_cases()
+            if c["model"] == "qwen3" and not missing_parser(c)]
+
+
+def write_jsonl(path: Path, bodies: list) -> Path:
+    path.write_text("".join(json.dumps(b) + "\n" for b in bodies))
+    return path
+
+
+def run_cli(*args: str) -> int:
+    return cli_main(["batch", *args, "--config", QWEN3])
+
+
+def spawn(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", *args, "--config", QWEN3,
+                             "--no-progress"], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def wait_for(pred, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    t0 = time.monotonic()
+    while not pred():
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before the kill point: {proc.stderr.read().decode()[-2000:]}")
+        if time.monotonic() - t0 > timeout:
+            proc.kill()
+            raise AssertionError("kill point not reached")
+        time.sleep(0.02)
+
+
