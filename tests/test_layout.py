@@ -70,10 +70,14 @@ def test_no_import_cycle():
                 visit(t, path + [t])
         state[m] = 2
 
+    limit = sys.getrecursionlimit()
     sys.setrecursionlimit(10000)
-    for m in sorted(mods):
-        if m not in state:
-            visit(m, [m])
+    try:
+        for m in sorted(mods):
+            if m not in state:
+                visit(m, [m])
+    finally:  # the process-wide limit is other tests' business (deep-JSON bounds depend on it)
+        sys.setrecursionlimit(limit)
 
 
 def test_function_level_imports_say_why():
