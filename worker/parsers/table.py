@@ -1,7 +1,8 @@
 """Print the markdown table of every registered parser (``python -m worker.parsers.table``):
 name, kind, model families, format, streaming-ready, recovered malformations. Generated from ``registry.DOCS`` (filled by
-the ``register_*`` decorators), so it lists exactly what ``worker.parsers`` registers; the README
-includes its output (``--update README.md`` rewrites it there).
+the ``register_*`` decorators), so it lists exactly what ``worker.parsers`` registers; the docs page
+``docs/parsers.md`` includes its output (``--update`` rewrites it there; ``--update FILE`` in any
+other markdown file holding the BEGIN/END comments).
 """
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def markdown() -> str:
 
 
 BEGIN, END = "<!-- BEGIN parser table (python -m worker.parsers.table) -->\n", "<!-- END parser table -->"
+#: the page that holds the table, relative to the repository root (the default of ``--update``)
+DOC_PAGE = "docs/parsers.md"
 
 
 def update(path: str) -> None:
@@ -70,9 +73,10 @@ def update(path: str) -> None:
 
 
 def main() -> None:
-    """Print the table; ``--update FILE`` rewrites it inside FILE (e.g. ``README.md``)."""
-    if len(sys.argv) == 3 and sys.argv[1] == "--update":
-        update(sys.argv[2])
+    """Print the table; ``--update [FILE]`` rewrites it inside FILE (default ``DOC_PAGE``,
+    ``docs/parsers.md``, relative to the current directory: run it from the repository root)."""
+    if len(sys.argv) in (2, 3) and sys.argv[1] == "--update":
+        update(sys.argv[2] if len(sys.argv) == 3 else DOC_PAGE)
         return
     sys.stdout.write(markdown())
 
