@@ -90,7 +90,8 @@ def test_readme_is_a_first_screen_a_tour_and_links():
     """The README keeps its two commands, what it is, the commands table, links and the layout; the
     reference lives in docs/ (issue 16 item 4: a README a newcomer can hold)."""
     readme = page("README.md")
-    assert headings(readme) == ["derender-worker", "What it is", "Commands", "Documentation", "Layout"]
+    assert headings(readme) == ["derender-worker", "What it is", "Commands", "A short tour", "Documentation",
+                                 "Layout"]
     assert len(readme.splitlines()) <= 150
     linked = {path for path, _ in links(readme)}
     assert {f"docs/{p.name}" for p in DOCS.glob("*.md")} <= linked, "a docs page the README does not link"

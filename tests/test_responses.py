@@ -330,7 +330,7 @@ def test_readme_responses_record_and_reply():
     """The Responses record of docs/responses.md gives exactly its literal reply (demo model config)."""
     import re
     doc = (ROOT / "docs" / "responses.md").read_text(encoding="utf-8")
-    sec = doc[doc.index("## Responses API"):]
+    sec = doc[doc.index("# Responses API"):]
     rec, rep = re.findall(r"```\n(.*?)```", sec, re.S)[:2]
     value = rec.split("value   ", 1)[1].strip()
     reply = rep.split("value   ", 1)[1].strip()
