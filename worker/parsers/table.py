@@ -7,6 +7,7 @@ other markdown file holding the BEGIN/END comments).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from worker.parsers import REASONING_PARSERS, TOOL_PARSERS
 from worker.parsers.base import ReasoningParser, ToolParser
@@ -73,10 +74,10 @@ def update(path: str) -> None:
 
 
 def main() -> None:
-    """Print the table; ``--update [FILE]`` rewrites it inside FILE (default ``DOC_PAGE``,
-    ``docs/parsers.md``, relative to the current directory: run it from the repository root)."""
+    """Print the table; ``--update [FILE]`` rewrites it inside FILE (default: ``DOC_PAGE`` of the
+    checkout this module lives in, ``docs/parsers.md``, whatever the current directory)."""
     if len(sys.argv) in (2, 3) and sys.argv[1] == "--update":
-        update(sys.argv[2] if len(sys.argv) == 3 else DOC_PAGE)
+        update(sys.argv[2] if len(sys.argv) == 3 else str(Path(__file__).resolve().parents[2] / DOC_PAGE))
         return
     sys.stdout.write(markdown())
 
