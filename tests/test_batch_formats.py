@@ -88,7 +88,7 @@ def test_parquet_struct_columns_equal_jsonl(tmp_path):
 
 def test_parquet_chat_and_completion_in_one_file_with_json_string_columns(tmp_path):
     """Chat and completion bodies in one file: ``prompt_tokens`` / ``prompt_token_ids`` differ in
-    type between the kinds, so every field but ``model`` goes in as a JSON string (the README's
+    type between the kinds, so every field but ``model`` goes in as a JSON string (docs/batch.md's
     recipe) and is parsed back."""
     bodies = corpus_bodies()
     assert {"generate_response", "generate_responses"} <= {k for b in bodies for k in b}

@@ -1,5 +1,5 @@
 """The chaos ledger's contract for a stream whose owner and state are both lost (issue 17, fault 5;
-README "Delivery guarantees"): with ``lost_ok``, a seq may carry exactly the core's 200 (published
+docs/delivery.md "Delivery guarantees"): with ``lost_ok``, a seq may carry exactly the core's 200 (published
 by the lost owner, uncommitted) and a 409 ending the stream (the new owner found no state); any
 other pair of different copies is still a violation, and so is the pair without ``lost_ok``."""
 from __future__ import annotations

@@ -127,7 +127,7 @@ def test_parse_seq_bounds_the_header_before_converting():
         return parse_seq(SimpleNamespace(headers=[(HDR_SEQ, v)]))
 
     assert seq(b"0") == 0 and seq(b"17") == 17 and seq(b"007") == 7 and seq(str(SEQ_MAX).encode()) == SEQ_MAX
-    # digits only, as the README says: every form Python's int() would also take is refused
+    # digits only, as docs/streaming.md says: every form Python's int() would also take is refused
     for bad in (str(SEQ_MAX + 1).encode(), str(2**64).encode(), b"9" * 5000, b"-1", b"+1", b"1e3", b"",
                 "\u0661".encode(), "\uff11".encode(), b"\xff", b" 1", b"1 ", b" 17 ", b"\t1", b"1\n", b"1_0",
                 b"0x10", bytearray(b"+0")):

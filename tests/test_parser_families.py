@@ -105,14 +105,14 @@ def test_needs_special_tokens_flags() -> None:
 
 
 def test_docs_table_is_current() -> None:
-    """``README.md`` embeds ``python -m worker.parsers.table``; regenerate it when the
-    registry changes."""
-    from worker.parsers.table import markdown
+    """``docs/parsers.md`` (``worker.parsers.table.DOC_PAGE``) embeds ``python -m
+    worker.parsers.table``; regenerate it when the registry changes."""
+    from worker.parsers.table import DOC_PAGE, markdown
 
-    doc = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).parent.parent / DOC_PAGE).read_text(encoding="utf-8")
     begin = doc.index("-->\n", doc.index("<!-- BEGIN parser table")) + len("-->\n")
     end = doc.index("<!-- END parser table -->")
-    assert doc[begin:end] == markdown(), "README.md parser table is stale: rerun python -m worker.parsers.table --update README.md"
+    assert doc[begin:end] == markdown(), f"{DOC_PAGE} parser table is stale: rerun python -m worker.parsers.table --update"
 
 
 def test_table_lists_every_registered_parser() -> None:

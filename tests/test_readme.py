@@ -1,6 +1,8 @@
-"""The README's user path works as written: its producer/consumer snippet, run against the
-embedded broker and a ``derender-worker run`` subprocess, prints the reply; its literal record
-and reply are what the code produces for that record."""
+"""The documented user path works as written: the producer/consumer snippet of ``docs/kafka.md``
+(linked from the README), run against the embedded broker and a ``derender-worker run``
+subprocess, prints the reply; its literal record and reply are what the code produces for that
+record. The README and the ``docs/`` pages hold together: the README stays a first screen, a tour
+and links; ``docs/README.md`` indexes every page; every relative link and anchor resolves."""
 from __future__ import annotations
 
 import json
@@ -13,22 +15,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.docs import DOCS, headings, links, page, slug
 from worker.config import ServedModelConfig
 from worker.core.service import DerenderService
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text(encoding="utf-8")
+KAFKA_PAGE = page("kafka.md")
 
 
 def _section(title: str) -> str:
-    i = README.index(title)
-    j = README.find("\n### ", i + len(title))
-    return README[i:j if j >= 0 else None]
+    i = KAFKA_PAGE.index(title)
+    j = KAFKA_PAGE.find("\n### ", i + len(title))
+    return KAFKA_PAGE[i:j if j >= 0 else None]
 
 
 def _snippet() -> str:
     m = re.search(r"```python\n(.*?)```", _section("### Producer and consumer (aiokafka)"), re.S)
-    assert m, "no python block in the README's producer/consumer section"
+    assert m, "no python block in the producer/consumer section of docs/kafka.md"
     return m.group(1)
 
 
@@ -81,3 +84,34 @@ def test_snippet_gets_its_reply_from_a_running_worker(kafka_bootstrap, kafka_bro
     assert reply["choices"][0]["message"]["reasoning"] and reply["created"] > 1_700_000_000
     assert worker.returncode == 0, log[-3000:]
     assert all(json.loads(line)["level"] for line in log.splitlines() if line.strip())  # --log-format json
+
+
+def test_readme_is_a_first_screen_a_tour_and_links():
+    """The README keeps its two commands, what it is, the commands table, links and the layout; the
+    reference lives in docs/ (issue 16 item 4: a README a newcomer can hold)."""
+    readme = page("README.md")
+    assert headings(readme) == ["derender-worker", "What it is", "Commands", "A short tour", "Documentation",
+                                 "Layout"]
+    assert len(readme.splitlines()) <= 150
+    linked = {path for path, _ in links(readme)}
+    assert {f"docs/{p.name}" for p in DOCS.glob("*.md")} <= linked, "a docs page the README does not link"
+
+
+def test_docs_index_links_every_page():
+    index = (DOCS / "README.md").read_text(encoding="utf-8")
+    linked = {path for path, _ in links(index)}
+    assert {p.name for p in DOCS.glob("*.md")} - {"README.md"} <= linked
+
+
+@pytest.mark.parametrize("name", ["README.md", *sorted(f"docs/{p.name}" for p in DOCS.glob("*.md"))])
+def test_relative_links_and_anchors_resolve(name):
+    """Every relative link of the README and the docs pages names an existing file, and every
+    anchor into a markdown page names one of its headings (GitHub's anchor rule)."""
+    src = REPO / name
+    text = src.read_text(encoding="utf-8")
+    for path, anchor in links(text):
+        target = (src.parent / path).resolve() if path else src
+        assert target.exists(), f"{name}: link to missing {path}"
+        if anchor and target.suffix == ".md":
+            slugs = {slug(h) for h in headings(target.read_text(encoding="utf-8"))}
+            assert anchor in slugs, f"{name}: no heading for #{anchor} in {path or name}"

@@ -327,10 +327,10 @@ def test_openai_batch_url_and_parquet(tmp_path):
 
 
 def test_readme_responses_record_and_reply():
-    """The README's Responses record gives exactly its literal reply (demo model config)."""
+    """The Responses record of docs/responses.md gives exactly its literal reply (demo model config)."""
     import re
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    sec = readme[readme.index("## Responses API"):readme.index("## Parsers")]
+    doc = (ROOT / "docs" / "responses.md").read_text(encoding="utf-8")
+    sec = doc[doc.index("# Responses API"):]
     rec, rep = re.findall(r"```\n(.*?)```", sec, re.S)[:2]
     value = rec.split("value   ", 1)[1].strip()
     reply = rep.split("value   ", 1)[1].strip()

@@ -101,15 +101,16 @@ def test_good_tls_files_load():
 
 
 def test_an_unreachable_redis_at_start_is_waited_for_as_the_readme_says():
-    """The README's Configuration section and its "Delivery guarantees" tell one story: Redis not
-    answering at start is waited for up to ``--state-store-outage-deadline``, then one line and
-    exit 2 (issue 16, operator defect 3: Configuration used to call it a one-line startup error)."""
-    text = (REPO / "README.md").read_text()
+    """docs/configuration.md ("Configuration") and docs/delivery.md ("Delivery guarantees") tell one
+    story: Redis not answering at start is waited for up to ``--state-store-outage-deadline``, then
+    one line and exit 2 (issue 16, operator defect 3: Configuration used to call it a one-line
+    startup error)."""
+    text = (REPO / "docs" / "configuration.md").read_text()
     config = text[text.index("**Startup errors**"):text.index("`--help` works whatever the environment holds")]
     listed = config[:config.index(") are one line")]
     assert "Redis" not in listed.replace("credentials Redis refuses", ""), listed
     assert "unreachable Redis" in config and "--state-store-outage-deadline" in config, config
-    assert "At startup it waits for Redis the same way" in text  # "Delivery guarantees"
+    assert "At startup it waits for Redis the same way" in (REPO / "docs" / "delivery.md").read_text()
     port = free_port()  # nothing listens there
     t0 = time.monotonic()
     p = cli(*RUN, "--stream-state", "redis", "--redis-url", f"redis://127.0.0.1:{port}/0", "--redis-timeout", "1",

@@ -30,8 +30,8 @@ import sys
 from collections.abc import Mapping
 
 ENV_PREFIX = "DERENDER_"
-#: ``DERENDER_*`` variables that are not flags, with who reads them (the README's environment
-#: section lists the same); ``unknown_env`` accepts these besides the flags' variables
+#: ``DERENDER_*`` variables that are not flags, with who reads them (the "Environment" paragraph
+#: of docs/configuration.md lists the same); ``unknown_env`` accepts these besides the flags' variables
 RESERVED_ENV = {
     "DERENDER_LOG_LEVEL": "--log-level (flags.log_settings: before or after the subcommand)",
     "DERENDER_LOG_FORMAT": "--log-format (flags.log_settings)",

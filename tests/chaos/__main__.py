@@ -13,7 +13,7 @@ import traceback
 def main(argv: list[str] | None = None) -> int:
     from tests.chaos.scenarios import SCENARIOS
     ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.splitlines()[0])
-    ap.add_argument("--full", action="store_true", help="full sizes (README figures) instead of the reduced ones")
+    ap.add_argument("--full", action="store_true", help="full sizes (docs/delivery.md figures) instead of the reduced ones")
     ap.add_argument("-k", action="append", default=[], help="run only scenarios whose name contains this")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the scenarios' cleanup

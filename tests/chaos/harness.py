@@ -549,7 +549,7 @@ class Ledger:
         """None (complete and correct), "lost" (ended by the lost-state 409, as ``lost_ok``
         allows) or what is wrong with stream ``st`` (``per``: seq -> its replies).
 
-        The contract for a chunk whose owner and state are both lost (README, "Delivery
+        The contract for a chunk whose owner and state are both lost (docs/delivery.md, "Delivery
         guarantees"): the lost owner may have published the core's 200 for it before it died,
         uncommitted; the new owner, finding no state, ends the stream with the 409 "lost or
         expired" (on the highest chunk it held) and answers later chunks with the ended-stream

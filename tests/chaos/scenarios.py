@@ -3,7 +3,7 @@
 (``harness.Ledger``) and returns its figures (printed by the caller, never asserted as speeds).
 
 Sizes: ``SIZES["reduced"]`` (the pytest run, ``tests/test_chaos.py``) and ``SIZES["full"]``
-(``python -m tests.chaos --full``, the figures in the README)."""
+(``python -m tests.chaos --full``, the figures in docs/delivery.md)."""
 from __future__ import annotations
 
 import asyncio

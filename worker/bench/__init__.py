@@ -1,5 +1,5 @@
 """Benchmarks behind ``derender-worker bench SUITE``; each prints figures and asserts nothing
-(speed targets live in the README, never in timed unit tests).
+(speed targets and figures live in docs/performance.md, never in timed unit tests).
 
 | suite | module | measures |
 |---|---|---|

@@ -14,7 +14,7 @@ Runs: ``local1`` (``--workers 1``), ``local2`` (``--workers 2``), ``ray`` (``--e
 results and the rate from then on are printed as well); ``memory`` (``--workers 2``) on a ``--size-mb`` log (default 1 GiB) to show
 that memory is bounded by the records in flight, not the input size. The generated files live in
 ``--dir`` (a temporary folder by default) and are deleted unless ``--keep``. Nothing is asserted:
-figures go to the README.
+figures go to docs/performance.md.
 """
 from __future__ import annotations
 

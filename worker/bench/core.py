@@ -5,7 +5,7 @@ Builds N distinct Qwen3 chat outputs of exactly ``--tokens`` output tokens each 
 Qwen3 tokenizer shipped for the demo, wraps each in a ``DerenderChatRequest`` body (with prompt
 ids and the OpenAI request carrying tools), and times ``DerenderService.derender`` (JSON decode,
 validation, detokenization, reasoning + tool parsing, response encode) in this one process.
-Prints responses/s and output tokens/s; nothing is asserted (targets live in the README).
+Prints responses/s and output tokens/s; nothing is asserted (targets live in docs/performance.md).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ do not count, but their cache and frequency effects do):
 Then the logprobs cost at ``--logprob-tokens`` (default 256): the same bodies with
 ``logprobs: true`` and ``top_logprobs`` 0 / 5 / 20 (engine ``logprobs.content`` with as many
 candidates), each as a multiple of the record without logprobs. Prints figures only; nothing is
-asserted (targets live in the README and issue 13).
+asserted (targets live in docs/performance.md and issue 13).
 """
 from __future__ import annotations
 

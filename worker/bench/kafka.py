@@ -11,7 +11,7 @@ clocks in this process), beside the in-process core figure on the same bodies.
 
 Everything shares this machine: the broker, this producer/consumer and the workers compete for
 the same cores, so on a small machine a second worker shows contention, not scaling. Nothing is
-asserted; figures go to the README.
+asserted; figures go to docs/performance.md.
 """
 from __future__ import annotations
 

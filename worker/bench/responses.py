@@ -16,7 +16,7 @@ hermes tools, ``--tool-call-streaming incremental``):
   per chunk: <= 1.5 expected), the stored state size and the piece log's final size, and the
   terminal chunk's reply size (it repeats the whole response).
 
-Nothing is asserted; targets and figures live in the README.
+Nothing is asserted; targets and figures live in docs/performance.md and docs/responses.md.
 """
 from __future__ import annotations
 

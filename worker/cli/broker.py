@@ -1,5 +1,5 @@
 """``derender-worker broker``: the embedded Kafka-protocol broker (Tansu, in memory) alone, for
-local runs (the README's three-terminal quick start)."""
+local runs (the three-terminal quick start of docs/operations.md, "Running")."""
 from __future__ import annotations
 
 import argparse

@@ -11,7 +11,7 @@ from worker.parsers.base import ReasoningParser, ToolParser
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {}
 TOOL_PARSERS: dict[str, type[ToolParser]] = {}
-#: human-readable facts per parser name, for the README table: (families, format, recoveries)
+#: human-readable facts per parser name, for the docs/parsers.md table: (families, format, recoveries)
 DOCS: dict[tuple[str, str], tuple[str, str, str]] = {}
 
 
@@ -29,7 +29,7 @@ def register_reasoning(name: str, families: str = "", fmt: str = "") -> Callable
 
 def register_tool(name: str, families: str = "", fmt: str = "", recovers: str = "") -> Callable[[type], type]:
     """Class decorator: register a ``ToolParser`` subclass under ``name``. ``recovers``: the
-    malformed markup the family turns into calls beyond its format (README table; the family
+    malformed markup the family turns into calls beyond its format (docs/parsers.md table; the family
     docstring gives the rule and its source), empty when none is specific to it."""
 
     def deco(cls: type) -> type:

@@ -1,11 +1,13 @@
 """Print the markdown table of every registered parser (``python -m worker.parsers.table``):
 name, kind, model families, format, streaming-ready, recovered malformations. Generated from ``registry.DOCS`` (filled by
-the ``register_*`` decorators), so it lists exactly what ``worker.parsers`` registers; the README
-includes its output (``--update README.md`` rewrites it there).
+the ``register_*`` decorators), so it lists exactly what ``worker.parsers`` registers; the docs page
+``docs/parsers.md`` includes its output (``--update`` rewrites it there; ``--update FILE`` in any
+other markdown file holding the BEGIN/END comments).
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from worker.parsers import REASONING_PARSERS, TOOL_PARSERS
 from worker.parsers.base import ReasoningParser, ToolParser
@@ -58,6 +60,8 @@ def markdown() -> str:
 
 
 BEGIN, END = "<!-- BEGIN parser table (python -m worker.parsers.table) -->\n", "<!-- END parser table -->"
+#: the page that holds the table, relative to the repository root (the default of ``--update``)
+DOC_PAGE = "docs/parsers.md"
 
 
 def update(path: str) -> None:
@@ -70,9 +74,10 @@ def update(path: str) -> None:
 
 
 def main() -> None:
-    """Print the table; ``--update FILE`` rewrites it inside FILE (e.g. ``README.md``)."""
-    if len(sys.argv) == 3 and sys.argv[1] == "--update":
-        update(sys.argv[2])
+    """Print the table; ``--update [FILE]`` rewrites it inside FILE (default: ``DOC_PAGE`` of the
+    checkout this module lives in, ``docs/parsers.md``, whatever the current directory)."""
+    if len(sys.argv) in (2, 3) and sys.argv[1] == "--update":
+        update(sys.argv[2] if len(sys.argv) == 3 else str(Path(__file__).resolve().parents[2] / DOC_PAGE))
         return
     sys.stdout.write(markdown())
 

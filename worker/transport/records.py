@@ -85,7 +85,7 @@ one reply whose value is a JSON array of OpenAI stream chunks and whose headers 
 ``derender-seq`` and, on the stream's last reply, ``derender-stream-end: 1``. State per stream
 lives in Redis (``--stream-state``, ``--redis-*``), chunks of a stream are derendered in order,
 duplicates are replayed identically, gaps end the stream after ``--stream-gap-timeout``. See
-``worker.transport.streams`` and the README section "Kafka message format".
+``worker.transport.streams`` and docs/kafka.md ("Kafka message format"), docs/streaming.md.
 
 Where each part lives: ``worker.transport.AGENTS.md``.
 """
@@ -209,7 +209,7 @@ _SEQ_TEXT = re.compile(rb"[0-9]+")  # ASCII digits only (bytes pattern: no Unico
 
 def parse_seq(msg) -> int | None:
     """The ``derender-seq`` header as an int in ``[0, SEQ_MAX]``; None when absent, not ASCII
-    decimal digits only (the README's message-format table: no blanks, sign, ``_`` separator or
+    decimal digits only (docs/streaming.md, stream input record table: no blanks, sign, ``_`` separator or
     non-ASCII digit, all of which Python's ``int`` would take) or out of range (checked on the
     text's length before converting, so a huge header costs nothing)."""
     for k, v in msg.headers or ():

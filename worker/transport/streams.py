@@ -3,7 +3,7 @@
 publishes one reply record per chunk carrying the OpenAI stream chunk(s) it yields.
 
 Used by ``worker.transport.consumer.KafkaDerenderWorker`` for every input record that has a
-``derender-seq`` header (see the README, "Kafka message format", "Streaming records").
+``derender-seq`` header (user-facing reference: docs/streaming.md, "Streaming records"; docs/kafka.md).
 
 Design
 ======

@@ -1,8 +1,8 @@
 """Topic administration: ``ensure_topics`` creates the topics a command needs where missing.
 
 Used by ``derender-worker demo`` and ``bench kafka`` (fresh topics per run) and by the tests; the
-worker itself (``derender-worker run``) never creates topics: an operator creates them (see the
-README's "Topics" paragraph), or the broker auto-creates them on first use.
+worker itself (``derender-worker run``) never creates topics: an operator creates them (see
+docs/kafka.md, "Topics and partitions"), or the broker auto-creates them on first use.
 """
 from __future__ import annotations
 
