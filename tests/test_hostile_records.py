@@ -420,6 +420,22 @@ def test_settings_reject_bad_reliability_flags():
             WorkerSettings(**kw)
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1"])
+def test_drain_timeout_must_be_finite(value, capsys):
+    """``--drain-timeout inf``/``nan`` used to be taken: the stop backstop then never fired (a
+    SIGTERM'd worker could block forever); now an argparse error, exit status 2."""
+    import argparse
+
+    from worker.transport.settings import add_run_args
+    parser = argparse.ArgumentParser()
+    add_run_args(parser)
+    assert parser.parse_args(["--drain-timeout", "0"]).drain_timeout == 0.0
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(["--drain-timeout", value])
+    assert e.value.code == 2
+    assert "--drain-timeout" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------ no orphans ---
 def _children_of(root: int) -> set[int]:
     """Every descendant pid of ``root`` (from /proc)."""
