@@ -36,10 +36,11 @@ def _positive_int(text: str) -> int:
 
 
 def _positive_float(text: str) -> float:
-    """A flag value that must be a number > 0. Raises ``ValueError``."""
+    """A flag value that must be a finite number > 0 (seconds: gap/idle timeouts, outage
+    deadlines; ``inf`` would disarm the bound it sets). Raises ``ValueError``."""
     v = float(text)
-    if not v > 0:
-        raise ValueError("must be > 0")
+    if not 0 < v < float("inf"):
+        raise ValueError("must be a finite number > 0")
     return v
 
 
