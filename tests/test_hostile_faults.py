@@ -262,3 +262,36 @@ async def test_stream_chunk_in_a_broken_pool_is_rerun_alone_not_ended(qwen3_mode
             await blocker
     finally:
         pool.shutdown()
+
+
+@pytest.mark.asyncio
+async def test_replies_in_flight_during_a_broker_freeze_are_resent_not_dead_lettered(qwen3_models):
+    """A broker frozen (SIGSTOP, e.g. a long GC or a stalled VM) past ``--request-timeout-ms``
+    while replies are in flight: their deliveries time out (``KafkaTimeoutError``). Those replies
+    used to be dead-lettered (``reply-publish-failed``) though the broker came back, so their
+    requesters never heard back; they are now sent again (``publisher.BROKER_TIMEOUT_ERRORS``,
+    for up to ``--broker-outage-deadline``): every record gets its 200 reply, no dead letter."""
+    from worker.transport.broker import TansuBroker
+    tok = _tokenizer(qwen3_models)
+    n = _names()
+    recs = [(f"f{i}".encode(), chat_body(tok, "qwen3", f"f{i}", f"Answer number {i} is here."), []) for i in range(1500)]
+    with TansuBroker() as broker:
+        bs = broker.bootstrap_servers
+        await ensure_topics(bs, {n.inp: 2, n.reply: 1, n.dlq: 1})
+        await _produce(bs, n.inp, recs)
+        settings = _settings(bs, "tansu", input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
+                             group_id=n.group, request_timeout_ms=1500, broker_outage_deadline_s=120.0,
+                             max_in_flight=256)
+        async with KafkaDerenderWorker(settings, qwen3_models):
+            seen = 0
+            while seen < 50:  # replies are flowing: the next ones are in flight when the broker freezes
+                seen = len((await _collect(bs, [n.reply], 50, timeout=0.2))[n.reply])
+            broker.proc.send_signal(signal.SIGSTOP)
+            try:
+                await asyncio.sleep(4.0)  # > request_timeout_ms: in-flight deliveries time out
+            finally:
+                broker.proc.send_signal(signal.SIGCONT)
+            got = await _collect(bs, [n.reply, n.dlq], len(recs), timeout=90, settle=1.0)
+    assert [dict(r.headers).get("x-dlq-reason") for r in got[n.dlq]] == []
+    assert {r.key for r in got[n.reply]} == {k for k, _, _ in recs}
+    assert all(_h(r)[HDR_STATUS] == b"200" for r in got[n.reply])

@@ -420,6 +420,26 @@ def test_settings_reject_bad_reliability_flags():
             WorkerSettings(**kw)
 
 
+@pytest.mark.parametrize("flag", ["--drain-timeout", "--stream-gap-timeout", "--stream-idle-timeout",
+                                  "--state-store-outage-deadline", "--broker-outage-deadline"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1"])
+def test_time_bounds_must_be_finite(flag, value, capsys):
+    """``--drain-timeout inf``/``nan`` used to be taken: the stop backstop then never fired (a
+    SIGTERM'd worker could block forever); ``inf`` for a gap/idle timeout or an outage deadline
+    disarmed that bound too. Now an argparse error naming the flag, exit status 2."""
+    import argparse
+
+    from worker.transport.settings import add_run_args
+    parser = argparse.ArgumentParser()
+    add_run_args(parser)
+    assert parser.parse_args(["--drain-timeout", "0"]).drain_timeout == 0.0
+    assert parser.parse_args([flag, "2.5"]) is not None
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args([flag, value])
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------ no orphans ---
 def _children_of(root: int) -> set[int]:
     """Every descendant pid of ``root`` (from /proc)."""

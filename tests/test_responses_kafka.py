@@ -108,8 +108,9 @@ def _top20(case: dict) -> list[dict]:
 def test_terminal_reply_over_the_size_limit(kafka_bootstrap, kafka_broker_kind, redis_prefix):  # noqa: F811
     """A terminal chunk repeats the whole response (with logprobs: the per-token list four times:
     output_text.done, content_part.done, output_item.done, the terminal response). When that
-    reply exceeds the producer's --max-request-size the broker never sees it: the chunk is
-    dead-lettered (reason reply-publish-failed) and the earlier replies stand."""
+    reply exceeds the producer's --max-request-size (issue 17 rule 2): the chunk is answered with
+    a small 413 error reply that ends the stream (``derender-stream-end: 1``), the full record is
+    dead-lettered (reason ``reply-too-large``), and the earlier replies stand."""
     models = load_config_file(str(MODELS))
     n = _names()
     case = next(c for c in CASES if c["id"] == "qwen3-logprobs")
@@ -133,9 +134,14 @@ def test_terminal_reply_over_the_size_limit(kafka_bootstrap, kafka_broker_kind, 
 
     got = asyncio.run(go())
     replies, dlq = got[n.reply], got[n.dlq]
-    assert len(replies) == len(recs) - 1 and len(dlq) == 1
-    assert sorted(int(_h(r)[SEQ]) for r in replies) == list(range(len(recs) - 1))
-    assert all(_h(r)[STATUS] == b"200" and END not in _h(r) for r in replies)
+    assert len(replies) == len(recs) and len(dlq) == 1
+    replies.sort(key=lambda r: int(_h(r)[SEQ]))
+    assert [int(_h(r)[SEQ]) for r in replies] == list(range(len(recs)))
+    assert all(_h(r)[STATUS] == b"200" and END not in _h(r) for r in replies[:-1])
+    last = _h(replies[-1])
+    assert last[STATUS] == b"413" and last[END] == b"1"
+    err = json.loads(replies[-1].value)["error"]
+    assert err["message"].startswith("reply of ") and "(--max-request-size)" in err["message"]
     h = _h(dlq[0])
-    assert h["x-dlq-reason"].startswith(b"reply-publish-failed: MessageSizeTooLargeError")
+    assert h["x-dlq-reason"].startswith(b"reply-too-large: reply of ")
     assert h[SEQ] == str(len(recs) - 1).encode() and dlq[0].value == recs[-1][1]

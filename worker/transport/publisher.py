@@ -13,7 +13,11 @@ Rules, in the order they apply to one ``Outgoing`` reply:
    (``reply-publish-failed: <error>``); a delivery failing with a transient error while a reply
    topic is being created (``TRANSIENT_ERRORS``: aiokafka's ``UnknownError`` during auto-create,
    unknown topic or partition, no leader yet) is sent again, with backoff, for at most
-   ``TRANSIENT_RETRY_S`` seconds first (``settle``);
+   ``TRANSIENT_RETRY_S`` seconds first (``settle``); a delivery that timed out because the
+   broker did not answer (``BROKER_TIMEOUT_ERRORS``: a frozen or unreachable broker past
+   ``--request-timeout-ms``) is sent again, with backoff, for up to ``--broker-outage-deadline``
+   seconds (the broker watch makes the worker give up by then), so a broker stall delays
+   replies instead of dead-lettering them;
 4. a dead letter is retried until the broker acknowledges it (``dead_letter_until_acked``: the
    partition paused, the worker not ready meanwhile); never skipped, never a crash. Retrying
    stops only when the partition goes away or the worker stops (``DeadLetterError``: the record
@@ -27,9 +31,12 @@ import time
 from typing import Any
 
 from aiokafka.errors import (
+    KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     LeaderNotAvailableError,
     NotLeaderForPartitionError,
+    RequestTimedOutError,
     UnknownError,
     UnknownTopicOrPartitionError,
 )
@@ -44,7 +51,8 @@ from worker.transport.records import HDR_STATUS, Outgoing, log_fields
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReplyPublisher", "UNKNOWN_TOPIC_MEMORY_S", "TRANSIENT_ERRORS", "TRANSIENT_RETRY_S"]
+__all__ = ["ReplyPublisher", "UNKNOWN_TOPIC_MEMORY_S", "TRANSIENT_ERRORS", "TRANSIENT_RETRY_S",
+           "BROKER_TIMEOUT_ERRORS"]
 
 #: seconds a reply topic that did not appear within ``reply_topic_wait_ms`` counts as unknown
 UNKNOWN_TOPIC_MEMORY_S = 10.0
@@ -52,6 +60,9 @@ UNKNOWN_TOPIC_MEMORY_S = 10.0
 TRANSIENT_ERRORS = (UnknownError, UnknownTopicOrPartitionError, LeaderNotAvailableError, NotLeaderForPartitionError)
 #: seconds a reply failing with ``TRANSIENT_ERRORS`` is sent again before it is dead-lettered
 TRANSIENT_RETRY_S = 10.0
+#: delivery errors of a reply when the broker does not answer (frozen, unreachable): sent again
+#: for up to ``--broker-outage-deadline`` seconds (rule 3)
+BROKER_TIMEOUT_ERRORS = (KafkaTimeoutError, RequestTimedOutError, KafkaConnectionError)
 
 
 def _done_future() -> asyncio.Future:
@@ -137,6 +148,10 @@ class ReplyPublisher:
         if not out.is_dead_letter:
             try:
                 return out, await self.send(out)
+            except BROKER_TIMEOUT_ERRORS as e:  # the broker does not answer: settle() sends it again
+                failed = asyncio.get_running_loop().create_future()
+                failed.set_exception(e)
+                return out, failed
             except KafkaError as e:  # refused at once for a reason of its own
                 refused = out.topic
                 out = self.dead_letter(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
@@ -182,9 +197,11 @@ class ReplyPublisher:
             except KafkaError as e:
                 if out.is_dead_letter:
                     break
-                if isinstance(e, TRANSIENT_ERRORS) and not self._stopped():
+                retry_s = (TRANSIENT_RETRY_S if isinstance(e, TRANSIENT_ERRORS) else
+                           self.settings.broker_outage_deadline_s if isinstance(e, BROKER_TIMEOUT_ERRORS) else None)
+                if retry_s is not None and not self._stopped():
                     now = time.monotonic()
-                    t_end = t_end if t_end is not None else now + TRANSIENT_RETRY_S
+                    t_end = t_end if t_end is not None else now + retry_s
                     if now < t_end:
                         log.info("reply of %s[%d]@%d to %s: %s: %s; sending it again in %.1fs", msg.topic,
                                  msg.partition, msg.offset, out.topic, type(e).__name__, e, delay,
@@ -193,9 +210,10 @@ class ReplyPublisher:
                         delay = min(1.0, delay * 2)
                         try:
                             delivery = await self.send(out)
-                            continue
-                        except KafkaError as e2:
-                            e = e2
+                        except KafkaError as e2:  # refused at once: judged like a failed delivery
+                            delivery = asyncio.get_running_loop().create_future()
+                            delivery.set_exception(e2)
+                        continue
                 refused = out.topic
                 out = self.dead_letter(msg, f"reply-publish-failed: {type(e).__name__}: {e}")
                 log.warning("dead-lettering %s[%d]@%d: %s (reply topic %s)", msg.topic, msg.partition,

@@ -36,14 +36,26 @@ def _positive_int(text: str) -> int:
 
 
 def _positive_float(text: str) -> float:
-    """A flag value that must be a number > 0. Raises ``ValueError``."""
+    """A flag value that must be a finite number > 0 (seconds: gap/idle timeouts, outage
+    deadlines; ``inf`` would disarm the bound it sets). Raises ``ValueError``."""
     v = float(text)
-    if not v > 0:
-        raise ValueError("must be > 0")
+    if not 0 < v < float("inf"):
+        raise ValueError("must be a finite number > 0")
+    return v
+
+
+def _drain_seconds(text: str) -> float:
+    """``--drain-timeout``: a finite number of seconds >= 0. Raises ``ValueError`` for ``nan``,
+    ``inf`` or a negative value: the exit backstop (``run.ExitBackstop``) and the drain are bounded
+    by it, and an infinite one would let a stop request never end the process (issue 17)."""
+    v = float(text)
+    if not 0 <= v < float("inf"):
+        raise ValueError("must be a finite number of seconds >= 0")
     return v
 
 
 _positive_int.__name__ = "int"
+_drain_seconds.__name__ = "float"
 _positive_float.__name__ = "float"
 
 
@@ -223,7 +235,7 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--executor", choices=["process", "thread"], default="process",
                    help="process pool (parallel, default) or thread pool (GIL-bound, cheap start)")
     g.add_argument("--commit-interval-ms", type=_positive_int, default=200)
-    g.add_argument("--drain-timeout", type=float, default=30.0,
+    g.add_argument("--drain-timeout", type=_drain_seconds, default=30.0,
                    help="seconds to finish in-flight work on SIGTERM")
     g.add_argument("--request-timeout-ms", type=_positive_int, default=30000)
     g.add_argument("--max-request-size", type=_positive_int, default=8 * 1024 * 1024,
