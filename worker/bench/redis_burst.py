@@ -171,7 +171,7 @@ async def run_burst(bootstrap: str, redis_url: str, models: list, tok, streams: 
                 deadline = t0 + timeout_s
                 while got < total and time.monotonic() < deadline:
                     got += sum(len(ms) for ms in (await c.getmany(timeout_ms=200)).values())
-                ends = await c.end_offsets(tps)
+                ends = {tp: chunks * len(range(tp.partition, streams, partitions)) for tp in tps}  # (fresh topic)
                 watcher = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
                 await watcher.start()
                 try:
@@ -181,8 +181,9 @@ async def run_burst(bootstrap: str, redis_url: str, models: list, tok, streams: 
                             break
                         await asyncio.sleep(0.2)
                     else:
+                        left = {tp.partition: (await watcher.committed(tp), ends[tp]) for tp in tps}
                         raise RuntimeError(f"burst not finished in {timeout_s:g}s: {got}/{total} replies, "
-                                           f"{await r.dbsize()} keys left")
+                                           f"{await r.dbsize()} keys left, (committed, end) offsets {left}")
                 finally:
                     await watcher.stop()
                 seconds = time.monotonic() - t0

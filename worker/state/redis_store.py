@@ -392,22 +392,24 @@ class RedisStateStore:
             raise StoreDeleteError(f"redis delete failed: {type(e).__name__}: {e}", request_id) from e
 
     async def _flush(self, writes: list[StateWrite]) -> list[bool]:
-        """Run ``writes`` in order: one EVALSHA per ``COMMIT_BATCH_MAX`` of them (``_COMMIT``),
-        pipelined (one round trip). Raises ``redis`` errors."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            for i in range(0, len(writes), COMMIT_BATCH_MAX):
-                part = writes[i:i + COMMIT_BATCH_MAX]
-                args: list = [self.ttl_ms]
-                for w in part:
-                    q = seq_digits(int(w.seq))
-                    args += (b"d", q, b"") if w.state is None else (b"p", q, q + w.state)
-                await self._commit(keys=[self.key(w.request_id) for w in part], args=args, client=pipe)
-            res = await pipe.execute()
-        return [bool(r) for part in res for r in part]
+        """Run ``writes`` in order: one EVALSHA (``_COMMIT``) per ``COMMIT_BATCH_MAX`` of them,
+        one after the other (not a pipeline: redis-py sends ``SCRIPT EXISTS`` before every
+        pipeline holding a script; a plain call loads the script only on ``NOSCRIPT``). Raises
+        ``redis`` errors."""
+        out: list[bool] = []
+        for i in range(0, len(writes), COMMIT_BATCH_MAX):
+            part = writes[i:i + COMMIT_BATCH_MAX]
+            args: list = [self.ttl_ms]
+            for w in part:
+                q = seq_digits(int(w.seq))
+                args += (b"d", q, b"") if w.state is None else (b"p", q, q + w.state)
+            res = await self._commit(keys=[self.key(w.request_id) for w in part], args=args)
+            out += [bool(r) for r in res]
+        return out
 
     async def commit(self, writes: list[StateWrite]) -> list[bool]:
         """Apply a flush's writes in order, fenced on seq (``state=None`` -> fenced delete), in
-        one round trip of one EVALSHA per ``COMMIT_BATCH_MAX`` writes; Redis runs one MGET per
+        one EVALSHA per ``COMMIT_BATCH_MAX`` writes (one round trip each); Redis runs one MGET per
         EVALSHA and one command per write (``_COMMIT``). Returns per write True (applied) / False
         (fenced off: stale). Raises ``StoreWriteError`` (``StoreConnectError`` when Redis cannot
         be reached); ``ValueError`` for a negative seq."""
