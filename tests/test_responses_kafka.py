@@ -25,7 +25,7 @@ from tests.parity_tools import responses_to_requests as r2r
 from worker.config import load_config_file
 from worker.state import RedisSettings
 from worker.transport.consumer import KafkaDerenderWorker
-from worker.transport.run import ensure_topics
+from worker.transport.topics import ensure_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
