@@ -28,6 +28,14 @@ import uuid
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from worker.state.redis_store import RedisSettings
+from worker.transport.broker import TansuBroker
+from worker.transport.consumer import KafkaDerenderWorker
+from worker.transport.records import HDR_SEQ
+from worker.transport.settings import WorkerSettings
+from worker.transport.topics import ensure_topics
 
 #: commands the bench sends itself (not the worker's)
 _PROBES = ("info", "dbsize")
@@ -131,14 +139,6 @@ async def run_burst(bootstrap: str, redis_url: str, models: list, tok, streams: 
     """Open ``streams`` streams of ``chunks`` chunks at once through one worker over the broker
     ``bootstrap`` and the Redis ``redis_url`` (which nobody else uses: module docstring); the
     commands it cost. ``models``: served models (``qwen3`` used); ``tok``: its tokenizer."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
-    from worker.state.redis_store import RedisSettings
-    from worker.transport.consumer import KafkaDerenderWorker
-    from worker.transport.records import HDR_SEQ
-    from worker.transport.settings import WorkerSettings
-    from worker.transport.topics import ensure_topics
-
     u = uuid.uuid4().hex[:8]
     inp, reply, dlq, group = f"burst-in-{u}", f"burst-rep-{u}", f"burst-dlq-{u}", f"burst-{u}"
     await ensure_topics(bootstrap, {inp: partitions, reply: partitions, dlq: 1})
@@ -208,8 +208,6 @@ def print_burst(res: BurstResult) -> None:
 def run_burst_pass(models: list, tok, streams: int, chunks: int) -> BurstResult:
     """The ``--redis-burst`` pass: a private redis-server and the embedded broker, then
     ``run_burst``; prints and returns the result."""
-    from worker.transport.broker import TansuBroker
-
     with PrivateRedis() as red, TansuBroker() as broker:
         res = asyncio.run(run_burst(broker.bootstrap_servers, red.url, models, tok, streams, chunks))
     print_burst(res)

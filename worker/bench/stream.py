@@ -165,9 +165,10 @@ def run_suite(args: argparse.Namespace) -> int:
 
 
 def _burst(args: argparse.Namespace) -> int:
-    from tokenizers import Tokenizer
+    # deferred: the burst pass needs the Kafka transport (aiokafka, the worker); the other passes do not
+    from tokenizers import Tokenizer  # deferred: as above (its own tokenizer, for the chunk bodies)
 
-    from worker.bench.redis_burst import run_burst_pass
+    from worker.bench.redis_burst import run_burst_pass  # deferred: as above
     models = [ServedModelConfig(name="qwen3", tokenizer=args.tokenizer, reasoning_parser="qwen3",
                                 tool_parser="hermes", enable_auto_tool_choice=True)]
     tok = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json"))
