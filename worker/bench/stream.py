@@ -15,6 +15,11 @@ fenced on the sequence number (``put``); it prints the per-chunk latency of that
 Redis memory the stream's key uses (``MEMORY USAGE``) at the same chunks. (The Kafka worker adds
 its replay window of recent reply values to the stored record; that is transport, not core state.)
 
+``--redis-burst N`` (``--burst-chunks``, default 3) runs only the burst pass
+(``worker.bench.redis_burst``): N streams opened at once through one in-process worker, a private
+redis-server and the embedded broker; it prints the Redis commands per chunk (``INFO
+commandstats``: EVALSHA and each ``redis.call`` in it counted) and per command.
+
 A last pass measures ``--tool-call-streaming``: a tool call with a long argument (a file
 ``content`` of ~``--call-tokens`` tokens) in a Hermes JSON call (``hermes``) and a Qwen3-Coder XML
 call (``qwen3_coder``), streamed in 1-token chunks in both modes; it prints the delay from the
@@ -76,6 +81,10 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--call-tokens", type=int, default=400, help="argument length of the tool-call delay pass")
     ap.add_argument("--call-words", type=int, default=20000,
                     help="words of the never-closed call pass (0: skip it)")
+    ap.add_argument("--redis-burst", type=int, default=0, metavar="N",
+                    help="only the burst pass: Redis commands per chunk when N streams open at once "
+                         "(a private redis-server and the embedded broker; worker.bench.redis_burst)")
+    ap.add_argument("--burst-chunks", type=int, default=3, help="chunks per stream of --redis-burst")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_suite(args: argparse.Namespace) -> int:
     """Run the passes of the module docstring and print their figures; returns 0, or 1 when a
-    chunk does not derender."""
+    chunk does not derender. With ``--redis-burst N``, only the burst pass."""
+    if args.redis_burst > 0:
+        return _burst(args)
     svc = DerenderService([ServedModelConfig(name="qwen3", tokenizer=args.tokenizer, reasoning_parser="qwen3",
                                              tool_parser="hermes", enable_auto_tool_choice=True)])
     svc.preload()
@@ -150,6 +161,18 @@ def run_suite(args: argparse.Namespace) -> int:
         _never_closed(args.tokenizer, args.call_words)
     if args.redis:
         return asyncio.run(_redis_pass(svc, bodies, marks, args.redis))
+    return 0
+
+
+def _burst(args: argparse.Namespace) -> int:
+    # deferred: the burst pass needs the Kafka transport (aiokafka, the worker); the other passes do not
+    from tokenizers import Tokenizer  # deferred: as above (its own tokenizer, for the chunk bodies)
+
+    from worker.bench.redis_burst import run_burst_pass  # deferred: as above
+    models = [ServedModelConfig(name="qwen3", tokenizer=args.tokenizer, reasoning_parser="qwen3",
+                                tool_parser="hermes", enable_auto_tool_choice=True)]
+    tok = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json"))
+    run_burst_pass(models, tok, args.redis_burst, max(1, args.burst_chunks))
     return 0
 
 

@@ -14,40 +14,55 @@ mechanism for both) when it lands:
   the length its checkpoint records (bytes past it are a crashed chunk's, rewritten next time);
 * ``delete(request_id, seq)``: fenced delete of the checkpoint and its pieces together.
 
-Redis layout: the checkpoint hash of ``RedisStateStore`` (``{prefix}{<request_id>}``, fields
-``s``/``q``) plus a string ``{prefix}{<request_id>}:pieces`` in the same Cluster hash slot (same
+Redis layout: the checkpoint of ``RedisStateStore`` (``{prefix}{<request_id>}``: seq digits then
+state; a key of its older hash layout is read too) plus a string ``{prefix}{<request_id>}:pieces`` in the same Cluster hash slot (same
 hash tag), sharing its TTL (both refreshed by every commit) and deleted with it.
 """
 from __future__ import annotations
 
 from worker.state.redis_store import (
     _CONN_ERRORS,
+    SEQ_DIGITS,
     RedisStateStore,
     StoreConnectError,
     StoreDeleteError,
     StoreReadError,
     StoreWriteError,
+    seq_digits,
 )
 
 __all__ = ["RedisPieceStore", "MemoryPieceStore", "PIECES_SUFFIX"]
 
 PIECES_SUFFIX = ":pieces"
 
-# KEYS[1] checkpoint hash, KEYS[2] pieces; ARGV: state, seq, ttl_ms, at, data.
-# 1 = written, 0 = fenced off (stored seq >= seq). SETRANGE at the recorded length: idempotent.
-_CAS_COMMIT = """
-local cur = redis.call('HGET', KEYS[1], 'q')
-if cur and tonumber(cur) >= tonumber(ARGV[2]) then return 0 end
+# The stored seq of KEYS[1] as SEQ_DIGITS digits (string layout), or false when absent; a key of the
+# older hash layout (GET refused: WRONGTYPE) gives its q, zero-padded.
+_STORED_SEQ = """
+local function stored_seq(k)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' and v.err then
+    local h = redis.call('HGET', k, 'q')
+    if not h then return false end
+    return string.rep('0', SEQ_DIGITS_N - string.len(h)) .. h
+  end
+  if v then return string.sub(v, 1, SEQ_DIGITS_N) end
+  return false
+end
+""".replace("SEQ_DIGITS_N", str(SEQ_DIGITS))
+# KEYS[1] checkpoint, KEYS[2] pieces; ARGV: stored value (seq digits + state), seq digits, ttl_ms,
+# at, data. 1 = written, 0 = fenced off (stored seq >= seq). SETRANGE at the recorded length: idempotent.
+_CAS_COMMIT = _STORED_SEQ + """
+local cur = stored_seq(KEYS[1])
+if cur and cur >= ARGV[2] then return 0 end
 if string.len(ARGV[5]) > 0 then redis.call('SETRANGE', KEYS[2], tonumber(ARGV[4]), ARGV[5]) end
-redis.call('HSET', KEYS[1], 's', ARGV[1], 'q', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 return 1
 """
-# KEYS[1] checkpoint hash, KEYS[2] pieces; ARGV: seq. 1 = deleted (or absent), 0 = fenced off.
-_CAS_DELETE = """
-local cur = redis.call('HGET', KEYS[1], 'q')
-if cur and tonumber(cur) > tonumber(ARGV[1]) then return 0 end
+# KEYS[1] checkpoint, KEYS[2] pieces; ARGV: seq digits. 1 = deleted (or absent), 0 = fenced off.
+_CAS_DELETE = _STORED_SEQ + """
+local cur = stored_seq(KEYS[1])
+if cur and cur > ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 """
@@ -71,7 +86,8 @@ class RedisPieceStore:
         ``StoreConnectError``."""
         keys = [self.store.key(request_id), self.pieces_key(request_id)]
         try:
-            return bool(await self._commit(keys=keys, args=[state, int(seq), self.store.ttl_ms, int(at), data]))
+            q = seq_digits(int(seq))
+            return bool(await self._commit(keys=keys, args=[q + state, q, self.store.ttl_ms, int(at), data]))
         except _CONN_ERRORS as e:
             raise StoreConnectError(f"redis write failed: {type(e).__name__}: {e}", request_id) from e
         except Exception as e:  # redis.exceptions.RedisError (script errors included)
@@ -97,7 +113,7 @@ class RedisPieceStore:
         """Fenced delete of a stream's checkpoint and pieces (False when a newer seq is stored)."""
         keys = [self.store.key(request_id), self.pieces_key(request_id)]
         try:
-            return bool(await self._delete(keys=keys, args=[int(seq)]))
+            return bool(await self._delete(keys=keys, args=[seq_digits(int(seq))]))
         except _CONN_ERRORS as e:
             raise StoreConnectError(f"redis delete failed: {type(e).__name__}: {e}", request_id) from e
         except Exception as e:

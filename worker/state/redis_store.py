@@ -1,17 +1,22 @@
 """Redis store for streaming derender state (redis-py asyncio).
 
-One hash per streamed request: key ``{prefix}{<request_id>}`` (default prefix
-``derender:stream:``; the braces make the request id a Redis Cluster hash tag), fields ``s``
-(the state bytes ``DerenderService.derender_stream`` returned: every choice of the request lives
-in that one value) and ``q`` (the sequence number of the chunk that produced it).
+One string per streamed request: key ``{prefix}{<request_id>}`` (default prefix
+``derender:stream:``; the braces make the request id a Redis Cluster hash tag), value the
+``SEQ_DIGITS`` (20) zero-padded ASCII digits of the sequence number of the chunk that produced
+the state, then the state bytes ``DerenderService.derender_stream`` returned (every choice of the
+request lives in that one value). Keys of the older layout (a hash, fields ``s``/``q``) are still
+read, fenced on their ``q`` and replaced by the first write.
 
 * Every key has a TTL (``ttl_s``), refreshed on each read and write: an abandoned stream
   disappears on its own; ``delete`` removes it at the end of the stream.
 * Writes are fenced with a Lua compare-and-set on the sequence number: a write with ``seq`` <=
   the stored one is refused (a stale worker that lost the partition cannot overwrite a newer
-  state). Deletes are fenced the same way (refused when the stored ``q`` is newer).
-* ``get_many`` / ``commit`` batch a whole poll's reads / writes into one pipeline (one round
-  trip).
+  state); a write to an absent key is ``SET ... NX`` (only if still absent). Deletes are fenced
+  the same way (refused when the stored seq is newer).
+* ``get_many`` batches a whole poll's reads into one pipeline (one ``GETEX`` per key);
+  ``commit`` carries a whole flush's writes in one EVALSHA (per ``COMMIT_BATCH_MAX`` writes),
+  which runs one ``MGET`` and one command per write: counted as ``INFO commandstats`` counts
+  them (the EVALSHA and each ``redis.call``), a flush of n writes costs n + 2 commands.
 
 Typical transport loop (per polled batch of chunk messages, grouped by request id, in order)::
 
@@ -57,21 +62,72 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX = "derender:stream:"
 DEFAULT_TTL_S = 900.0
 
-# KEYS[1] key; ARGV: state, seq, ttl_ms. 1 = written, 0 = fenced off (stored seq >= seq).
-_CAS_PUT = """
-local cur = redis.call('HGET', KEYS[1], 'q')
-if cur and tonumber(cur) >= tonumber(ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[1], 's', ARGV[1], 'q', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-# KEYS[1] key; ARGV: seq. 1 = deleted (or absent), 0 = fenced off (stored seq > seq).
-_CAS_DEL = """
-local cur = redis.call('HGET', KEYS[1], 'q')
-if cur and tonumber(cur) > tonumber(ARGV[1]) then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
-"""
+#: digits of the sequence number that starts a stored value (zero-padded: compared as strings,
+#: exact for every seq up to ``worker.transport.records.SEQ_MAX``, unlike Lua's double numbers)
+SEQ_DIGITS = 20
+#: most writes carried by one EVALSHA (Lua's ``unpack`` of the MGET keys is bounded by its C stack)
+COMMIT_BATCH_MAX = 1000
+
+# One flush of fenced writes. KEYS: the keys, one per write (a key may repeat: applied in order).
+# ARGV[1] ttl_ms; per write i, ARGV[3i-1] 'p' (put) / 'd' (delete), ARGV[3i] its seq (SEQ_DIGITS
+# digits), ARGV[3i+1] the stored value (seq digits + state; '' for a delete).
+# Returns per write 1 = applied, 0 = fenced off (put: stored seq >= seq; delete: stored seq > seq).
+# Redis commands run (``INFO commandstats`` counts each ``redis.call`` as a call of that command,
+# besides the one EVALSHA): one MGET for the whole flush, then per write ONE of: SET ... PX (a put
+# over a stored value), SET ... PX NX (a put of an absent key: a stream's first write), DEL (a
+# delete of a stored value), TYPE (a delete of an absent key). A key left by the older hash layout
+# (fields s/q: MGET reads it as nil) costs HGET + SET/DEL more, and is fenced on its q.
+_COMMIT = """
+local ttl = ARGV[1]
+local cur = redis.call('MGET', unpack(KEYS))
+local seen = {}
+local out = {}
+for i = 1, #KEYS do
+  local k = KEYS[i]
+  local kind, q, v = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
+  local c = seen[k]
+  if c == nil then
+    c = cur[i]
+    if c then c = string.sub(c, 1, SEQ_DIGITS_N) end
+  end
+  local ok = 0
+  if c then
+    if kind == 'p' then
+      if c < q then redis.call('SET', k, v, 'PX', ttl); ok = 1; seen[k] = q end
+    elseif c <= q then redis.call('DEL', k); ok = 1; seen[k] = false end
+  elseif kind == 'p' then
+    if redis.call('SET', k, v, 'PX', ttl, 'NX') then
+      ok = 1
+    else
+      local h = redis.call('HGET', k, 'q')
+      if not (h and tonumber(h) >= tonumber(q)) then redis.call('SET', k, v, 'PX', ttl); ok = 1 end
+    end
+    if ok == 1 then seen[k] = q end
+  else
+    if redis.call('TYPE', k)['ok'] == 'none' then
+      ok = 1
+    else
+      local h = redis.call('HGET', k, 'q')
+      if not (h and tonumber(h) > tonumber(q)) then redis.call('DEL', k); ok = 1; seen[k] = false end
+    end
+  end
+  out[i] = ok
+end
+return out
+""".replace("SEQ_DIGITS_N", str(SEQ_DIGITS))
+
+
+def seq_digits(seq: int) -> bytes:
+    """``seq`` as the ``SEQ_DIGITS`` ASCII digits that start a stored value. Raises
+    ``ValueError`` for a negative seq or one with more digits."""
+    if seq < 0 or seq >= 10 ** SEQ_DIGITS:
+        raise ValueError(f"sequence number {seq} out of range")
+    return b"%020d" % seq
+
+
+def stored_value(state: bytes, seq: int) -> bytes:
+    """The stored string of a stream: ``seq_digits(seq)`` then the state bytes."""
+    return seq_digits(seq) + state
 
 
 #: error replies of a refused AUTH/HELLO or a missing permission (Redis ACL documentation)
@@ -225,8 +281,7 @@ class RedisStateStore:
         self.client = client
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.prefix = prefix
-        self._put = client.register_script(_CAS_PUT)
-        self._del = client.register_script(_CAS_DEL)
+        self._commit = client.register_script(_COMMIT)
 
     @classmethod
     def from_settings(cls, settings: RedisSettings) -> RedisStateStore:
@@ -261,28 +316,51 @@ class RedisStateStore:
         return (await self.get_many([request_id]))[request_id]
 
     async def get_many(self, request_ids: list[str]) -> dict[str, StoredState | None]:
-        """Stored states of several requests in one pipeline (TTLs refreshed).
-        Raises ``StoreReadError`` (``StoreConnectError`` when Redis cannot be reached)."""
+        """Stored states of several requests in one pipeline: one ``GETEX ... PX`` per request
+        (read and TTL refresh in one command; a key of the older hash layout costs ``HMGET`` +
+        ``PEXPIRE`` more). Raises ``StoreReadError`` (``StoreConnectError`` when Redis cannot be
+        reached)."""
         rids = list(dict.fromkeys(request_ids))
         if not rids:
             return {}
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 for rid in rids:
-                    k = self.key(rid)
-                    pipe.hmget(k, "s", "q")
-                    pipe.pexpire(k, self.ttl_ms)
-                res = await pipe.execute()
+                    pipe.getex(self.key(rid), px=self.ttl_ms)
+                res = await pipe.execute(raise_on_error=False)
+            legacy = [rid for rid, r in zip(rids, res, strict=True)
+                      if isinstance(r, ResponseError) and str(r).startswith("WRONGTYPE")]
+            old = await self._get_legacy(legacy) if legacy else {}
         except _CONN_ERRORS as e:
             raise StoreConnectError(f"redis read failed: {type(e).__name__}: {e}") from e
         except RedisError as e:
             raise StoreReadError(f"redis read failed: {type(e).__name__}: {e}") from e
         out: dict[str, StoredState | None] = {}
-        for i, rid in enumerate(rids):
-            s, q = res[2 * i]
-            if s is None and q is None:
+        for rid, v in zip(rids, res, strict=True):
+            if rid in old:
+                out[rid] = old[rid]
+                continue
+            if isinstance(v, Exception):
+                raise StoreReadError(f"redis read of {self.key(rid)!r} failed: {type(v).__name__}: {v}", rid)
+            if v is None:
                 out[rid] = None
                 continue
+            head = bytes(v[:SEQ_DIGITS])
+            if len(head) != SEQ_DIGITS or not head.isdigit():
+                raise StoreReadError(f"malformed stream state {self.key(rid)!r}", rid)
+            out[rid] = StoredState(bytes(v[SEQ_DIGITS:]), int(head))
+        return out
+
+    async def _get_legacy(self, rids: list[str]) -> dict[str, StoredState | None]:
+        """Read keys of the older hash layout (fields ``s``/``q``; TTLs refreshed)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for rid in rids:
+                pipe.hmget(self.key(rid), "s", "q")
+                pipe.pexpire(self.key(rid), self.ttl_ms)
+            res = await pipe.execute()
+        out: dict[str, StoredState | None] = {}
+        for i, rid in enumerate(rids):
+            s, q = res[2 * i]
             if s is None or q is None:
                 raise StoreReadError(f"malformed stream state hash {self.key(rid)!r}", rid)
             try:
@@ -307,29 +385,39 @@ class RedisStateStore:
             if seq is None:
                 await self.client.delete(self.key(request_id))
                 return True
-            return bool(await self._del(keys=[self.key(request_id)], args=[int(seq)]))
+            return (await self._flush([StateWrite(request_id, None, seq)]))[0]
         except _CONN_ERRORS as e:
             raise StoreConnectError(f"redis delete failed: {type(e).__name__}: {e}", request_id) from e
         except RedisError as e:
             raise StoreDeleteError(f"redis delete failed: {type(e).__name__}: {e}", request_id) from e
 
+    async def _flush(self, writes: list[StateWrite]) -> list[bool]:
+        """Run ``writes`` in order: one EVALSHA (``_COMMIT``) per ``COMMIT_BATCH_MAX`` of them,
+        one after the other (not a pipeline: redis-py sends ``SCRIPT EXISTS`` before every
+        pipeline holding a script; a plain call loads the script only on ``NOSCRIPT``). Raises
+        ``redis`` errors."""
+        out: list[bool] = []
+        for i in range(0, len(writes), COMMIT_BATCH_MAX):
+            part = writes[i:i + COMMIT_BATCH_MAX]
+            args: list = [self.ttl_ms]
+            for w in part:
+                q = seq_digits(int(w.seq))
+                args += (b"d", q, b"") if w.state is None else (b"p", q, q + w.state)
+            res = await self._commit(keys=[self.key(w.request_id) for w in part], args=args)
+            out += [bool(r) for r in res]
+        return out
+
     async def commit(self, writes: list[StateWrite]) -> list[bool]:
-        """Apply a poll's writes in one pipeline, in order (fenced puts; ``state=None`` ->
-        fenced delete). Returns per write True (applied) / False (fenced off: stale).
-        Raises ``StoreWriteError`` (``StoreConnectError`` when Redis cannot be reached)."""
+        """Apply a flush's writes in order, fenced on seq (``state=None`` -> fenced delete), in
+        one EVALSHA per ``COMMIT_BATCH_MAX`` writes (one round trip each); Redis runs one MGET per
+        EVALSHA and one command per write (``_COMMIT``). Returns per write True (applied) / False
+        (fenced off: stale). Raises ``StoreWriteError`` (``StoreConnectError`` when Redis cannot
+        be reached); ``ValueError`` for a negative seq."""
         if not writes:
             return []
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for w in writes:
-                    k = self.key(w.request_id)
-                    if w.state is None:
-                        await self._del(keys=[k], args=[int(w.seq)], client=pipe)
-                    else:
-                        await self._put(keys=[k], args=[w.state, int(w.seq), self.ttl_ms], client=pipe)
-                res = await pipe.execute()
+            return await self._flush(writes)
         except _CONN_ERRORS as e:
             raise StoreConnectError(f"redis write failed: {type(e).__name__}: {e}") from e
         except RedisError as e:
             raise StoreWriteError(f"redis write failed: {type(e).__name__}: {e}") from e
-        return [bool(r) for r in res]

@@ -16,7 +16,8 @@ worker without committing: the chunk is redelivered.
 
 ``CheckpointWriter`` (step 3): checkpoints handed to it (``add``) are coalesced per stream (the
 latest seq's value, every merged record's offsets: memory stays one checkpoint per stream however
-long the store is away) and written in one ``store.commit`` pipeline per wake-up; while the store
+long the store is away) and written in one ``store.commit`` per wake-up (Redis: one EVALSHA
+running one MGET and one SET/DEL per stream: ``worker.state.redis_store``); while the store
 is unavailable the batch is kept, what arrives meanwhile merges into it, and it is retried with
 backoff. Only once a checkpoint is durable are its records finished (``on_done``); after the
 outage deadline its records are abandoned (never committed) and the worker stops.

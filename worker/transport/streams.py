@@ -17,10 +17,13 @@ Design
 * **State.** The owner keeps each live stream (state bytes, next expected seq, replay window) in
   memory for its assigned partitions and writes it through to the state store (Redis:
   ``worker.state.redis_store``), batched: every write waiting when the writer wakes goes into one
-  ``commit([...])`` pipeline, coalesced per request id (latest seq wins; fenced on seq). A worker
+  ``commit([...])`` (one EVALSHA), coalesced per request id (latest seq wins; fenced on seq). A worker
   that meets a stream it does not hold (new partition owner after a rebalance or a crash) loads
   it from the store (one ``get_many`` per poll, in a background task: the fetch loop never waits
-  for the store) and continues. On partition revoke the in-memory streams of the partition are
+  for the store) and continues. One it meets at its chunk 0 is not read: whatever is stored, chunk
+  0 and the ones after it (a redelivered chunk 0 brings them all again: offsets commit in order)
+  are re-derendered from no state (deterministic: identical replies) and their checkpoint writes
+  are fenced "only if absent or older", so a newer stored checkpoint is never overwritten. On partition revoke the in-memory streams of the partition are
   dropped. Idle streams are evicted from memory (``worker.transport.stream_memory``); until then a
   stream with nothing running or waiting is *parked*: its state and replay window packed into one
   msgpack value, unpacked when its next chunk comes (few, large allocations per idle stream, so
@@ -232,20 +235,23 @@ class StreamRouter:
 
     def intake(self, st, msgs: list) -> None:
         """Hand a poll's stream records of partition ``st`` to their streams, in order, without
-        waiting: streams held in memory run at once; unknown ones are read from the store in one
-        background ``get_many`` (their records queue meanwhile, and so do later ones of the same
+        waiting: streams held in memory run at once, and so do new ones met at their chunk 0 (not
+        read); other unknown ones are read from the store in one background ``get_many`` (their records queue meanwhile, and so do later ones of the same
         stream: order is kept per stream, never across streams)."""
         now = time.monotonic()
         new: list[str] = []
         for m in msgs:
-            if _bad_chunk(m, self.parse_seq(m)) is not None:
+            seq = self.parse_seq(m)
+            if _bad_chunk(m, seq) is not None:
                 self.dispatch(st, m)
                 continue
             rid = stream_id(m.key)
             s = st.streams.get(rid)
             if s is None:
-                s = st.streams[rid] = _Stream(rid, loading=True)
-                new.append(rid)
+                # met at chunk 0: not read (module docstring, "State")
+                s = st.streams[rid] = _Stream(rid, loading=seq != 0)
+                if s.loading:
+                    new.append(rid)
             _unpark(s)
             s.last_used = now
             s.queue.append(m)
