@@ -90,15 +90,21 @@ def _correct_bytes(tok: Tokenizer, token_id: int, context: list[int]) -> str:
             else:
                 break
         clean = b"".join(cbk[:clean_end]).decode("utf-8", errors="replace") if clean_end > 0 else ""
-        if full.startswith(clean):
-            return full[len(clean):]
-        common = 0
-        for a, b in zip(clean, full, strict=False):
-            if a != b:
-                break
-            common += 1
-        return full[common:]
+        return _after_common_prefix(clean, full)
     return ""
+
+
+def _after_common_prefix(clean: str, full: str) -> str:
+    """What ``full`` adds after the longest prefix it shares with ``clean`` (vLLM's
+    ``_correct_decoded_token`` tail: the text the corrected token contributes)."""
+    if full.startswith(clean):
+        return full[len(clean):]
+    common = 0
+    for a, b in zip(clean, full, strict=False):
+        if a != b:
+            break
+        common += 1
+    return full[common:]
 
 
 def _correct_decoding(tok: Tokenizer, token_id: int, context: list[int]) -> str:
@@ -116,14 +122,7 @@ def _correct_decoding(tok: Tokenizer, token_id: int, context: list[int]) -> str:
             else:
                 break
         clean = tok.decode(ctx[:clean_end], skip_special_tokens=False) if clean_end > 0 else ""
-        if full.startswith(clean):
-            return full[len(clean):]
-        common = 0
-        for a, b in zip(clean, full, strict=False):
-            if a != b:
-                break
-            common += 1
-        return full[common:]
+        return _after_common_prefix(clean, full)
     return ""
 
 
