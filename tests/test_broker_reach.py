@@ -93,3 +93,17 @@ def test_probe_http_tcp_and_bad_urls():
         p = subprocess.run([sys.executable, "-m", "worker.transport.probe", bad], env=env, capture_output=True,
                            text=True, timeout=30)
         assert p.returncode == 2 and p.stderr.startswith("probe: "), (bad, p.stderr)
+
+
+def test_broker_on_a_taken_port_says_so():
+    """``derender-worker broker --port P`` while another broker listens on P: it used to print
+    "broker ... on 127.0.0.1:P" (the readiness wait reached the other broker) and then "exited with
+    status 0" naming a log it had just deleted. Now it refuses before starting, naming the port."""
+    with TansuBroker() as first:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        proc = subprocess.run([sys.executable, "-m", "worker.cli", "broker", "--port", str(first.port)], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        assert "Ctrl-C stops it" not in proc.stdout, proc.stdout
+        assert f"127.0.0.1:{first.port} is already in use" in proc.stderr, proc.stderr
+        assert first.proc is not None and first.proc.poll() is None  # the first broker is untouched

@@ -363,3 +363,18 @@ def test_tokenizer_by_name_and_by_folder(tmp_path) -> None:
     (d / "o200k_base.tiktoken.gz").write_bytes(b"not gzip")
     with pytest.raises(ValueError):
         load_tokenizer(str(d), "hf")
+
+
+def test_tiktoken_vocab_command_fails_in_one_line(tmp_path):
+    """``python -m worker.core.tiktoken_vocab OUT_DIR RANKS`` with a ranks file that does not exist
+    (as without the ``[gptoss]`` extra: no ranks to read) exits 2 with one line naming the cause,
+    not a traceback (README's commands table)."""
+    import subprocess
+    import sys
+    repo = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "worker.core.tiktoken_vocab", str(tmp_path / "out"),
+                        str(tmp_path / "missing.tiktoken")], cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "missing.tiktoken" in p.stderr and not (tmp_path / "out").exists()

@@ -35,6 +35,14 @@ def _snippet() -> str:
     return m.group(1)
 
 
+def _stream_snippet() -> str:
+    text = page("streaming.md")
+    i = text.index("### Producer and consumer for a stream (aiokafka)")
+    m = re.search(r"```python\n(.*?)```", text[i:text.index("\n### ", i + 10)], re.S)
+    assert m, "no python block in the stream producer/consumer section of docs/streaming.md"
+    return m.group(1)
+
+
 def test_snippet_is_about_twenty_lines():
     assert len(_snippet().strip().splitlines()) <= 25
 
@@ -74,6 +82,10 @@ def test_snippet_gets_its_reply_from_a_running_worker(kafka_bootstrap, kafka_bro
         client.write_text(_snippet())
         p = subprocess.run([sys.executable, str(client)], cwd=REPO, env=env, capture_output=True, text=True,
                            timeout=90)
+        stream_client = tmp_path / "stream_client.py"
+        stream_client.write_text(_stream_snippet())
+        ps = subprocess.run([sys.executable, str(stream_client)], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=90)
     finally:
         worker.terminate()
         log, _ = worker.communicate(timeout=30)
@@ -82,6 +94,16 @@ def test_snippet_gets_its_reply_from_a_running_worker(kafka_bootstrap, kafka_bro
     reply = json.loads(value)
     assert status == "200" and reply["object"] == "chat.completion" and reply["model"] == "qwen3"
     assert reply["choices"][0]["message"]["reasoning"] and reply["created"] > 1_700_000_000
+    # the stream snippet of docs/streaming.md: 28 ids in 5-id chunks = 6 replies whose deltas join
+    # to the same message, the last one ending with the usage chunk
+    assert ps.returncode == 0, (ps.stderr, log[-3000:])
+    replies = [json.loads(line) for line in ps.stdout.splitlines()]
+    assert len(replies) == 6 and all(isinstance(r, list) for r in replies), ps.stdout
+    deltas = [c["choices"][0]["delta"] for r in replies for c in r if c["choices"]]
+    message = reply["choices"][0]["message"]
+    assert "".join(d.get("reasoning") or "" for d in deltas) == message["reasoning"]
+    assert "".join(d.get("content") or "" for d in deltas) == message["content"]
+    assert replies[-1][-1]["choices"] == [] and replies[-1][-1]["usage"]["completion_tokens"] == 28
     assert worker.returncode == 0, log[-3000:]
     assert all(json.loads(line)["level"] for line in log.splitlines() if line.strip())  # --log-format json
 

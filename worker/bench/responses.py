@@ -120,11 +120,11 @@ def _stream_pass(svc: DerenderService, bodies: list[bytes], kind: str, repeat: i
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``bench responses``."""
-    ap.add_argument("--tokenizer", default=str(_DEMO_TOKENIZER))
+    ap.add_argument("--tokenizer", default=str(_DEMO_TOKENIZER), help="tokenizer directory (default: the demo's Qwen3)")
     ap.add_argument("--tokens", type=int, default=256, help="output tokens per record (per-record pass)")
-    ap.add_argument("--stream-tokens", type=int, default=2048)
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--stream-tokens", type=int, default=2048, help="output tokens of the per-chunk pass (1-token chunks)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="seconds of each timed per-record run")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs of each path, in both passes (chat and Responses interleaved)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,11 +73,11 @@ def build_output(tok, n_tokens: int) -> tuple[list[int], list[int]]:
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``bench stream``."""
-    ap.add_argument("--tokenizer", default=str(_DEMO_TOKENIZER))
+    ap.add_argument("--tokenizer", default=str(_DEMO_TOKENIZER), help="tokenizer directory (default: the demo's Qwen3)")
     ap.add_argument("--redis", metavar="URL", default=None,
                     help="also checkpoint every chunk through this Redis (e.g. redis://127.0.0.1:6379/0)")
-    ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=2048, help="output tokens of the stream, sent in 1-token chunks")
+    ap.add_argument("--repeat", type=int, default=5, help="timed passes over the stream (after one warm-up pass)")
     ap.add_argument("--call-tokens", type=int, default=400, help="argument length of the tool-call delay pass")
     ap.add_argument("--call-words", type=int, default=20000,
                     help="words of the never-closed call pass (0: skip it)")

@@ -34,8 +34,8 @@ def main(args: argparse.Namespace) -> int:
                   flush=True)
             while not stop.wait(0.5):
                 if broker.proc is not None and broker.proc.poll() is not None:
-                    print(f"broker exited with status {broker.proc.returncode} (log {broker.log_path})",
-                          file=sys.stderr)
+                    print(f"derender-worker broker: Tansu exited with status {broker.proc.returncode}; "
+                          f"its log:\n{broker.log_tail()}", file=sys.stderr)
                     return 2
     except (FileNotFoundError, RuntimeError, TimeoutError, OSError) as e:
         print(f"derender-worker broker: cannot start Tansu: {e}", file=sys.stderr)

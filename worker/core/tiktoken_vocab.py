@@ -211,13 +211,18 @@ def harmony_tokenizer_dir(ranks_file: Path | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m worker.core.tiktoken_vocab OUT_DIR [RANKS_FILE]``: write gpt-oss's tokenizer
-    directory (ranks default: bpe-openai's ``o200k_base.tiktoken.gz``)."""
+    directory (ranks default: bpe-openai's ``o200k_base.tiktoken.gz``, the ``[gptoss]`` extra).
+    Returns 0, or 2 (after one line on stderr) on bad usage, missing ranks or an unwritable OUT_DIR."""
     args = sys.argv[1:] if argv is None else argv
     if not args or len(args) > 2:
         sys.stderr.write("usage: python -m worker.core.tiktoken_vocab OUT_DIR [o200k_base.tiktoken[.gz]]\n")
         return 2
-    src = Path(args[1]) if len(args) == 2 else _packaged_ranks()
-    print(write_harmony_dir(src, Path(args[0])))
+    try:
+        src = Path(args[1]) if len(args) == 2 else _packaged_ranks()
+        print(write_harmony_dir(src, Path(args[0])))
+    except (ValueError, OSError) as e:  # no bpe-openai, unreadable ranks, unwritable OUT_DIR: one line, exit 2
+        sys.stderr.write(f"python -m worker.core.tiktoken_vocab: {e}\n")
+        return 2
     return 0
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TansuBroker", "tansu_binary", "free_port", "wait_for_port", "bootstrap_for_tests"]
+__all__ = ["TansuBroker", "tansu_binary", "free_port", "check_port_free", "wait_for_port", "bootstrap_for_tests"]
 
 
 def tansu_binary() -> str:
@@ -59,6 +59,20 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise ``OSError`` naming ``host:port`` when nothing can listen there now (another process,
+    e.g. a broker left running, already does). A process that finds its port taken exits, and a
+    readiness wait on the port would then be answered by the other process instead."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as listeners set it: TIME_WAIT is no conflict
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise OSError(e.errno, f"{host}:{port} is already in use (another broker running there?): "
+                                   f"{e.strerror}; pick another --port") from None
 
 
 def wait_for_port(host: str, port: int, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
@@ -110,8 +124,10 @@ class TansuBroker:
 
     def start(self) -> TansuBroker:
         """Launch the process and wait for its listener. Raises ``FileNotFoundError`` (no binary),
-        ``RuntimeError`` (process died) or ``TimeoutError`` (never listened)."""
+        ``OSError`` (the port is already taken), ``RuntimeError`` (process died) or
+        ``TimeoutError`` (never listened)."""
         binary = self.binary or tansu_binary()
+        check_port_free(self.host, self.port)
         url = f"tcp://{self.host}:{self.port}"
         advertised = f"tcp://{self.advertised_host}:{self.port}"
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised,
@@ -127,12 +143,13 @@ class TansuBroker:
             wait_for_port("127.0.0.1" if self.host in ("0.0.0.0", "") else self.host, self.port,
                           self.start_timeout, self.proc)
         except (RuntimeError, TimeoutError) as e:
-            tail = self._log_tail()
+            tail = self.log_tail()
             self.stop()
             raise type(e)(f"{e}; tansu log tail:\n{tail}") from e
         return self
 
-    def _log_tail(self, n: int = 4000) -> str:
+    def log_tail(self, n: int = 4000) -> str:
+        """The last ``n`` bytes of the broker's log as text ("" before start or after stop)."""
         if not self.log_path:
             return ""
         try:
