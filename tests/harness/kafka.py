@@ -89,15 +89,21 @@ async def produce(bs: str, topic: str, records: list[tuple]) -> None:
         await p.stop()
 
 
-async def collect(bs: str, topics: list[str], n: int, timeout: float = 30.0, settle: float = 0.0) -> dict:
-    """Read ``topics`` from the beginning (no group) until ``n`` records arrived, then ``settle``
-    seconds more (to catch extras). Returns topic -> list of ConsumerRecord."""
+async def collect(bs: str, topics: list[str], n: int, timeout: float = 30.0, settle: float = 0.0,
+                  until=None) -> dict:
+    """Read ``topics`` from the beginning (no group) until ``n`` records arrived (or, with
+    ``until``, until ``until(got)`` is true: e.g. every key answered, when redelivery may add
+    duplicates), then ``settle`` seconds more (to catch extras). Returns topic -> list of
+    ConsumerRecord."""
     c = AIOKafkaConsumer(*topics, bootstrap_servers=bs, auto_offset_reset="earliest", enable_auto_commit=False)
     await c.start()
     got: dict[str, list] = {t: [] for t in topics}
     try:
         deadline = time.monotonic() + timeout
-        while sum(map(len, got.values())) < n and time.monotonic() < deadline:
+        def done() -> bool:
+            return until(got) if until is not None else sum(map(len, got.values())) >= n
+
+        while not done() and time.monotonic() < deadline:
             for tp, ms in (await c.getmany(timeout_ms=200)).items():
                 got[tp.topic].extend(ms)
         end = time.monotonic() + settle
