@@ -83,15 +83,22 @@ def _correct_bytes(tok: Tokenizer, token_id: int, context: list[int]) -> str:
         full = (b"".join(cbk) + tail).decode("utf-8", errors="replace")
         if full.endswith(_FFFD):
             continue
-        clean_end = len(ctx)
-        for j in range(len(ctx) - 1, -1, -1):
-            if tok.decode_single(ctx[j]).endswith(_FFFD):
-                clean_end = j
-            else:
-                break
+        clean_end = _clean_end(tok, ctx)
         clean = b"".join(cbk[:clean_end]).decode("utf-8", errors="replace") if clean_end > 0 else ""
         return _after_common_prefix(clean, full)
     return ""
+
+
+def _clean_end(tok: Tokenizer, ctx: list[int]) -> int:
+    """Length of ``ctx`` without its trailing run of ids that decode alone to text ending in
+    U+FFFD (vLLM's ``_correct_decoded_token``: the context part whose text is complete)."""
+    clean_end = len(ctx)
+    for j in range(len(ctx) - 1, -1, -1):
+        if tok.decode_single(ctx[j]).endswith(_FFFD):
+            clean_end = j
+        else:
+            break
+    return clean_end
 
 
 def _after_common_prefix(clean: str, full: str) -> str:
@@ -115,12 +122,7 @@ def _correct_decoding(tok: Tokenizer, token_id: int, context: list[int]) -> str:
         full = tok.decode(ctx + [token_id], skip_special_tokens=False)
         if full.endswith(_FFFD):
             continue
-        clean_end = len(ctx)
-        for j in range(len(ctx) - 1, -1, -1):
-            if tok.decode_single(ctx[j]).endswith(_FFFD):
-                clean_end = j
-            else:
-                break
+        clean_end = _clean_end(tok, ctx)
         clean = tok.decode(ctx[:clean_end], skip_special_tokens=False) if clean_end > 0 else ""
         return _after_common_prefix(clean, full)
     return ""
