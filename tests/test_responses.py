@@ -22,7 +22,6 @@ from tests.harness.responses import (  # noqa: E402,F401
     DATA,
     DELTA_BOUNDARIES,
     MODELS,
-    PARSER_CUT_CALL,
     ROOT,
 )
 from tests.parity_tools import compare_responses as cmp
@@ -74,13 +73,10 @@ def batch_outputs(tmp_path_factory) -> dict[bool, Path]:
 
 
 def test_nonstream_parity_through_batch(batch_outputs):
-    """compare_responses.py over `derender-worker batch` output: every case but the cut call
-    whose reference keeps a vLLM parser behaviour (PARSER_CUT_CALL)."""
+    """compare_responses.py over `derender-worker batch` output: every case."""
     res = _compare(batch_outputs[False], False)
     failed = {k: v for k, v in res.items() if v != "PASS"}
-    assert set(failed) == PARSER_CUT_CALL, failed
-    for cid in PARSER_CUT_CALL:
-        assert ".output[0].arguments" in failed[cid]
+    assert not failed, failed
 
 
 def test_stream_parity_through_batch(batch_outputs):
@@ -116,8 +112,8 @@ def _stream_lines(out: Path) -> list:
 
 
 def test_stream_events_match_when_deltas_are_joined(batch_outputs):
-    """With consecutive deltas joined, every streamed case but the parser cut call equals
-    the reference event by event (items, ids, order, .done values, logprobs, terminal event)."""
+    """With consecutive deltas joined, every streamed case equals the reference event by event
+    (items, ids, order, .done values, logprobs, terminal event)."""
     lines = _stream_lines(batch_outputs[True])
     pos, bad = 0, {}
     for case in CASES:
@@ -129,7 +125,7 @@ def test_stream_events_match_when_deltas_are_joined(batch_outputs):
         diff = next((d for a, b in zip(want, mine) if (d := cmp.first_diff(a, b))), None)
         if diff or len(want) != len(mine):
             bad[case["id"]] = diff or f"{len(want)} vs {len(mine)} events"
-    assert set(bad) == PARSER_CUT_CALL, bad
+    assert not bad, bad
 
 
 def _stream(service: DerenderService, bodies: list[dict]) -> list[list[dict]]:

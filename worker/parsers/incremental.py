@@ -81,7 +81,10 @@ class ArgStream(msgspec.Struct, kw_only=True, array_like=True):
     ``off`` (the rest of the block goes out at its close). ``pos``: body offset consumed;
     ``scan``: where the next tag search resumes; ``n``: calls started in this block; ``open``:
     the last one's arguments are not closed; ``name``: its name; ``args``: XML entries sent for
-    it; ``key``: the XML key being read; ``depth``/``ins``/``esc``: JSON lexer."""
+    it; ``key``: the XML key being read; ``depth``/``ins``/``esc``: JSON lexer; ``vs``: for
+    JSON arguments held back by ``JsonArgs.hold_ws``, the body offset sent up to; ``held``:
+    argument text that goes out with what follows (``XmlArgs.safe_prefix``: a closed string
+    value's quote); ``plain``: the open XML value went out from its opening tag."""
 
     phase: str = "start"
     pos: int = 0
@@ -100,6 +103,8 @@ class ArgStream(msgspec.Struct, kw_only=True, array_like=True):
     depth: int = 0
     ins: bool = False
     esc: bool = False
+    held: str = ""
+    plain: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,10 +112,14 @@ class JsonArgs:
     """A JSON-argument format: ``head`` (regular expression, ``regex`` syntax, group ``name``)
     matches from the start of the block body up to and including the arguments' opening ``{``;
     ``next`` (optional) matches from just after a call's closing ``}`` up to the next call's
-    ``{`` (several calls per block)."""
+    ``{`` (several calls per block); ``hold_ws``: whitespace at the end of the arguments so
+    far is held until text follows it (or the object closes), as vLLM's Hermes parser strips
+    the call body before diffing (``tc_json = raw.strip()``, Hermes2ProToolParser's
+    ``_extract_tool_call_jsons``): ``"limit": `` + ``3`` goes out as ``"limit":`` + `` 3``."""
 
     head: str
     next: str | None = None
+    hold_ws: bool = False
     _head: Any = field(init=False, repr=False, compare=False)
     _next: Any = field(init=False, repr=False, compare=False)
 
@@ -123,11 +132,21 @@ class JsonArgs:
 class XmlArgs:
     """An XML-parameter format: its tags (``xmlcall.XmlFormat``); ``named``: the body is one
     call whose name is the text before the first tag (GLM); ``outside``: text between calls is
-    allowed (framing such as Step-3's ``<｜tool_call_begin｜>function<｜tool_sep｜>``)."""
+    allowed (framing such as Step-3's ``<｜tool_call_begin｜>function<｜tool_sep｜>``);
+    ``safe_prefix``: vLLM 0.32's parser-engine delta rule (``ParserEngine._compute_arg_delta``
+    / ``_safe_arg_prefix``, vllm/frontend/processing/parser/engine/parser_engine.py: per step
+    it sends what the arguments JSON gained up to its last value, a plain string value
+    unterminated): a value the family types as its text (``plain_string``) opens with its key
+    (``{"k": "``) as soon as its opening tag is complete, its text follows as it arrives
+    (framing newlines held), and its closing quote goes out with what follows it (``", "k2":
+    "``, ``"}``). Any other value goes out at its closing tag, with the quote held before it
+    (vLLM sends such a value's key at its opening tag and the value with what follows it: not
+    reproduced, so that a call cut inside it never holds a key without a value)."""
 
     fmt: XmlFormat
     named: bool = False
     outside: bool = False
+    safe_prefix: bool = False
 
 
 #: the ``{"name": ..., "arguments"|"parameters": {`` head of Hermes-style bodies
@@ -186,11 +205,15 @@ def _json(p: Any, st: Any, a: ArgStream, spec: JsonArgs, out: Delta, body: str, 
                 a.phase = "off"
                 return
             a.pos, a.depth, a.ins, a.esc = m.end() - 1, 0, False, False  # at the arguments' "{"
+            a.vs = a.pos
             a.phase = "args"
         else:  # args
-            start = a.pos
             closed = _lex_object(a, body, limit)
-            _send(out, st.calls - 1, body[start:a.pos])
+            piece = body[a.vs:a.pos]
+            if spec.hold_ws and not closed:
+                piece = piece.rstrip()
+            _send(out, st.calls - 1, piece)
+            a.vs += len(piece)
             if not closed:
                 return
             a.open, a.phase = False, "next"
@@ -247,7 +270,7 @@ def _string_piece(p: Any, a: ArgStream, body: str, end: int, final: bool) -> str
         a.sv = True
     a.vs += len(text)
     out += dumps_args(text)[1:-1]
-    if final:
+    if final and not a.plain:  # a plain value's quote is held by the caller (XmlArgs.safe_prefix)
         out += '"'
     return out
 
@@ -288,7 +311,7 @@ def _xml(p: Any, st: Any, a: ArgStream, spec: XmlArgs, out: Delta, body: str, li
             elif kind == "key_open" and free:
                 nxt = "key"
             elif kind == "call_close" and free:
-                _send(out, st.calls - 1, "}" if a.args else "{}")
+                _emit(out, st, a, "}" if a.args or a.held else "{}")
                 a.open, a.args, nxt = False, "", "next"
         elif ph == "key":
             if kind == "key_close" and gap.strip():
@@ -301,28 +324,41 @@ def _xml(p: Any, st: Any, a: ArgStream, spec: XmlArgs, out: Delta, body: str, li
             piece = _string_piece(p, a, body, m.start(), True) if a.strv else None
             if piece is None:
                 entry = dumps_args({a.key: p.stream_value(st, a.name, a.key, gap)})[1:-1]
-                piece = (", " if a.args else "{") + entry
-            _send(out, st.calls - 1, piece)
-            a.args += piece
-            a.strv = a.sv = False
+                piece = (", " if a.args or a.held else "{") + entry
+            _emit(out, st, a, piece)
+            if a.plain:
+                a.held = '"'  # goes out with what follows (XmlArgs.safe_prefix)
+            a.strv = a.sv = a.plain = False
             nxt = "call"
         if nxt == "off" and a.sv:  # a string value cut by an unexpected tag: close it
-            _send(out, st.calls - 1, '"')
-            a.args += '"'
-            a.strv = a.sv = False
+            _emit(out, st, a, '"')
+            a.strv = a.sv = a.plain = False
+        if nxt == "value" and a.plain:  # XmlArgs.safe_prefix: the value opens at once
+            _emit(out, st, a, (", " if a.args or a.held else "{") + dumps_args(a.key) + ': "')
         a.phase = nxt
         a.pos = a.scan = m.end()
     if a.phase == "value" and a.strv:  # no tag in the rest: the string value so far
         piece = _string_piece(p, a, body, a.scan, False)
         if piece:
-            _send(out, st.calls - 1, piece)
-            a.args += piece
+            _emit(out, st, a, piece)
+
+
+def _emit(out: Delta, st: Any, a: ArgStream, text: str) -> None:
+    """Send ``text`` for the open call after the held text (``a.held``), both recorded in
+    ``a.args``."""
+    text = a.held + text
+    a.held = ""
+    _send(out, st.calls - 1, text)
+    a.args += text
 
 
 def _open_value(p: Any, st: Any, a: ArgStream, start: int) -> None:
-    """A value of ``a.key`` opens at ``start``: streamed as it arrives when it is a string."""
+    """A value of ``a.key`` opens at ``start``: streamed as it arrives when it is a string;
+    with ``XmlArgs.safe_prefix`` a plain string's key goes out at once (``a.plain``, sent by
+    the caller)."""
     a.strv = bool(p.string_param(st, a.name, a.key))
-    a.sv, a.vs, a.lead = False, start, False
+    a.plain = a.strv and p.spec.safe_prefix and bool(p.plain_string(st, a.name, a.key))
+    a.sv, a.vs, a.lead = a.plain, start, False
 
 
 def advance(p: Any, st: Any, out: Delta, body: str, limit: int) -> None:
@@ -349,9 +385,10 @@ def settle(p: Any, st: Any, out: Delta, parsed: list[tuple[str, str]] | None) ->
     if a.open and xml:
         j = a.n - 1
         if a.sv:  # the output ended inside a string value: the text that went out, closed
-            a.args += '"'
-            _send(out, st.calls - 1, '"')
+            _emit(out, st, a, '"')
             a.sv = False
+        elif a.held:
+            _emit(out, st, a, "")
         tail = "}" if a.args else "{}"
         if parsed and j < len(parsed):
             try:

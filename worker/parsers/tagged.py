@@ -64,7 +64,7 @@ from worker.parsers.base import (
 from worker.parsers.incremental import LIST_ARGS, NAME_ARGS, ArgStream, JsonArgs, XmlArgs, advance, settle
 from worker.parsers.jsonlex import scan_json
 from worker.parsers.marker import json_call_list
-from worker.parsers.values import is_string_param
+from worker.parsers.values import is_plain_string, is_string_param
 from worker.parsers.xmlcall import strip_newline, typed_value
 
 #: backtick runs and newlines: what moves the code state of the content (``code_state``)
@@ -202,6 +202,9 @@ class TaggedToolParser(ToolParser):
     #: reading ``null`` is JSON null (``values.convert_param``), as ``stream_value`` types them
     stream_strip: ClassVar[str] = "newline"
     stream_null: ClassVar[bool] = True
+    #: ``null`` written for a parameter whose schema type is a plain string is JSON null
+    #: (``values.convert_param``'s ``string_null``; off: the text ``"null"``)
+    string_null: ClassVar[bool] = True
     #: bodies are JSON: an end marker inside a JSON string does not close the call (None:
     #: on when ``parse_body`` is one of the JSON body parsers)
     json_body: ClassVar[bool | None] = None
@@ -255,11 +258,24 @@ class TaggedToolParser(ToolParser):
         known = fn_types is not None and key in fn_types
         return is_string_param(fn_types.get(key) if known else None, known)
 
+    def plain_string(self, st: TaggedState, name: str, key: str) -> bool:
+        """XML parameter ``key`` of call ``name`` is its text whatever it reads (``null``
+        included): a string parameter (``string_param``) when ``stream_null`` is off, or one
+        the schema declares a plain string (``values.is_plain_string``) when ``string_null``
+        is off. Such a value may open in the stream before any of its text arrived."""
+        if not self.string_param(st, name, key):
+            return False
+        if not self.stream_null:
+            return True
+        fn_types = st.types.get(name)
+        known = fn_types is not None and key in fn_types
+        return not self.string_null and is_plain_string(fn_types.get(key) if known else None, known)
+
     def stream_value(self, st: TaggedState, name: str, key: str, raw: str) -> Any:
         """The JSON value of XML parameter ``key`` of call ``name`` from its raw text, as the
         non-streaming parse types it (default: one framing newline removed, then the request's
-        schema type, ``xmlcall.typed_value``)."""
-        return typed_value(strip_newline(raw), st.types.get(name), key)
+        schema type, ``xmlcall.typed_value`` with the family's ``string_null``)."""
+        return typed_value(strip_newline(raw), st.types.get(name), key, self.string_null)
 
     def initial_state(self, ctx: RequestContext) -> TaggedState:
         return TaggedState(parallel=ctx.parallel_tool_calls is not False,

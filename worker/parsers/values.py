@@ -2,7 +2,9 @@
 ``<parameter=P>``, DeepSeek's DSML ``<parameter name=P string="false">``), following vLLM's
 ``_convert_param_value``: the request's JSON-schema type of the parameter decides.
 
-* ``null`` (any case) -> None;
+* ``null`` (any case) -> None (``string_null=False``: not for a parameter whose schema type is
+  a string (``is_plain_string``), which keeps the text, as vLLM 0.32's parser engine types it:
+  ``coerce_to_schema_type`` makes ``null`` JSON null only where the schema admits null);
 * no schema entry (unknown parameter or function) -> the string;
 * ``string``/``str``/``text``/``varchar``/``char``/``enum`` -> the string;
 * ``integer``/``int``/``uint``/``long``/``short``/``unsigned`` -> int, else the string;
@@ -85,10 +87,18 @@ def is_string_param(param_type: Any, known: bool = True) -> bool:
     return not known or _type_name(param_type) in _STRING
 
 
-def convert_param(value: str, param_type: Any, known: bool = True) -> Any:
+def is_plain_string(param_type: Any, known: bool = True) -> bool:
+    """True when the parameter is declared with one string-like schema type (``"string"``,
+    ``"enum"``, ...; not a list of types such as ``["string", "null"]``): with
+    ``convert_param(..., string_null=False)`` its value is its text whatever it reads."""
+    return known and isinstance(param_type, str) and param_type.strip().lower() in _STRING
+
+
+def convert_param(value: str, param_type: Any, known: bool = True, string_null: bool = True) -> Any:
     """The JSON value of raw parameter text ``value`` for schema type ``param_type``
-    (``known``: the parameter is declared in the function's schema)."""
-    if value.lower() == "null":
+    (``known``: the parameter is declared in the function's schema; ``string_null``: ``null``
+    is JSON null also for a plain string parameter, see the module docstring)."""
+    if value.lower() == "null" and (string_null or not is_plain_string(param_type, known)):
         return None
     if not known:
         return value

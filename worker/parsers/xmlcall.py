@@ -49,11 +49,12 @@ def json_or_text(text: str) -> Any:
         return text
 
 
-def typed_value(raw: str, fn_types: dict[str, Any] | None, key: str) -> Any:
+def typed_value(raw: str, fn_types: dict[str, Any] | None, key: str, string_null: bool = True) -> Any:
     """``raw`` typed by the schema type of parameter ``key`` (``fn_types``: the function's
-    ``{param: type}``, None when the function is not declared)."""
+    ``{param: type}``, None when the function is not declared; ``string_null``: as
+    ``values.convert_param``)."""
     known = fn_types is not None and key in fn_types
-    return convert_param(raw, fn_types.get(key) if known else None, known)
+    return convert_param(raw, fn_types.get(key) if known else None, known, string_null)
 
 
 def strip_newline(v: str) -> str:
@@ -197,15 +198,16 @@ def read_calls(fmt: XmlFormat, body: str, name: str | None = None, complete: boo
     return calls or None
 
 
-def typed_args(params: list[tuple[str, str]], fn_types: dict[str, Any] | None, strip: str = "newline") -> str:
+def typed_args(params: list[tuple[str, str]], fn_types: dict[str, Any] | None, strip: str = "newline",
+               string_null: bool = True) -> str:
     """Arguments JSON of raw ``(key, value)`` pairs typed by the function's schema types
-    (``typed_value``); ``strip``: ``"newline"`` (one leading/trailing newline, the templates'
-    framing), ``"all"`` (surrounding whitespace) or ``"none"``. A repeated key keeps its last
-    value (``json.loads`` semantics)."""
+    (``typed_value``, ``string_null`` as there); ``strip``: ``"newline"`` (one leading/trailing
+    newline, the templates' framing), ``"all"`` (surrounding whitespace) or ``"none"``. A
+    repeated key keeps its last value (``json.loads`` semantics)."""
     args: dict[str, Any] = {}
     for key, raw in params:
         v = strip_newline(raw) if strip == "newline" else raw.strip() if strip == "all" else raw
-        args[key] = typed_value(v, fn_types, key)
+        args[key] = typed_value(v, fn_types, key, string_null)
     return dumps_args(args)
 
 

@@ -1,5 +1,10 @@
-"""vLLM's argument-delta rule for JSON tool calls (``llama3_json`` / ``llama4_json``) in a
-Responses stream.
+"""vLLM's Responses-stream rules that are not the shared parsers' (chat streams keep ours):
+the argument-delta rule of JSON tool calls (``llama3_json`` / ``llama4_json``), and two rules of
+vLLM 0.32's parser engine (``ENGINE_PARSERS``, below ``final_rest``): a call cut by the end of
+the output keeps its arguments as streamed, and with ``tool_choice: none`` call markup is held
+and delivered in one delta at the message's close (the reference's R6).
+
+**llama3_json / llama4_json.**
 
 vLLM's ``Llama3JsonToolParser.extract_tool_calls_streaming``
 (``vllm/entrypoints/openai/tool_parsers/llama_tool_parser.py``) does not stream the argument
@@ -38,7 +43,8 @@ from typing import Any
 import partial_json_parser
 from partial_json_parser.core.options import Allow
 
-__all__ = ["SHAPED_PARSERS", "SHAPE_LIMIT", "step", "final_rest"]
+__all__ = ["SHAPED_PARSERS", "SHAPE_LIMIT", "ENGINE_PARSERS", "step", "final_rest", "cut_call_rest",
+           "held_marker_ids"]
 
 #: raw argument characters up to which each engine output is shaped (two partial parses of at
 #: most this much per step: ~0.3 ms here); past it the rest goes out at the close
@@ -120,3 +126,40 @@ def final_rest(raw: str, sent_text: str) -> str:
     if full is None:
         return raw[len(sent_text):] if raw.startswith(sent_text) else ""
     return full[len(sent_text):] if full.startswith(sent_text) else ""
+
+
+# ------------------------------------------------------------------ vLLM 0.32 parser engine ---
+#: tool parsers that vLLM 0.32 runs on its parser engine (``vllm/frontend/processing/parser/
+#: engine/parser_engine.py``; the registry maps ``qwen3_coder`` / ``qwen3_xml`` to
+#: ``Qwen3EngineToolParser`` and ``mistral`` to ``MistralToolParser(MistralParserToolAdapter)``),
+#: where a Responses stream differs from our chat stream in two ways:
+#:
+#: * **a cut call stays as streamed**: the engine's ``finish()`` emits no ``TOOL_CALL_END`` for a
+#:   call the output ended in, so nothing closes its arguments (``{"city": "Par`` for the tokens
+#:   ``<parameter=city>\nPar``; the reference keeps it, README "not corrected"): the argument
+#:   pieces the parsers' ``finish`` adds to a call that was already open are dropped
+#:   (``cut_call_rest``; our chat stream closes the object, ``worker.parsers.incremental``);
+#: * **tool_choice none**: ``ParserEngine._check_skip_tool_parsing`` sets
+#:   ``_suppress_tool_calls`` when ``tool_choice == "none"`` and tools are given, so the engine
+#:   still consumes the call markup and drops it: the stream sends nothing from the call marker
+#:   on, while the non-streaming answer keeps the text. The reference's R6 ("the stream dropped a
+#:   whole message ...: the expected stream delivers that message, one delta with the full
+#:   text") makes that the text from the marker on, held and sent as one delta when the message
+#:   closes (``held_marker_ids``: the family's call marker tokens; the builder holds).
+ENGINE_PARSERS = frozenset({"qwen3_coder", "qwen3_xml", "mistral"})
+
+
+def cut_call_rest(tool_calls: list, open_index: int) -> list:
+    """``tool_calls`` of the parsers' ``finish`` delta without the argument pieces of call
+    ``open_index`` (the call open when the output ended: ``ENGINE_PARSERS`` leave it as
+    streamed); calls that start there (a name) are kept."""
+    return [tc for tc in tool_calls if tc.name is not None or tc.index != open_index]
+
+
+def held_marker_ids(tool_parser: Any, token_to_id) -> list[int]:
+    """Token ids of the call markers of ``tool_parser`` (``markers`` of a jsontail family,
+    ``starts`` of a tagged one) that are single tokens (``token_to_id``: the tokenizer's);
+    an output step holding one of them starts the held text (``ENGINE_PARSERS``, tool_choice
+    none)."""
+    names = tuple(getattr(tool_parser, "markers", ())) + tuple(getattr(tool_parser, "starts", ()))
+    return sorted({i for i in (token_to_id(m) for m in names) if i is not None})

@@ -111,12 +111,15 @@ def _new_state(rt: ModelRuntime, req: ResponsesRequest, *, request_id: str, mode
     seeded = not (whole and not wants_logprobs(req))
     detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=skip,
                                    prompt_token_ids=prompt_ids).state() if seeded else None
+    engine = rt.config.tool_parser in argshape.ENGINE_PARSERS and stack.tool is not None
+    hold = argshape.held_marker_ids(stack.tool, rt.tokenizer.token_to_id) \
+        if engine and ctx.tools and ctx.tool_choice == "none" else []
     return ResponsesStreamState(
         request_id=request_id, model=model, head=head, want_lp=wants_logprobs(req),
         top_logprobs=req.top_logprobs or 0, skip_special=skip, fmt=stack.id_format, detok=detok,
         parser=stack.initial_state(ctx, streaming=True) if rt.has_parser else None,
         prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt_ids or []),
-        arg_shape=rt.config.tool_parser in argshape.SHAPED_PARSERS)
+        arg_shape=rt.config.tool_parser in argshape.SHAPED_PARSERS, cut_open=engine, hold_ids=hold)
 
 
 def _entries(rt: ModelRuntime, st: ResponsesStreamState, c) -> list[ResponseLogprob] | None:
@@ -149,6 +152,8 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
     detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special, state=st.detok)
 
     def parse(text: str, pids: list[int]) -> Delta:
+        if st.hold_ids and not st.holding and not set(st.hold_ids).isdisjoint(pids):
+            st.holding = True  # argshape.ENGINE_PARSERS, tool_choice none: text held from here
         if special is not None:
             pids = [t for t in pids if t not in special]
         if st.parser is None:
@@ -184,6 +189,9 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
         return None
     if st.parser is not None:
         d = stack.finish(st.parser)
+        o = st.open
+        if st.cut_open and d.tool_calls and o is not None and o.type == "function_call":
+            d.tool_calls = argshape.cut_call_rest(d.tool_calls, o.tool_index)
         st.reasoning_tokens += d.reasoning_tokens
         b.feed(d, None)
     st.detok = None

@@ -75,7 +75,9 @@ class OpenItem(msgspec.Struct, kw_only=True, array_like=True):
     ``output_index``, ``id``, and for a call ``call_id``/``name``/``tool_index`` (the parser's
     call index); ``log_start``: where its records start in the piece log; ``raw`` / ``sent``:
     a call's raw argument text so far and the characters of arguments sent, kept only when
-    its arguments are shaped (``worker.core.responses.argshape``, llama3_json)."""
+    its arguments are shaped (``worker.core.responses.argshape``, llama3_json); ``held``: a
+    message's log offset from which its text is held, -1 when none (``argshape.ENGINE_PARSERS``
+    with tool_choice none: sent as one delta when the message closes)."""
 
     type: str
     output_index: int
@@ -86,6 +88,7 @@ class OpenItem(msgspec.Struct, kw_only=True, array_like=True):
     tool_index: int = -1
     raw: str = ""
     sent: int = 0
+    held: int = -1
 
 
 class ResponsesStreamState(msgspec.Struct, kw_only=True, array_like=True):
@@ -97,7 +100,9 @@ class ResponsesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     ``req_digest``: blake2b of the first chunk's raw ``responses_request``; ``pending_lp``:
     logprob entries of tokens that produced no text yet (a few partial-UTF-8 tokens);
     ``arg_shape``: call arguments follow vLLM's llama3_json delta rule
-    (``worker.core.responses.argshape``)."""
+    (``worker.core.responses.argshape``); ``cut_open``: a call cut by the end of the output
+    keeps its arguments as streamed, ``hold_ids``: call-marker token ids from which message
+    text is held, ``holding``: one was seen (``argshape.ENGINE_PARSERS``)."""
 
     v: int = STATE_VERSION
     request_id: str = ""
@@ -124,6 +129,9 @@ class ResponsesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     req_digest: bytes = b""
     done: bool = False
     arg_shape: bool = False
+    cut_open: bool = False
+    hold_ids: list[int] = msgspec.field(default_factory=list)
+    holding: bool = False
 
 
 def delta_form(entries: list[ResponseLogprob]) -> list[DeltaLogprob]:
@@ -161,6 +169,7 @@ class EventBuilder:
         st = self.st
         incomplete = finish_reason == "length"
         if st.open is not None:
+            self._flush_held()
             if st.open.type == "message" and st.pending_lp:
                 self.log.append_logprobs(st.pending_lp)
             st.pending_lp = []
@@ -198,7 +207,20 @@ class EventBuilder:
             self.events.append(ContentPartAddedEvent(content_index=0, item_id=iid, output_index=idx, part=part,
                                                      sequence_number=self._seq()))
 
+    def _flush_held(self) -> None:
+        """The open message's held text (``OpenItem.held`` on) as one delta, with its tokens'
+        logprob entries."""
+        o = self.st.open
+        if o is None or o.held < 0:
+            return
+        text, entries = self.log.open_item(o.held)
+        o.held = -1
+        if text:
+            self.events.append(OutputTextDelta(content_index=0, delta=text, item_id=o.id, logprobs=delta_form(entries),
+                                               output_index=o.output_index, sequence_number=self._seq()))
+
     def _close(self, status: str) -> None:
+        self._flush_held()
         st = self.st
         it = st.open
         assert it is not None
@@ -258,11 +280,14 @@ class EventBuilder:
             self._ensure("message")
             o = st.open
             lp, st.pending_lp = st.pending_lp, []
+            if st.holding and o.held < 0:
+                o.held = len(self.log)
             self.log.append_text(d.content)
             self.log.append_logprobs(lp)
-            self.events.append(OutputTextDelta(content_index=0, delta=d.content, item_id=o.id,
-                                               logprobs=delta_form(lp), output_index=o.output_index,
-                                               sequence_number=self._seq()))
+            if o.held < 0:
+                self.events.append(OutputTextDelta(content_index=0, delta=d.content, item_id=o.id,
+                                                   logprobs=delta_form(lp), output_index=o.output_index,
+                                                   sequence_number=self._seq()))
         for tc in d.tool_calls:
             o = st.open
             if tc.name is not None or o is None or o.type != "function_call" or o.tool_index != tc.index:

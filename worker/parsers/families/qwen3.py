@@ -12,8 +12,11 @@ one block per call.
 
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): a Hermes call's name goes
 out once ``{"name": "…", "arguments": {`` has arrived (``"name"`` first, as the template writes
-it; other key orders go out whole), then the arguments' raw JSON text.
+it; other key orders go out whole), then the arguments' raw JSON text, whitespace at its end held
+until text follows (vLLM 0.32's ``Hermes2ProToolParser`` diffs the stripped call body:
+``"limit":`` then `` 3``; ``JsonArgs.hold_ws``).
 """
+from worker.parsers.incremental import NAME_ARGS_HEAD, JsonArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec
@@ -33,3 +36,5 @@ class HermesToolParser(TaggedToolParser):
 
     starts = ("<tool_call>",)
     ends = ("</tool_call>",)
+    #: the ``{"name", "arguments"}`` head, trailing whitespace held (module docstring)
+    stream_spec = JsonArgs(head=NAME_ARGS_HEAD, hold_ws=True)

@@ -46,10 +46,20 @@ streaming parser has no fallback (the same output streams as content). Departure
 keep one answer for both modes: every bare call is read (each is its own block), the text
 around them stays content, and a ``<function=`` inside the answer's code stays content.
 
-``--tool-call-streaming incremental`` (``worker.parsers.incremental``): the name goes out with
-``<function=NAME>``, a string parameter's value as it arrives, any other parameter (typed JSON) when its
-``</parameter>`` arrives, ``}`` with
-``</function>``; a call cut off after its name keeps the parameters that went out, object closed.
+``null`` (any case) is JSON null, except for a parameter whose schema type is one string type
+(``"string"``, not ``["string", "null"]``): that keeps the text ``"null"``, as vLLM 0.32 types it
+(its ``qwen3_coder`` / ``qwen3_xml`` parser is the parser engine's ``Qwen3Parser``,
+``vllm/frontend/processing/parser/qwen3.py``; ``_fix_arg_types`` -> ``coerce_to_schema_type`` makes
+``null`` JSON null only where the schema admits null). Undeclared parameters: JSON null, as before.
+
+``--tool-call-streaming incremental`` (``worker.parsers.incremental``, ``XmlArgs.safe_prefix``:
+vLLM 0.32's engine rule, ``ParserEngine._safe_arg_prefix``): the name goes out with
+``<function=NAME>``; a plain string parameter's key with its opening quote as soon as
+``<parameter=K>`` is complete (``{"ticker": "``), its value as it arrives (one framing newline
+held at each end), its closing quote with what follows (``", "exchange": "``, ``"}``); any other
+parameter (typed JSON) when its ``</parameter>`` arrives; ``}`` with ``</function>``. A call cut off
+after its name keeps the parameters that went out, object closed (a Responses stream leaves it
+as streamed, as vLLM does: ``worker.core.responses.argshape``).
 """
 from __future__ import annotations
 
@@ -78,17 +88,18 @@ def plausible_calls(calls: list[tuple[str, str]] | None) -> list[tuple[str, str]
     return calls
 
 
-def parse_coder_body(body: str, types: dict[str, dict[str, Any]], complete: bool
+def parse_coder_body(body: str, types: dict[str, dict[str, Any]], complete: bool, string_null: bool = True
                      ) -> list[tuple[str, str]] | None:
     """``[(name, arguments JSON)]`` of the ``<function=NAME>...`` calls of one block body
     (``xmlcall.read_calls`` with ``CODER_FORMAT``: a missing ``</parameter>`` or ``</function>``
     is implied in a closed block, repeated tags count once). ``complete``: the block was
-    closed; otherwise the open call keeps its complete parameters only. None when there is no
-    ``<function=NAME>`` tag or the body is unreadable."""
+    closed; otherwise the open call keeps its complete parameters only; ``string_null``: as
+    ``values.convert_param``. None when there is no ``<function=NAME>`` tag or the body is
+    unreadable."""
     calls = read_calls(CODER_FORMAT, body, complete=complete)
     if calls is None:
         return None
-    return [(name, typed_args(params, types.get(name))) for name, params in calls]
+    return [(name, typed_args(params, types.get(name), string_null=string_null)) for name, params in calls]
 
 
 _BARE_NOTE = ("`<function=…>` without the `<tool_call>` wrapper, outside the answer's code "
@@ -106,16 +117,18 @@ class Qwen3CoderToolParser(TaggedToolParser):
     bare_start = "<function="
     bare_end = "</function>"
     param_types = True
-    #: incremental streaming: the name at ``<function=NAME>``, each parameter at its
-    #: ``</parameter>`` (``worker.parsers.incremental``)
-    stream_spec = XmlArgs(CODER_FORMAT)
+    #: ``null`` for a plain string parameter stays text (module docstring, vLLM 0.32's engine)
+    string_null = False
+    #: incremental streaming: the name at ``<function=NAME>``, string values as they arrive
+    #: with vLLM 0.32's delta boundaries (module docstring; ``worker.parsers.incremental``)
+    stream_spec = XmlArgs(CODER_FORMAT, safe_prefix=True)
 
     def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
-        calls = parse_coder_body(body, st.types, complete=True)
+        calls = parse_coder_body(body, st.types, complete=True, string_null=self.string_null)
         return plausible_calls(calls) if st.bare else calls
 
     def parse_partial(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
-        calls = parse_coder_body(body, st.types, complete=False)
+        calls = parse_coder_body(body, st.types, complete=False, string_null=self.string_null)
         return plausible_calls(calls) if st.bare else calls
 
 
