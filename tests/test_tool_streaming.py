@@ -485,3 +485,51 @@ def test_batch_cli_honours_the_flag(tmp_path, mode):
     frags = [tc for ck in chunks if ck["choices"] for tc in ck["choices"][0]["delta"].get("tool_calls") or []]
     assert json.loads("".join(f["function"]["arguments"] for f in frags))["city"] == "Paris"
     assert (len(frags) > 10) if mode == "incremental" else (len(frags) == 1)
+
+
+# ------------------------------------------------ vLLM 0.32 delta boundaries (Responses parity) --
+def test_qwen3_coder_delta_boundaries_follow_vllm_engine():
+    """qwen3_coder (``XmlArgs.safe_prefix``, vLLM 0.32's parser engine): a plain string value's
+    key and quote go out when ``<parameter=K>`` is complete, the value as it comes (its framing
+    newline held), the closing quote with what follows; the token split of the Responses
+    reference case qwen3-coder-call-one gives its exact argument deltas."""
+    tools = [{"type": "function", "function": {"name": "get_stock_price", "parameters": {"type": "object",
+              "properties": {"ticker": {"type": "string"}, "exchange": {"type": "string"}}}}}]
+    parts = ["<tool_call>", "\n", "<", "function", "=get", "_stock", "_price", ">\n", "<", "parameter", "=t",
+             "icker", ">\n", "AAP", "L", "\n", "</", "parameter", ">\n", "<", "parameter", "=", "exchange",
+             ">\n", "NASDAQ", "\n", "</", "parameter", ">\n", "</", "function", ">\n", "</tool_call>"]
+    got = _frags("qwen3_coder", "plain", "".join(parts), parts, tools=tools)
+    assert got.args[0] == ["", '{"ticker": "', "AAP", "L", '", "exchange": "', "NASDAQ", '"}']
+    # a non-string value goes out whole at its closing tag, with the quote held before it
+    parts = ["<tool_call>\n<function=get_weather>\n<parameter=city>\n", "Paris", "\n</parameter>\n",
+             "<parameter=days>\n", "3", "\n</parameter>\n", "</function>\n</tool_call>"]
+    got = _frags("qwen3_coder", "plain", "".join(parts), parts)
+    assert got.args[0] == ["", '{"city": "', "Paris", '", "days": 3', "}"]
+
+
+def test_qwen3_coder_null_is_text_for_a_plain_string_parameter():
+    """``null`` written for a parameter whose schema type is ``string`` stays the text (vLLM
+    0.32's ``coerce_to_schema_type``), in both modes; a type admitting null and an integer
+    still read it as JSON null."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string"}, "m": {"type": ["string", "null"]}, "n": {"type": "integer"}}}}}]
+    text = ("<tool_call>\n<function=f>\n<parameter=s>\nnull\n</parameter>\n<parameter=m>\nnull\n</parameter>\n"
+            "<parameter=n>\nnull\n</parameter>\n</function>\n</tool_call>")
+    want = ("", "", [("f", {"s": "null", "m": None, "n": None})])
+    assert _frags("qwen3_coder", "plain", text, tools=tools).outcome() == want
+    assert _frags("qwen3_coder", "plain", text, [text], tools=tools).outcome() == want
+    tok = fam.tokenizer("plain")
+    whole = ParserStack(None, make_tool_parser("qwen3_coder", tok), enable_auto_tool_choice=True)
+    ctx = RequestContext(tools=tools, tool_choice="auto")
+    st = whole.initial_state(ctx)
+    assert _whole_outcome(whole.feed(st, text, []).extend(whole.finish(st))) == want
+
+
+def test_hermes_holds_trailing_whitespace_of_the_arguments():
+    """hermes (``JsonArgs.hold_ws``, vLLM 0.32's Hermes parser strips the call body): a
+    whitespace-only token after ``"limit":`` goes out with the next token (reference case
+    qwen3-call-parallel); the closing brace still goes out with the object's end."""
+    parts = ["<tool_call>", "\n", '{"', "name", '":', ' "', "get_weather", '",', ' "', "arguments", '":', ' {"',
+             "days", '":', " ", "3", "}}\n", "</tool_call>"]
+    got = _frags("hermes", "plain", "".join(parts), parts)
+    assert got.args[0] == ["", '{"', "days", '":', " 3", "}"]

@@ -5,7 +5,9 @@ Builds N distinct Qwen3 chat outputs of exactly ``--tokens`` output tokens each 
 Qwen3 tokenizer shipped for the demo, wraps each in a ``DerenderChatRequest`` body (with prompt
 ids and the OpenAI request carrying tools), and times ``DerenderService.derender`` (JSON decode,
 validation, detokenization, reasoning + tool parsing, response encode) in this one process.
-Prints responses/s and output tokens/s; nothing is asserted (targets live in docs/performance.md).
+Prints responses/s and output tokens/s, then the same for the same ids as Responses API bodies
+(``responses_request``, issue 14) next to them; nothing is asserted (targets live in
+docs/performance.md).
 """
 from __future__ import annotations
 
@@ -60,6 +62,15 @@ def build_bodies(service: DerenderService, model: str, n_tokens: int, count: int
     return bodies
 
 
+def responses_body(chat_body: bytes) -> bytes:
+    """A ``build_bodies`` chat body turned into the Responses body of the same ids (the tools in
+    the Responses API's shape)."""
+    b = json.loads(chat_body)
+    tools = [dict(type="function", **t["function"]) for t in b.pop("chat_request").get("tools") or []]
+    b["responses_request"] = {"model": b["model"], "input": "weather?", "tools": tools}
+    return json.dumps(b).encode()
+
+
 def add_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``bench core`` (the model flags, as in ``run``/``batch``, are added by
     ``worker.config.add_model_args``; without ``--model``/``--tokenizer``/``--config`` the demo's
@@ -72,18 +83,27 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def run_bench(service: DerenderService, model: str, tokens: int, distinct: int, seconds: float,
-              repeats: int) -> dict:
-    """Time derenders; returns ``{"responses_per_s": median, "tokens_per_s": median, "runs": [...],
-    "parsed": bool}`` (``parsed``: the bodies came out as reasoning + a tool call, i.e. the model
-    has Qwen3/Hermes-style parsers; other models derender the same ids as plain text).
-    Raises ``RuntimeError`` if a body does not derender (the benchmark would be meaningless)."""
+              repeats: int, kind: str = "chat") -> dict:
+    """Time derenders of ``build_bodies`` outputs as ``kind`` ``chat`` bodies or ``responses``
+    bodies (``responses_body``, the same ids); returns ``{"responses_per_s": median,
+    "tokens_per_s": median, "runs": [...], "parsed": bool}`` (``parsed``: the bodies came out as
+    reasoning + a tool call, i.e. the model has Qwen3/Hermes-style parsers; other models derender
+    the same ids as plain text). Raises ``RuntimeError`` if a body does not derender (the
+    benchmark would be meaningless)."""
     bodies = build_bodies(service, model, tokens, distinct)
+    if kind == "responses":
+        bodies = [responses_body(b) for b in bodies]
     for b in bodies[:2]:
-        res = service.derender(b)
+        res = service.derender(b, kind)
         if res.is_error:
             raise RuntimeError(f"benchmark body rejected: {res.body[:300]!r}")
-    msg = json.loads(service.derender(bodies[0]).body)["choices"][0]["message"]
-    parsed = bool(msg.get("reasoning") and msg.get("tool_calls"))
+    out = json.loads(service.derender(bodies[0], kind).body)
+    if kind == "responses":
+        types = [it["type"] for it in out.get("output", [])]
+        parsed = "reasoning" in types and "function_call" in types
+    else:
+        msg = out["choices"][0]["message"]
+        parsed = bool(msg.get("reasoning") and msg.get("tool_calls"))
     runs = []
     for _ in range(repeats):
         n = 0
@@ -91,7 +111,7 @@ def run_bench(service: DerenderService, model: str, tokens: int, distinct: int, 
         deadline = t0 + seconds
         while time.perf_counter() < deadline:
             for b in bodies:
-                service.derender(b)
+                service.derender(b, kind)
             n += len(bodies)
         dt = time.perf_counter() - t0
         runs.append(n / dt)
@@ -118,12 +138,16 @@ def run_suite(args: argparse.Namespace) -> int:
         service = DerenderService(models)
         service.preload()
         r = run_bench(service, name, args.tokens, args.distinct, args.seconds, args.repeats)
+        rr = run_bench(service, name, args.tokens, args.distinct, args.seconds, args.repeats, "responses")
     except (ValueError, OSError, RuntimeError) as e:
         return startup_error("derender-worker bench", str(e))
     print(f"derender bench: model={name} output_tokens={args.tokens} (reasoning + content + tool call), "
           f"1 process")
     print(f"  responses/s: {r['responses_per_s']:.0f}  (runs: {', '.join(f'{x:.0f}' for x in r['runs'])})")
     print(f"  output tokens/s: {r['tokens_per_s']:.0f}")
+    print(f"  Responses API (/v1/responses bodies of the same ids): {rr['responses_per_s']:.0f} records/s, "
+          f"{rr['tokens_per_s']:.0f} output tokens/s, {rr['responses_per_s'] / r['responses_per_s']:.2f}x chat "
+          f"(runs: {', '.join(f'{x:.0f}' for x in rr['runs'])})")
     if not r["parsed"]:
         print("  note: the bodies (Qwen3 <think> + Hermes <tool_call> markup) were not parsed into reasoning + "
               "a tool call with this model's parsers")

@@ -27,24 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-from worker.bench.core import build_bodies
-from worker.bench.stream import build_output
+from worker.bench.core import build_bodies, responses_body
+from worker.bench.stream import build_output, stream_bodies, stream_pass
 from worker.config import ServedModelConfig
-from worker.core.responses import memory_reader
 from worker.core.service import DerenderService
 
 _DEMO_TOKENIZER = Path(__file__).resolve().parent.parent / "demo_data" / "qwen3"
-_TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather for a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "notes": {"type": "string"}},
-                          "required": ["city"]}}]
-
-
-def responses_body(chat_body: bytes) -> bytes:
-    """A chat bench body turned into the Responses body of the same ids (tools in Responses form)."""
-    b = json.loads(chat_body)
-    tools = [dict(type="function", **t["function"]) for t in b.pop("chat_request").get("tools") or []]
-    b["responses_request"] = {"model": b["model"], "input": "weather?", "tools": tools}
-    return json.dumps(b).encode()
 
 
 def _rate(service: DerenderService, bodies: list[bytes], kind: str, seconds: float, repeats: int) -> float:
@@ -59,63 +47,6 @@ def _rate(service: DerenderService, bodies: list[bytes], kind: str, seconds: flo
             n += len(bodies)
         runs.append(n / (time.thread_time() - t0))
     return statistics.median(runs)
-
-
-def _stream_bodies(prompt: list[int], out: list[int], kind: str, top: int) -> list[bytes]:
-    bodies = []
-    for i, t in enumerate(out):
-        ch: dict = {"index": 0, "token_ids": [t], "finish_reason": "stop" if i == len(out) - 1 else None}
-        if top:
-            ch["logprobs"] = {"content": [{"token_id": t, "logprob": -0.5, "top_logprobs": [
-                {"token_id": t, "logprob": -0.5}] + [{"token_id": 1000 + j, "logprob": -3.0 - j, "rank": j + 1}
-                                                    for j in range(top - 1)]}]}
-        b = {"model": "qwen3", "stream": True, "generate_chunk": {"request_id": f"bench-{kind}", "choices": [ch]},
-             "prompt_token_ids": prompt, "prompt_tokens": len(prompt)}
-        if kind == "chat":
-            b["chat_request"] = {"model": "qwen3", "messages": [], "tool_choice": "auto", "logprobs": bool(top),
-                                 "top_logprobs": top or None,
-                                 "tools": [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
-                                           for t in _TOOLS]}
-        else:
-            b["responses_request"] = {"model": "qwen3", "input": "weather?", "tools": _TOOLS,
-                                      "include": ["message.output_text.logprobs"] if top else None,
-                                      "top_logprobs": top or None}
-        if i:  # later chunks: no request (Responses: optional after the first chunk)
-            b.pop("chat_request", None)
-            b.pop("responses_request", None)
-            b.pop("prompt_token_ids")
-        bodies.append(json.dumps(b).encode())
-    return bodies
-
-
-def _stream_pass(svc: DerenderService, bodies: list[bytes], kind: str, repeat: int) -> dict:
-    n = len(bodies)
-    times = [[0.0] * repeat for _ in range(n)]
-    sizes = [0] * n
-    log_len = last_reply = 0
-    for r in range(repeat + 1):  # the first pass warms caches
-        state, log = None, bytearray()
-        for i, b in enumerate(bodies):
-            t0 = time.thread_time()
-            if kind == "chat":
-                res, state = svc.derender_stream(b, state)
-            else:
-                rres = svc.derender_responses_stream(b, state, memory_reader(log))
-                state = rres.state
-                log += rres.log_append
-                res = rres
-            dt = time.thread_time() - t0
-            if res.is_error:
-                raise RuntimeError(f"{kind} chunk {i} refused: {res.body[:300]!r}")
-            if r:
-                times[i][r - 1] = dt
-            sizes[i] = len(state)
-            last_reply = len(res.body)
-        log_len = len(log)
-    marks = sorted({m for m in (16, 256, 1024) if m < n} | {n})
-    lat = {m: statistics.median([x for i in range(max(0, m - 8), m) for x in times[i]]) for m in marks}
-    return {"marks": marks, "lat": lat, "sizes": sizes, "log": log_len, "last_reply": last_reply,
-            "total": sum(statistics.median(t) for t in times)}
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -162,7 +93,7 @@ def run_suite(args: argparse.Namespace) -> int:
     print(f"per chunk: {len(ids)} tokens in 1-token chunks, state decoded/encoded per chunk, {args.repeat} repeats")
     for kind in ("chat", "responses"):
         for top in (0, 20):
-            s = _stream_pass(svc, _stream_bodies(prompt, ids, kind, top), kind, args.repeat)
+            s = stream_pass(svc, stream_bodies(prompt, ids, kind, top), kind, args.repeat)
             m = s["marks"]
             cells = "  ".join(f"#{x}: {s['lat'][x] * 1e6:6.1f} us" for x in m)
             print(f"  {kind:10s} top_logprobs {top:2d}: {cells}  ratio last/first {s['lat'][m[-1]] / s['lat'][m[0]]:.2f}"

@@ -20,6 +20,11 @@ its replay window of recent reply values to the stored record; that is transport
 redis-server and the embedded broker; it prints the Redis commands per chunk (``INFO
 commandstats``: EVALSHA and each ``redis.call`` in it counted) and per command.
 
+A Responses pass streams the same ids as a chat stream and as a Responses API stream
+(``derender_responses_stream``, piece log in memory), logprobs off and ``top_logprobs`` 20, and
+prints the per-chunk thread CPU time at the same chunks for both, first and last and their ratio
+(flat over the stream: the Responses state does not grow with the output).
+
 A last pass measures ``--tool-call-streaming``: a tool call with a long argument (a file
 ``content`` of ~``--call-tokens`` tokens) in a Hermes JSON call (``hermes``) and a Qwen3-Coder XML
 call (``qwen3_coder``), streamed in 1-token chunks in both modes; it prints the delay from the
@@ -42,6 +47,7 @@ import time
 from pathlib import Path
 
 from worker.config import ServedModelConfig
+from worker.core.responses import memory_reader
 from worker.core.service import DerenderService
 from worker.state.redis_store import RedisSettings, RedisStateStore, StateStoreError
 
@@ -69,6 +75,74 @@ def build_output(tok, n_tokens: int) -> tuple[list[int], list[int]]:
         body.extend(chunk)
     body = body[: n_tokens - len(head) - len(tail)]
     return prompt, head + body + tail
+
+
+#: the ``_TOOLS`` function in the Responses API's tool shape (``type`` beside the function fields)
+RESPONSES_TOOLS = [{"type": "function", **{k: v for k, v in t["function"].items()}} for t in _TOOLS]
+
+
+def stream_bodies(prompt: list[int], out: list[int], kind: str, top: int) -> list[bytes]:
+    """1-token chunk bodies of output ``out`` for ``kind`` ``chat`` (``chat_request``) or
+    ``responses`` (``responses_request``, Responses tool shape), the request on the first chunk
+    only; ``top``: ``top_logprobs`` (0: no logprobs; else engine entries with ``top``
+    candidates)."""
+    bodies = []
+    for i, t in enumerate(out):
+        ch: dict = {"index": 0, "token_ids": [t], "finish_reason": "stop" if i == len(out) - 1 else None}
+        if top:
+            ch["logprobs"] = {"content": [{"token_id": t, "logprob": -0.5, "top_logprobs": [
+                {"token_id": t, "logprob": -0.5}] + [{"token_id": 1000 + j, "logprob": -3.0 - j, "rank": j + 1}
+                                                    for j in range(top - 1)]}]}
+        b: dict = {"model": "qwen3", "stream": True,
+                   "generate_chunk": {"request_id": f"bench-{kind}", "choices": [ch]}}
+        if i == 0:
+            b["prompt_token_ids"] = prompt
+            b["prompt_tokens"] = len(prompt)
+            if kind == "chat":
+                b["chat_request"] = {"model": "qwen3", "messages": [], "tool_choice": "auto", "logprobs": bool(top),
+                                     "top_logprobs": top or None, "tools": _TOOLS}
+            else:
+                b["responses_request"] = {"model": "qwen3", "input": "weather?", "tools": RESPONSES_TOOLS,
+                                          "include": ["message.output_text.logprobs"] if top else None,
+                                          "top_logprobs": top or None}
+        bodies.append(json.dumps(b).encode())
+    return bodies
+
+
+def stream_pass(svc: DerenderService, bodies: list[bytes], kind: str, repeat: int) -> dict:
+    """Stream ``bodies`` (``stream_bodies``) ``repeat`` + 1 times (the first warms caches)
+    through ``derender_stream`` (chat) or ``derender_responses_stream`` (Responses, the piece log
+    in memory), timing each chunk in thread CPU seconds. Returns ``{"marks": chunk numbers (16,
+    256, 1024 and the last, those within the stream), "lat": {mark: median seconds over the
+    mark's chunk and the 7 before it, across repeats}, "sizes": state bytes per chunk, "log":
+    final piece log bytes (Responses), "last_reply": terminal reply bytes, "total": summed
+    median seconds}``. Raises ``RuntimeError`` when a chunk is refused."""
+    n = len(bodies)
+    times = [[0.0] * repeat for _ in range(n)]
+    sizes = [0] * n
+    log_len = last_reply = 0
+    for r in range(repeat + 1):  # the first pass warms caches
+        state, log = None, bytearray()
+        for i, b in enumerate(bodies):
+            t0 = time.thread_time()
+            if kind == "chat":
+                res, state = svc.derender_stream(b, state)
+            else:
+                res = svc.derender_responses_stream(b, state, memory_reader(log))
+                state = res.state
+                log += res.log_append
+            dt = time.thread_time() - t0
+            if res.is_error:
+                raise RuntimeError(f"{kind} chunk {i} refused: {res.body[:300]!r}")
+            if r:
+                times[i][r - 1] = dt
+            sizes[i] = len(state)
+            last_reply = len(res.body)
+        log_len = len(log)
+    marks = sorted({m for m in (16, 256, 1024) if m < n} | {n})
+    lat = {m: statistics.median([x for i in range(max(0, m - 8), m) for x in times[i]]) for m in marks}
+    return {"marks": marks, "lat": lat, "sizes": sizes, "log": log_len, "last_reply": last_reply,
+            "total": sum(statistics.median(t) for t in times)}
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -156,6 +230,7 @@ def run_suite(args: argparse.Namespace) -> int:
     print(f"  check: {len(final)} OpenAI chunks out for {n} input chunks (an input chunk whose text is held "
           f"back, e.g. inside the tool call's body or a split marker, yields none), {calls} tool call "
           f"fragment(s), usage {final[-1].get('usage')}")
+    _responses_next_to_chat(svc, prompt, out, args.repeat)
     _tool_delay(args.tokenizer, args.call_tokens)
     if args.call_words:
         _never_closed(args.tokenizer, args.call_words)
@@ -190,6 +265,22 @@ def _call_text(fmt: str, content: str) -> tuple[str, str]:
     head = "<tool_call>\n<function=write_file>\n<parameter=content>\n"
     return (head + content + "\n</parameter>\n<parameter=path>\nsrc/util.py\n</parameter>\n</function>\n"
             "</tool_call>", head)
+
+
+def _responses_next_to_chat(svc: DerenderService, prompt: list[int], out: list[int], repeat: int) -> None:
+    """The same output as chat and as a Responses stream (``stream_pass``, thread CPU time),
+    logprobs off and ``top_logprobs`` 20: per-chunk figures at the marks, first and last, and
+    their ratio (flat work per chunk: <= 1.5 expected)."""
+    print(f"chat and Responses API streams of the same {len(out)} ids, 1-token chunks, thread CPU time "
+          f"({repeat} repeats)")
+    for top in (0, 20):
+        for kind in ("chat", "responses"):
+            s = stream_pass(svc, stream_bodies(prompt, out, kind, top), kind, repeat)
+            m = s["marks"]
+            cells = "  ".join(f"#{x}: {s['lat'][x] * 1e6:6.1f}" for x in m)
+            print(f"  {kind:9s} top_logprobs {top:2d}: us/chunk {cells}  first {s['lat'][m[0]] * 1e6:.1f} us, "
+                  f"last {s['lat'][m[-1]] * 1e6:.1f} us, ratio last/first {s['lat'][m[-1]] / s['lat'][m[0]]:.2f}; "
+                  f"state max {max(s['sizes'])} B" + (f", piece log {s['log']} B" if kind == "responses" else ""))
 
 
 def _tool_delay(tokenizer: str, call_tokens: int) -> None:
