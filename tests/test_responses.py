@@ -471,3 +471,54 @@ def test_llama3_argument_rule_is_bounded():
     assert sent and len(sent) <= argshape.SHAPE_LIMIT and rest
     assert sent + rest == json.dumps(val, ensure_ascii=False)
     assert _shape(["[" * 5000]) == ([""], "[" * 5000)  # unparseable: out raw at the close, no raise
+
+
+def test_held_call_logprobs_spill_to_the_log():
+    """With ``--tool-call-streaming whole`` a call's body is held by the parser; the logprob
+    entries of its tokens wait for text and, past ``PENDING_MAX``, go to the piece log instead of
+    the per-chunk state: the state stays bounded over a long call (top_logprobs 20). A block
+    that turns out malformed (content) gets its tokens' entries back from the log, also through
+    the no-reader path: the terminal response equals the non-streaming one, one entry per token."""
+    from worker.bench.stream import stream_bodies
+    from worker.core.responses.events import PENDING_MAX
+    cfgs = load_config_file(str(MODELS))
+    for c in cfgs:
+        c.tool_call_streaming = "whole"
+    svc = DerenderService(cfgs)
+    tok = svc.runtime("qwen3").tokenizer
+    prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    eos = tok.token_to_id("<|im_end|>")
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "notes": "' + "dry and sunny " * 60 + '"}}\n</tool_call>'
+    bad = "<tool_call>\nnot a call at all, " + "just words " * 60 + "\n</tool_call> done"
+    enc = msgspec.json.encode
+    for text, want_types in ((call, ["function_call"]), (bad, ["message"])):
+        ids = tok.encode("<think>\nok\n</think>\n\n" + text) + [eos]
+        bodies = [json.loads(b) for b in stream_bodies(prompt, ids, "responses", 20)]
+        for reader in ("memory", None):
+            state, log, sizes, events = None, bytearray(), [], []
+            for b in bodies:
+                res = svc.derender_responses_stream(enc(b), state, memory_reader(log) if reader else None)
+                if res.needs_pieces is not None:
+                    res = svc.derender_responses_stream(enc(b), state, memory_reader(log))
+                assert res.status == 200, res.body
+                state, log = res.state, log + res.log_append
+                sizes.append(len(state))
+                events.extend(json.loads(res.body))
+            final = events[-1]["response"]
+            assert [it["type"] for it in final["output"]][1:] == want_types
+            assert max(sizes) < (PENDING_MAX + 6) * 1100, max(sizes)  # ~1 kB per entry with 20 candidates
+            whole = dict(bodies[-1])
+            whole.pop("stream")
+            whole["responses_request"] = bodies[0]["responses_request"]
+            whole["prompt_token_ids"] = prompt
+            whole["generate_response"] = dict(bodies[-1]["generate_chunk"], choices=[dict(
+                bodies[-1]["generate_chunk"]["choices"][0], token_ids=ids,
+                logprobs={"content": [e for b in bodies for e in b["generate_chunk"]["choices"][0]["logprobs"]["content"]]})])
+            del whole["generate_chunk"]
+            ns = svc.derender(enc(whole), "responses")
+            assert ns.status == 200, ns.body
+            assert msgspec.json.encode(final) == ns.body
+            if want_types == ["message"]:  # R8: one entry per message token, EOS included (and the
+                # text-less </think>, whose entry rides on the next delta: the message's first)
+                n_msg = len(ids) - ids.index(tok.token_to_id("</think>"))
+                assert len(final["output"][-1]["content"][0]["logprobs"]) == n_msg

@@ -69,6 +69,11 @@ __all__ = ["STATE_VERSION", "OpenItem", "ResponsesStreamState", "EventBuilder", 
 #: version of ``ResponsesStreamState``; a state of another version is refused (400), never misread
 STATE_VERSION = 1
 
+#: logprob entries of text-less tokens kept in the state; more (a tool call's body held by the
+#: parser, ``--tool-call-streaming whole``) are spilled to the piece log (``p`` records), so the
+#: state, read and rewritten every chunk, stays bounded
+PENDING_MAX = 4
+
 
 class OpenItem(msgspec.Struct, kw_only=True, array_like=True):
     """The output item being generated: ``type`` (message | reasoning | function_call), its
@@ -98,7 +103,8 @@ class ResponsesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     object); ``seq_no``: next event ``sequence_number``; ``next_seq``: next chunk sequence
     number (a lower one is stale); ``log_len``: the piece log's length after the last chunk;
     ``req_digest``: blake2b of the first chunk's raw ``responses_request``; ``pending_lp``:
-    logprob entries of tokens that produced no text yet (a few partial-UTF-8 tokens);
+    logprob entries of tokens that produced no text yet (a few partial-UTF-8 tokens; at most
+    ``PENDING_MAX``, earlier ones spilled to the piece log from offset ``pend_at``, -1: none);
     ``arg_shape``: call arguments follow vLLM's llama3_json delta rule
     (``worker.core.responses.argshape``); ``cut_open``: a call cut by the end of the output
     keeps its arguments as streamed, ``hold_ids``: call-marker token ids from which message
@@ -132,6 +138,7 @@ class ResponsesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     cut_open: bool = False
     hold_ids: list[int] = msgspec.field(default_factory=list)
     holding: bool = False
+    pend_at: int = -1
 
 
 def delta_form(entries: list[ResponseLogprob]) -> list[DeltaLogprob]:
@@ -170,9 +177,9 @@ class EventBuilder:
         incomplete = finish_reason == "length"
         if st.open is not None:
             self._flush_held()
-            if st.open.type == "message" and st.pending_lp:
-                self.log.append_logprobs(st.pending_lp)
-            st.pending_lp = []
+            if st.open.type == "message":
+                self.log.append_logprobs(self._take_pending())
+            self._drop_pending()
             self._close("incomplete" if incomplete else "completed")
         usage = ResponseUsage(
             input_tokens=st.prompt_tokens, input_tokens_details=InputTokensDetails(),
@@ -206,6 +213,17 @@ class EventBuilder:
         if part is not None:
             self.events.append(ContentPartAddedEvent(content_index=0, item_id=iid, output_index=idx, part=part,
                                                      sequence_number=self._seq()))
+
+    def _take_pending(self) -> list[ResponseLogprob]:
+        """The waiting logprob entries (spilled ones first), now consumed."""
+        st = self.st
+        lp = (self.log.pending(st.pend_at) + st.pending_lp) if st.pend_at >= 0 else st.pending_lp
+        st.pending_lp, st.pend_at = [], -1
+        return lp
+
+    def _drop_pending(self) -> None:
+        """Forget the waiting entries (they were not the message's): no log read."""
+        self.st.pending_lp, self.st.pend_at = [], -1
 
     def _flush_held(self) -> None:
         """The open message's held text (``OpenItem.held`` on) as one delta, with its tokens'
@@ -271,7 +289,7 @@ class EventBuilder:
             st.pending_lp.extend(entries)
         if d.reasoning:
             self._ensure("reasoning")
-            st.pending_lp = []
+            self._drop_pending()
             o = st.open
             self.log.append_text(d.reasoning)
             self.events.append(ReasoningTextDelta(content_index=0, delta=d.reasoning, item_id=o.id,
@@ -279,7 +297,7 @@ class EventBuilder:
         if d.content:
             self._ensure("message")
             o = st.open
-            lp, st.pending_lp = st.pending_lp, []
+            lp = self._take_pending()
             if st.holding and o.held < 0:
                 o.held = len(self.log)
             self.log.append_text(d.content)
@@ -297,7 +315,7 @@ class EventBuilder:
                 st.n_calls += 1
                 self._open("function_call", call_id=cid, name=tc.name or "", tool_index=tc.index)
                 o = st.open
-            st.pending_lp = []
+            self._drop_pending()
             args = tc.arguments
             if args and st.arg_shape:
                 prev = o.raw
@@ -309,3 +327,8 @@ class EventBuilder:
                 self.events.append(FunctionCallArgumentsDelta(delta=args, item_id=o.id,
                                                               output_index=o.output_index,
                                                               sequence_number=self._seq()))
+        if len(st.pending_lp) > PENDING_MAX:  # spill: the state stays bounded (PENDING_MAX)
+            if st.pend_at < 0:
+                st.pend_at = len(self.log)
+            self.log.append_pending(st.pending_lp)
+            st.pending_lp = []

@@ -11,7 +11,9 @@ Records, one per line (``\\n``-terminated; JSON never holds a raw newline):
   arguments);
 * ``l<json list>``: final-form logprob entries (``ResponseLogprob``) appended to the open
   message's part;
-* ``i<json item>``: a closed output item, in output order.
+* ``i<json item>``: a closed output item, in output order;
+* ``p<json list>``: logprob entries of tokens that produced no text yet, spilled from the state
+  (``ResponsesStreamState.pend_at``); read back only when message text follows them.
 
 The open item's records start at ``OpenItem.log_start``. The state records the log's length
 after each chunk (``ResponsesStreamState.log_len``), so a reader truncates to it: a log
@@ -82,6 +84,19 @@ class PieceLog:
         """Record final-form logprob entries of the open message."""
         if entries:
             self.new += b"l" + _enc.encode(entries) + b"\n"
+
+    def append_pending(self, entries: list[ResponseLogprob]) -> None:
+        """Record logprob entries waiting for text (spilled from the state)."""
+        if entries:
+            self.new += b"p" + _enc.encode(entries) + b"\n"
+
+    def pending(self, start: int) -> list[ResponseLogprob]:
+        """The waiting entries recorded from ``start`` on (``p`` records), in order."""
+        out: list[ResponseLogprob] = []
+        for line in self.read(start).splitlines():
+            if line[:1] == b"p":
+                out.extend(_lp_dec.decode(line[1:]))
+        return out
 
     def append_item(self, item: OutputItem) -> None:
         """Record a closed output item."""
