@@ -299,6 +299,7 @@ def test_bench_takes_the_model_flags_of_run(capsys):
                  "--seconds", "0.05", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "model=q" in out and "responses/s" in out and "note:" not in out
+    assert "Responses API (/v1/responses bodies of the same ids)" in out  # next to chat (issue 14)
     assert main(["bench", "--tokenizer", QWEN3, "--tokens", "64", "--distinct", "2", "--seconds", "0.05",
                  "--repeats", "1"]) == 0  # no parsers: plain text, with a note
     assert "note:" in capsys.readouterr().out
