@@ -26,7 +26,10 @@ sends, in OpenAI's / vLLM's streaming shape, a call's first fragment ``{index, n
 
 Held back: only the text that may still be the block's end marker (``hold_back``) or a tag, a
 head that is not complete yet, the held parts of an XML string value above, and a non-string
-XML value until it closes. Per step the work is on the new text (tag / lexer scans resume where
+XML value until it closes; where a family follows vLLM 0.32's delta boundaries, also trailing
+whitespace of JSON arguments (``JsonArgs.hold_ws``, hermes) and a closed XML string's quote until
+what follows it (``XmlArgs.safe_prefix``, qwen3_coder: a plain string value then opens with its
+key at its opening tag). Per step the work is on the new text (tag / lexer scans resume where
 they stopped, at most ``MAX_TAG`` characters back; a head is re-matched from its start, bounded
 by ``MAX_HEAD`` characters). The state (``ArgStream``, in the engine's msgpack state) holds
 offsets into the open block's body, which the engine buffers anyway, and the XML entries sent
