@@ -522,3 +522,29 @@ def test_held_call_logprobs_spill_to_the_log():
                 # text-less </think>, whose entry rides on the next delta: the message's first)
                 n_msg = len(ids) - ids.index(tok.token_to_id("</think>"))
                 assert len(final["output"][-1]["content"][0]["logprobs"]) == n_msg
+
+
+def test_tool_choice_none_markup_is_held_with_its_logprobs(service):
+    """vLLM 0.32's parser engine with ``tool_choice: none`` (mistral, qwen3_coder) drops call
+    markup from the stream; the reference's R6 delivers it as one delta at the message's close.
+    With logprobs that delta carries the held tokens' entries; the stop token's entry is only in
+    the final part (R8), which lists one entry per generated token; non-streaming == terminal."""
+    case = json.loads(json.dumps(BY_ID["mistral-7b-v0.3-tool-choice-none-markup"]))
+    case["engine_logprobs"] = [{"token_id": t, "top": [[t, -0.5], [1000, -3.0]]} for t in case["output_token_ids"]]
+    case["request"]["include"] = ["message.output_text.logprobs"]
+    case["request"]["top_logprobs"] = 1
+    ns = service.derender(msgspec.json.encode(r2r.nonstream_body(case)), "responses")
+    assert ns.status == 200, ns.body
+    events = [e for chunk in _stream(service, r2r.stream_bodies(case)) for e in chunk]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    final = events[-1]["response"]
+    assert msgspec.json.encode(final) == ns.body
+    part = final["output"][0]["content"][0]
+    assert len(deltas) == 1 and deltas[0]["delta"] == part["text"] and part["text"].startswith(" [{")
+    assert len(part["logprobs"]) == len(case["output_token_ids"])
+    assert len(deltas[0]["logprobs"]) == len(case["output_token_ids"]) - 1  # all but the stop token
+    # without tool_choice none the same ids stream as a call (the hold is the none mode's only)
+    case2 = json.loads(json.dumps(case))
+    case2["request"]["tool_choice"] = "auto"
+    events = [e for chunk in _stream(service, r2r.stream_bodies(case2)) for e in chunk]
+    assert events[-1]["response"]["output"][0]["type"] == "function_call"
