@@ -548,3 +548,22 @@ def test_tool_choice_none_markup_is_held_with_its_logprobs(service):
     case2["request"]["tool_choice"] = "auto"
     events = [e for chunk in _stream(service, r2r.stream_bodies(case2)) for e in chunk]
     assert events[-1]["response"]["output"][0]["type"] == "function_call"
+
+
+def test_engine_cut_call_keeps_what_was_streamed(service):
+    """qwen3_coder (vLLM 0.32's parser engine): a call the output ends in keeps its arguments
+    exactly as streamed in a Responses stream and Response (``{"city": "Paris`` when the cut
+    falls after ``</parameter>``: the held quote never goes out), under any chunking; the chat
+    stream closes the object (``worker.parsers.incremental``; test_tool_streaming)."""
+    tok = service.runtime("qwen3-coder").tokenizer
+    head = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    for text, want in ((head, '{"city": "Paris'), (head + "<parameter=unit>\n", '{"city": "Paris", "unit": "')):
+        case = json.loads(json.dumps(BY_ID["qwen3-coder-call-incomplete"]))
+        case["output_token_ids"] = tok.encode(text)
+        ns = json.loads(service.derender(msgspec.json.encode(r2r.nonstream_body(case)), "responses").body)
+        assert ns["status"] == "incomplete" and ns["output"][-1]["arguments"] == want
+        bodies = r2r.stream_bodies(case)
+        for chunking in (bodies, _rechunk(bodies, random.Random(7))):
+            events = [e for chunk in _stream(service, chunking) for e in chunk]
+            args = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+            assert args == want and events[-1]["response"] == ns
