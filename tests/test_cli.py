@@ -293,15 +293,21 @@ def test_every_flag_of_every_subcommand_reads_its_env_variable(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------- bench ----
+#: the floor pass at test size (its defaults run ~50 CPU seconds: a benchmark, not a test)
+SMALL_FLOOR = ["--floor-tokens", "64", "--floor-logprob-tokens", "64", "--floor-distinct", "2",
+               "--floor-seconds", "0.02", "--floor-repeats", "1"]
+
+
 def test_bench_takes_the_model_flags_of_run(capsys):
     assert main(["bench", "--model", QWEN3, "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes",
                  "--enable-auto-tool-choice", "--served-model-name", "q", "--tokens", "64", "--distinct", "2",
-                 "--seconds", "0.05", "--repeats", "1"]) == 0
+                 "--seconds", "0.05", "--repeats", "1", *SMALL_FLOOR]) == 0
     out = capsys.readouterr().out
+    assert "core/floor" in out and "top_logprobs=20" in out  # the floor pass ran, at test size
     assert "model=q" in out and "responses/s" in out and "note:" not in out
     assert "Responses API (/v1/responses bodies of the same ids)" in out  # next to chat (issue 14)
     assert main(["bench", "--tokenizer", QWEN3, "--tokens", "64", "--distinct", "2", "--seconds", "0.05",
-                 "--repeats", "1"]) == 0  # no parsers: plain text, with a note
+                 "--repeats", "1", "--no-floor"]) == 0  # no parsers: plain text, with a note
     assert "note:" in capsys.readouterr().out
 
 
