@@ -169,6 +169,17 @@ class _StreamBody(DerenderChatStreamRequest, kw_only=True):
 
 
 _stream_body_decoder = msgspec.json.Decoder(_StreamBody)
+_later_body_decoder = msgspec.json.Decoder(core_stream.LaterChunkBody)
+
+
+class _RawRequests(msgspec.Struct):
+    """The first chunk's request fields as raw bytes (their digest is stored in the state)."""
+
+    chat_request: msgspec.Raw = msgspec.Raw(b"")
+    completion_request: msgspec.Raw = msgspec.Raw(b"")
+
+
+_raw_requests_decoder = msgspec.json.Decoder(_RawRequests)
 
 
 class DerenderService:
@@ -299,15 +310,17 @@ class DerenderService:
             return StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq), packed
         request_id = None
         kind_used = None
+        later = bool(state_bytes)  # after the first chunk only generate_chunk is decoded
         try:
             try:  # one typed decode; on failure the probe path below names the error as always
-                typed = _stream_body_decoder.decode(body)
+                typed = (_later_body_decoder if later else _stream_body_decoder).decode(body)
             except _BAD_JSON:
                 typed = None
             if typed is not None:
                 request_id = typed.generate_chunk.request_id
                 model = typed.model
-                has_completion_request = typed.completion_request is not None
+                has_completion_request = _Probe.present(typed.completion_request_raw) if later \
+                    else typed.completion_request is not None
             else:
                 probe = _decode_or_400(_stream_probe_decoder, body)
                 if not _Probe.present(probe.generate_chunk):
@@ -337,10 +350,17 @@ class DerenderService:
                 raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
             if seq is not None and state is not None and seq < state.next_seq:
                 raise Conflict(f"stale chunk: sequence number {seq} < next expected {state.next_seq}", param="seq")
-            req = typed if typed is not None else \
-                _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
+            if later:
+                req = typed if typed is not None else _decode_or_400(_later_body_decoder, body)
+                raw = req.request_raw(kind)
+            else:
+                req = typed if typed is not None else \
+                    _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
+                raws = _raw_requests_decoder.decode(body)  # (valid JSON: the typed decode passed)
+                raw = bytes(raws.chat_request if kind == "chat" else raws.completion_request)
             fn = core_stream.derender_chat_chunk if kind == "chat" else core_stream.derender_completion_chunk
-            chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage, created=created)
+            chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage, created=created,
+                               request_raw=raw)
             if seq is not None:
                 state.next_seq = seq + 1
             done = state.done

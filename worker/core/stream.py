@@ -68,20 +68,25 @@ non-streaming path). Refused (400): ``stream: false``, duplicate choice indices 
 chunk for a finished choice, out-of-vocab ids, logprobs not matching token ids, more than
 ``max_model_len`` tokens in a choice, more than ``max_logprobs`` candidates, ``prompt_tokens`` !=
 len(``prompt_token_ids``), a first chat chunk without ``chat_request`` when a parser is
-configured, a model change mid-stream, a chunk of the other kind than the stream's.
+configured, a model change mid-stream, a chunk of the other kind than the stream's, a later
+chunk whose request (``chat_request`` / ``completion_request``) is not byte-identical to the
+first chunk's (compared by ``request_digest``; later chunks' requests are never decoded).
 """
 from __future__ import annotations
 
+import hashlib
 import weakref
 from typing import Any
 
 import msgspec
 
 from schemas import (
+    ChatCompletionRequest,
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     ChatLogprobs,
     CompletionStreamChoice,
+    CompletionRequest,
     CompletionStreamResponse,
     CompletionTokensDetails,
     DeltaFunctionCall,
@@ -89,7 +94,10 @@ from schemas import (
     DeltaToolCall,
     DerenderChatStreamRequest,
     DerenderCompletionStreamRequest,
+    DerenderStreamState,
     GenerateTokensStreamChoice,
+    GenerateTokensStreamResponse,
+    Int64,
     UsageInfo,
 )
 from worker.core.answer import step_answer
@@ -111,13 +119,13 @@ from worker.core.detokenize import (
     stop_strings,
     stop_token_trimmed,
 )
-from worker.core.errors import BadRequest
+from worker.core.errors import BadRequest, Conflict
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
 from worker.parsers.base import Delta
 from worker.parsers.stack import tool_call_id
 
 __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "derender_completion_chunk",
-           "encode_state", "decode_state", "STATE_VERSION"]
+           "encode_state", "decode_state", "STATE_VERSION", "request_digest", "check_request_digest", "LaterChunkBody"]
 
 #: 2: parser states gained fields (tagged ``after_end``, think ``ws``, Harmony id scanning); a state
 #: stored by an older build is refused (a 400 for that stream), never misread.
@@ -125,7 +133,10 @@ __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "d
 #: 4: tagged states gained the bare-call fields (``bare``, ``fence``, ``inline``: qwen3_coder /
 #: seed_oss calls without their wrapper); gpt-oss's Harmony state became one Struct with enum
 #: phase / route and a typed header (``worker.parsers.harmony.HarmonyState``).
-STATE_VERSION = 4
+#: 5: ``req_digest`` (blake2b-128 of the first chunk's raw request bytes: later chunks that carry
+#: the request are compared with it, never decoded). A state of another version is refused with
+#: the 409 "lost or expired" (``decode_state``), never misread.
+STATE_VERSION = 5
 
 
 class StreamOpts(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
@@ -183,6 +194,9 @@ class StreamState(msgspec.Struct, kw_only=True, array_like=True):
     next_seq: int = 0
     usage_sent: bool = False
     created: int = 0  # every chunk's ``created``: fixed by the request's first chunk
+    #: ``request_digest`` of the first chunk's raw ``chat_request`` / ``completion_request`` bytes
+    #: (empty when it carried none); a later chunk's request must have the same digest
+    req_digest: bytes = b""
 
     @property
     def done(self) -> bool:
@@ -198,6 +212,40 @@ class StreamState(msgspec.Struct, kw_only=True, array_like=True):
 
 _state_encoder = msgspec.msgpack.Encoder()
 _state_decoder = msgspec.msgpack.Decoder(StreamState)
+
+
+class LaterChunkBody(msgspec.Struct, kw_only=True):
+    """A chat or completion chunk body after the stream's first chunk, as the service decodes it:
+    ``generate_chunk`` typed, the request kept raw (``chat_request_raw`` / ``completion_request_raw``,
+    JSON keys ``chat_request`` / ``completion_request``): its digest is compared with the stored
+    one (``check_request_digest``), it is not decoded. ``chat_request`` / ``completion_request``
+    decode it only when read: a later chunk opening a new choice with its own prompt ids
+    (``_reseed``), once its digest matched the first chunk's."""
+
+    model: str
+    generate_chunk: GenerateTokensStreamResponse
+    stream: bool = True
+    stream_state: DerenderStreamState | None = None
+    prompt_tokens: Int64 | None = None
+    prompt_token_ids: list[Int64] | None = None
+    chat_request_raw: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="chat_request")
+    completion_request_raw: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="completion_request")
+
+    def request_raw(self, kind: str) -> bytes:
+        """The raw bytes of the ``kind`` (``chat``/``completion``) request (``b""``: absent)."""
+        return bytes(self.chat_request_raw if kind == "chat" else self.completion_request_raw)
+
+    @property
+    def chat_request(self) -> ChatCompletionRequest | None:
+        """The chat request, decoded on demand (None when absent or ``null``)."""
+        raw = bytes(self.chat_request_raw)
+        return msgspec.json.decode(raw, type=ChatCompletionRequest | None) if raw else None
+
+    @property
+    def completion_request(self) -> CompletionRequest | None:
+        """The completion request, decoded on demand (None when absent or ``null``)."""
+        raw = bytes(self.completion_request_raw)
+        return msgspec.json.decode(raw, type=CompletionRequest | None) if raw else None
 
 
 def encode_state(state: StreamState) -> bytes:
@@ -223,11 +271,56 @@ def _typed_decoder(stack) -> msgspec.msgpack.Decoder:
     return dec
 
 
+def _other_version(v: int) -> Conflict:
+    return Conflict(f"stored stream state has version {v}, expected {STATE_VERSION} (written by another "
+                    "release): the stream state was lost or expired; stream ended", param="stream_state")
+
+
+class _Version(msgspec.Struct, array_like=True):
+    v: int
+
+
+_version_decoder = msgspec.msgpack.Decoder(_Version)
+
+
+def _refuse_other_version(data: bytes) -> None:
+    """Raise the 409 of ``_other_version`` when ``data`` (which the state decoders refused) is a
+    msgpack array whose first item, the version, is an int other than ``STATE_VERSION`` (a state
+    of another release whose layout changed); return otherwise (the caller's 400 names it)."""
+    try:
+        v = _version_decoder.decode(data).v
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+    if v != STATE_VERSION:
+        raise _other_version(v)
+
+
+def request_digest(raw: bytes) -> bytes:
+    """blake2b-128 of a stream request's raw JSON bytes (``chat_request`` / ``completion_request``
+    as the first chunk carried them); later chunks' requests are compared by it, never decoded.
+    ``b""`` for an absent request (no bytes, or ``null``)."""
+    if not raw or raw == b"null":
+        return b""
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def check_request_digest(state: StreamState, raw: bytes | None, kind: str) -> None:
+    """A later chunk's raw request (``raw``: its JSON bytes, None/empty/``null`` when absent)
+    must be byte-identical to the first chunk's (digest compared, the bytes never decoded).
+    Raises ``BadRequest`` (400) on a mismatch, also when the first chunk carried none."""
+    d = request_digest(raw or b"")
+    if d and d != state.req_digest:
+        field = "chat_request" if kind == "chat" else "completion_request"
+        raise BadRequest(f"{field} differs from the one the stream started with (a later chunk may omit it; "
+                         "when present it must be the first chunk's bytes)", param=field)
+
+
 def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
     """Decode ``encode_state`` bytes; parser sub-states come out typed for ``rt``'s parser stack
     (one typed decode; bytes it refuses go through the untyped decoder, so the error names what
-    it always named: the version or the unreadable part). Raises ``BadRequest`` for bytes that
-    are not a state of this version."""
+    it always named: the version or the unreadable part). Raises ``Conflict`` (409, the "lost or
+    expired" path) for a state of another ``STATE_VERSION`` (another release wrote it), and
+    ``BadRequest`` for bytes that are not a stream state."""
     st = None
     if rt.stack is not None:
         try:
@@ -238,9 +331,10 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
         try:
             st = _state_decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            _refuse_other_version(data)
             raise BadRequest(f"stored stream state is unreadable: {e}") from None
     if st.v != STATE_VERSION:
-        raise BadRequest(f"stored stream state has version {st.v}, expected {STATE_VERSION}")
+        raise _other_version(st.v)
     if rt.stack is not None:
         try:  # the parser sub-states are typed here (a corrupted or foreign state fails here)
             if st.seed_parser is not None:
@@ -263,7 +357,8 @@ def _check_stream_choice(rt: ModelRuntime, c: GenerateTokensStreamChoice, prior:
     check_ids_and_logprobs(rt, ids, c.logprobs, where)
 
 
-def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: str) -> None:
+def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: str,
+                     request_raw: bytes | None = None) -> None:
     if body.stream is False:
         raise BadRequest("stream=false on a streaming chunk body (generate_chunk)", param="stream")
     if state is not None:
@@ -279,7 +374,11 @@ def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: st
             and body.prompt_tokens != len(body.prompt_token_ids):
         raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
                          f"({len(body.prompt_token_ids)})", param="prompt_tokens")
-    req = body.chat_request if kind == "chat" else body.completion_request
+    if state is not None:  # a later chunk's request: compared with the first one's, never decoded
+        check_request_digest(state, request_raw, kind)
+        req = None
+    else:
+        req = body.chat_request if kind == "chat" else body.completion_request
     if req is not None:
         check_request_numbers(rt, n=req.n, top_logprobs=req.top_logprobs if kind == "chat" else req.logprobs,
                               min_tokens=req.min_tokens, prompt_tokens=[body.prompt_tokens],
@@ -517,17 +616,22 @@ def _want_usage(st: StreamState, force: bool, any_finished: bool) -> bool:
 
 
 def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state: StreamState | None,
-                        force_include_usage: bool = True, created: int | None = None
+                        force_include_usage: bool = True, created: int | None = None,
+                        request_raw: bytes | None = None
                         ) -> tuple[list[ChatCompletionStreamResponse], StreamState]:
     """Derender one chat stream chunk (see module docstring). ``state``: None on the request's
     first chunk. ``created``: Unix seconds for every chunk of the request, read on its first chunk
     only (the state keeps it, as OpenAI streams repeat the first chunk's value; None = 0).
+    ``request_raw``: the raw JSON bytes of the body's ``chat_request`` (None/``null``: absent).
+    On the first chunk their ``request_digest`` is stored; on a later chunk ``body.chat_request``
+    is not read: ``request_raw``, when present, must have the stored digest (else a 400).
     Returns the OpenAI chunks to send (possibly none) and the advanced state.
     Raises ``BadRequest`` before touching ``state``."""
-    _validate_common(rt, body, state, "chat")
+    _validate_common(rt, body, state, "chat", request_raw)
     if state is None:
         state = _new_chat_state(rt, body)
         state.created = created or 0
+        state.req_digest = request_digest(request_raw or b"")
     elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
         _reseed(rt, state, body)
     st = state
@@ -636,14 +740,17 @@ def _new_completion_state(rt: ModelRuntime, body: DerenderCompletionStreamReques
 
 
 def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRequest, state: StreamState | None,
-                              force_include_usage: bool = True, created: int | None = None
+                              force_include_usage: bool = True, created: int | None = None,
+                              request_raw: bytes | None = None
                               ) -> tuple[list[CompletionStreamResponse], StreamState]:
-    """Derender one completion stream chunk (see ``derender_chat_chunk``, ``created`` included)."""
-    _validate_common(rt, body, state, "completion")
+    """Derender one completion stream chunk (see ``derender_chat_chunk``, ``created`` and
+    ``request_raw``, the raw ``completion_request``, included)."""
+    _validate_common(rt, body, state, "completion", request_raw)
     new = state is None
     if new:
         state = _new_completion_state(rt, body)
         state.created = created or 0
+        state.req_digest = request_digest(request_raw or b"")
     elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
         _reseed(rt, state, body)
     st = state
