@@ -31,6 +31,7 @@ from worker.core.derender import (
 from worker.core.errors import BadRequest, Conflict, DerenderError, ModelNotFound, error_from_validation
 from worker.core.errors import error_body as error_body
 from worker.core.responses import service as responses_service  # issue 14: the Responses kinds
+from worker.core.responses.log import PieceLog, PiecesLost, PiecesNeeded
 
 log = logging.getLogger(__name__)
 
@@ -141,13 +142,21 @@ class StreamResult(DerenderResult):
     request finished: delete the stored state), ``seq`` (the sequence number this chunk was
     given; the store fences writes on it) and ``kind`` (``chat-stream``/``completion-stream``)."""
 
-    __slots__ = ("done", "seq")
+    __slots__ = ("done", "seq", "append", "pieces_len", "needs_pieces")
 
     def __init__(self, body: bytes, status: int = 200, request_id: str | None = None, kind: str | None = None,
                  done: bool = False, seq: int | None = None):
         super().__init__(body, status, request_id, kind)
         self.done = done
         self.seq = seq
+        #: with ``pieces=True``: bytes to write to the stream's pieces at offset
+        #: ``pieces_len - len(append)`` with the returned state (one fenced write:
+        #: ``worker.state.pieces``), and the pieces' length the state records
+        self.append = b""
+        self.pieces_len = 0
+        #: ``(start, end)``: called with ``pieces=True`` and no reader, the chunk needs those
+        #: stored piece bytes (nothing was derendered, ``body`` is empty: call again with a reader)
+        self.needs_pieces: tuple[int, int] | None = None
 
 
 class _StreamProbe(msgspec.Struct):
@@ -286,7 +295,8 @@ class DerenderService:
         return responses_service.derender_stream(self.runtime, body, state_bytes, reader, seq, created)
 
     def derender_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None = None,
-                        kind: str | None = None, created: int | None = None) -> tuple[StreamResult, bytes | None]:
+                        kind: str | None = None, created: int | None = None, pieces: bool = False,
+                        reader=None) -> tuple[StreamResult, bytes | None]:
         """Derender one streaming chunk body (``generate_chunk``) against the request's stored state.
 
         ``state_bytes``: what the previous call returned for this request id (None/empty for the
@@ -304,7 +314,14 @@ class DerenderService:
         Returns ``(result, new_state_bytes)``: ``result.body`` is the JSON list of OpenAI chunks to
         publish (or an error object, status 400/404/409/500); ``new_state_bytes`` is the state to store
         under ``result.seq`` (None on error: keep the stored state); when ``result.done`` the stream
-        is complete and the stored state should be deleted. Never raises for bad input."""
+        is complete and the stored state should be deleted. Never raises for bad input.
+
+        ``pieces``: the caller keeps the stream's append-only pieces (``worker.state.pieces``):
+        a chat stream's open tool call then keeps only what its parser still reads in the state
+        (``worker.core.stream``, "Bounded state"); ``result.append`` / ``result.pieces_len`` say
+        what to write with the state; ``reader(start, end)`` reads the stored pieces (None: a
+        chunk that needs them returns ``result.needs_pieces``; fewer bytes than recorded: 409).
+        Without ``pieces`` the state holds everything (a caller that stores one value)."""
         if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
             rres, packed = responses_service.derender_stream_packed(self.runtime, body, state_bytes, seq, created)
             return StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq), packed
@@ -358,14 +375,32 @@ class DerenderService:
                     _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
                 raws = _raw_requests_decoder.decode(body)  # (valid JSON: the typed decode passed)
                 raw = bytes(raws.chat_request if kind == "chat" else raws.completion_request)
-            fn = core_stream.derender_chat_chunk if kind == "chat" else core_stream.derender_completion_chunk
-            chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage, created=created,
-                               request_raw=raw)
+            log_ = None
+            if kind == "chat":
+                if pieces:
+                    log_ = PieceLog(reader, state.pieces_len if state is not None else 0)
+                chunks, state = core_stream.derender_chat_chunk(
+                    rt, req, state, force_include_usage=self.force_include_usage, created=created,
+                    request_raw=raw, pieces=log_)
+            else:
+                chunks, state = core_stream.derender_completion_chunk(
+                    rt, req, state, force_include_usage=self.force_include_usage, created=created,
+                    request_raw=raw)
             if seq is not None:
                 state.next_seq = seq + 1
             done = state.done
-            return (StreamResult(_encoder.encode(chunks), 200, request_id, kind_used, done, state.next_seq - 1),
-                    core_stream.encode_state(state))
+            res = StreamResult(_encoder.encode(chunks), 200, request_id, kind_used, done, state.next_seq - 1)
+            if pieces:
+                res.append = bytes(log_.new) if log_ is not None else b""
+                res.pieces_len = state.pieces_len
+            return res, core_stream.encode_state(state)
+        except PiecesNeeded as e:
+            res = StreamResult(b"", 0, request_id, kind_used)
+            res.needs_pieces = (e.start, e.end)
+            return res, None
+        except PiecesLost as e:
+            err = Conflict(f"{e}; stream ended", param="stream_state")
+            return StreamResult(_encoder.encode(err.to_response(request_id)), 409, request_id, kind_used), None
         except DerenderError as e:
             return StreamResult(_encoder.encode(e.to_response(request_id)), e.status, request_id, kind_used), None
         except Exception as e:  # a core bug: report it as a 500 without losing the worker

@@ -121,7 +121,9 @@ from worker.core.detokenize import (
 )
 from worker.core.errors import BadRequest, Conflict
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
+from worker.core.responses.log import PieceLog
 from worker.parsers.base import Delta
+from worker.parsers.tagged import BodyNeeded
 from worker.parsers.stack import tool_call_id
 
 __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "derender_completion_chunk",
@@ -177,6 +179,9 @@ class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
     #: a stop string matched: the OpenAI stream of this choice has ended; the engine's later
     #: tokens are only counted (``finished`` comes with the engine's own finish_reason)
     stopped: bool = False
+    #: where the open tool call's spilled start lives in the stream's pieces: flat
+    #: ``[offset, length, ...]`` byte ranges, in order (one range unless choices interleave)
+    spill: list[int] = msgspec.field(default_factory=list)
 
 
 class StreamState(msgspec.Struct, kw_only=True, array_like=True):
@@ -197,6 +202,8 @@ class StreamState(msgspec.Struct, kw_only=True, array_like=True):
     #: ``request_digest`` of the first chunk's raw ``chat_request`` / ``completion_request`` bytes
     #: (empty when it carried none); a later chunk's request must have the same digest
     req_digest: bytes = b""
+    #: length of the stream's append-only pieces after this chunk (readers truncate to it)
+    pieces_len: int = 0
 
     @property
     def done(self) -> bool:
@@ -267,8 +274,13 @@ def _typed_decoder(stack) -> msgspec.msgpack.Decoder:
         tst = msgspec.defstruct("TypedStreamState", [("seed_parser", sst | None, None),
                                                      ("choices", dict[int, cst], msgspec.field(default_factory=dict))],
                                 bases=(StreamState,), kw_only=True, array_like=True)
-        dec = _typed_decoders[stack] = msgspec.msgpack.Decoder(tst)
+        dec = msgspec.msgpack.Decoder(tst)
+        _typed_decoders[stack] = dec
+        _choice_decoders[stack] = msgspec.msgpack.Decoder(cst)
     return dec
+
+
+_choice_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _other_version(v: int) -> Conflict:
@@ -574,6 +586,7 @@ def _end_choice(cs: ChoiceState, c: GenerateTokensStreamChoice) -> bool:
     cs.parser = None
     cs.lp_ctx = []
     cs.held = ""
+    cs.spill = []
     if c.finish_reason is None:
         cs.stopped = True
         return False
@@ -615,9 +628,133 @@ def _want_usage(st: StreamState, force: bool, any_finished: bool) -> bool:
     return st.done
 
 
+# ------------------------------------------------------------------------ bounded state ---
+#: an open call's body is spilled once this many characters of it are held in the state; what
+#: stays is what the parser still reads (from its end-marker search / lexer / streamer offsets)
+SPILL_CHARS = 1024
+
+
+def _snapshot(cs: ChoiceState) -> bytes:
+    """A choice state as bytes, to run a step again from it (``_restore``)."""
+    return _state_encoder.encode(cs)
+
+
+def _restore(rt: ModelRuntime, snap: bytes) -> ChoiceState:
+    _typed_decoder(rt.stack)
+    return _choice_decoders[rt.stack].decode(snap)
+
+
+def _unspill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
+    """Bring the open call's spilled start back from ``pieces`` into its parser state."""
+    data = b"".join(pieces.read(cs.spill[i], cs.spill[i] + cs.spill[i + 1]) for i in range(0, len(cs.spill), 2))
+    rt.stack.tool.unspill(cs.parser.tool, data.decode("utf-8", "surrogatepass"))
+    cs.spill = []
+
+
+def _spill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
+    """Move the start of an open tool call's body that the parser no longer reads out of the
+    choice state, appended to ``pieces`` (once ``SPILL_CHARS`` are held; tagged-engine tool
+    parsers: ``TaggedToolParser.spill_point``)."""
+    ps = cs.parser
+    if ps is None or ps.tool is None or len(getattr(ps.tool, "buf", "")) < SPILL_CHARS:
+        return
+    tool = rt.stack.tool
+    point = getattr(tool, "spill_point", None)
+    if point is None:
+        return
+    k = point(ps.tool)
+    if k < SPILL_CHARS // 2:
+        return
+    data = tool.spill(ps.tool, k).encode("utf-8", "surrogatepass")
+    at = len(pieces)
+    pieces.new += data
+    if cs.spill and cs.spill[-2] + cs.spill[-1] == at:
+        cs.spill[-1] += len(data)
+    else:
+        cs.spill += [at, len(data)]
+
+
+def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice,
+                 out: list[ChatCompletionStreamResponse]) -> bool:
+    """One choice of a chat chunk: its OpenAI chunks appended to ``out``; returns whether the
+    engine finished the choice with it."""
+    rid = st.request_id
+    stack = rt.stack
+    fmt = stack.id_format
+    finished = False
+    cs = _choice_state(rt, st, c.index)
+    if cs.stopped:
+        finished |= _count_after_stop(cs, c)
+        return finished
+    if not cs.role_sent:
+        cs.role_sent = True
+        out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
+            index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
+    ids = _step_ids(rt, st, c)
+    if st.opts.stop:  # stop strings apply to the answer (worker.core.answer)
+        detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
+                                       spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
+        d, used, matched, cs.held = step_answer(
+            stack if cs.parser is not None else None, cs.parser, detok, ids,
+            rt.tokenizer.special_ids if st.opts.skip_special else None, st.opts.stop,
+            st.opts.include_stop, st.opts.min_tokens, cs.completion_tokens, cs.held,
+            c.finish_reason is not None, _stop_token_ids(rt, st, c, ids))
+        cs.detok = detok.state()
+    else:
+        text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
+        pids = _parser_ids(rt, st, ids) + _stop_token_ids(rt, st, c, ids)
+        d = None
+        if cs.parser is not None:
+            d = stack.feed(cs.parser, text, pids) if (text or pids) else None
+            if c.finish_reason is not None:
+                f = stack.finish(cs.parser)
+                d = f if d is None else d.extend(f)
+        else:
+            d = Delta(content=text)
+    final = c.finish_reason is not None or matched is not None
+    content = d.content if d is not None else ""
+    reasoning = d.reasoning if d is not None else ""
+    calls = d.tool_calls if d is not None else []
+    cs.reasoning_tokens += d.reasoning_tokens if d is not None else 0
+    cs.completion_tokens += len(c.token_ids or [])
+    tcs = None
+    if calls:
+        tcs = []
+        for tc in calls:
+            while len(cs.tool_ids) <= tc.index:
+                cs.tool_ids.append(tool_call_id(rid, c.index, len(cs.tool_ids), fmt))
+            first = tc.name is not None
+            tcs.append(DeltaToolCall(
+                index=tc.index, id=cs.tool_ids[tc.index] if first else None,
+                type="function" if first else None,
+                function=DeltaFunctionCall(name=tc.name, arguments=tc.arguments)))
+    lp = None
+    entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
+    if st.opts.logprobs and entries:
+        lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx,
+                                                as_token_ids=rt.config.return_tokens_as_token_ids))
+    if c.token_ids and st.opts.logprobs:  # the context is read only when logprobs are on
+        cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
+    finish = stop_reason = None
+    if final:
+        finish_reason, stop_reason = ("stop", matched) if matched is not None else (c.finish_reason,
+                                                                                   c.stop_reason)
+        finish = final_finish_reason(finish_reason, bool(cs.tool_ids), st.opts.tool_mode)
+        finished |= _end_choice(cs, c)
+    kept = _kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None
+    # with return_token_ids a chunk is sent for every chunk of ids, text or not (vLLM: the
+    # ids must all reach the client, e.g. while text is held back)
+    if content or reasoning or tcs or lp is not None or final or kept:
+        out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
+            index=c.index,
+            delta=DeltaMessage(content=content or None, reasoning=reasoning or None, tool_calls=tcs),
+            logprobs=lp, finish_reason=finish, stop_reason=stop_reason, token_ids=kept)]))
+    return finished
+
+
 def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state: StreamState | None,
                         force_include_usage: bool = True, created: int | None = None,
-                        request_raw: bytes | None = None
+                        request_raw: bytes | None = None, pieces: PieceLog | None = None
                         ) -> tuple[list[ChatCompletionStreamResponse], StreamState]:
     """Derender one chat stream chunk (see module docstring). ``state``: None on the request's
     first chunk. ``created``: Unix seconds for every chunk of the request, read on its first chunk
@@ -625,6 +762,11 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
     ``request_raw``: the raw JSON bytes of the body's ``chat_request`` (None/``null``: absent).
     On the first chunk their ``request_digest`` is stored; on a later chunk ``body.chat_request``
     is not read: ``request_raw``, when present, must have the stored digest (else a 400).
+    ``pieces``: the stream's append-only pieces (``PieceLog`` over ``state.pieces_len`` stored
+    bytes; module docstring, "Bounded state"); None: nothing is spilled (the state holds an open
+    call's body, as before). Raises ``PiecesNeeded`` when it has no reader and a spilled body
+    must come back (nothing to keep: call again with a reader), ``PiecesLost`` when the reader
+    returns fewer bytes than the state records.
     Returns the OpenAI chunks to send (possibly none) and the advanced state.
     Raises ``BadRequest`` before touching ``state``."""
     _validate_common(rt, body, state, "chat", request_raw)
@@ -637,78 +779,25 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
     st = state
     rid = st.request_id
     out: list[ChatCompletionStreamResponse] = []
-    stack = rt.stack
-    fmt = stack.id_format
     any_finished = False
     for c in body.generate_chunk.choices:
-        cs = _choice_state(rt, st, c.index)
-        if cs.stopped:
-            any_finished |= _count_after_stop(cs, c)
+        if pieces is None or st.opts.stop:  # (stop strings: the state is not spilled)
+            any_finished |= _chat_choice(rt, st, c, out)
             continue
-        if not cs.role_sent:
-            cs.role_sent = True
-            out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
-                index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
-        ids = _step_ids(rt, st, c)
-        if st.opts.stop:  # stop strings apply to the answer (worker.core.answer)
-            detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
-                                           spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
-            d, used, matched, cs.held = step_answer(
-                stack if cs.parser is not None else None, cs.parser, detok, ids,
-                rt.tokenizer.special_ids if st.opts.skip_special else None, st.opts.stop,
-                st.opts.include_stop, st.opts.min_tokens, cs.completion_tokens, cs.held,
-                c.finish_reason is not None, _stop_token_ids(rt, st, c, ids))
-            cs.detok = detok.state()
-        else:
-            text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
-            pids = _parser_ids(rt, st, ids) + _stop_token_ids(rt, st, c, ids)
-            d = None
-            if cs.parser is not None:
-                d = stack.feed(cs.parser, text, pids) if (text or pids) else None
-                if c.finish_reason is not None:
-                    f = stack.finish(cs.parser)
-                    d = f if d is None else d.extend(f)
-            else:
-                d = Delta(content=text)
-        final = c.finish_reason is not None or matched is not None
-        content = d.content if d is not None else ""
-        reasoning = d.reasoning if d is not None else ""
-        calls = d.tool_calls if d is not None else []
-        cs.reasoning_tokens += d.reasoning_tokens if d is not None else 0
-        cs.completion_tokens += len(c.token_ids or [])
-        tcs = None
-        if calls:
-            tcs = []
-            for tc in calls:
-                while len(cs.tool_ids) <= tc.index:
-                    cs.tool_ids.append(tool_call_id(rid, c.index, len(cs.tool_ids), fmt))
-                first = tc.name is not None
-                tcs.append(DeltaToolCall(
-                    index=tc.index, id=cs.tool_ids[tc.index] if first else None,
-                    type="function" if first else None,
-                    function=DeltaFunctionCall(name=tc.name, arguments=tc.arguments)))
-        lp = None
-        entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
-        if st.opts.logprobs and entries:
-            lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx,
-                                                    as_token_ids=rt.config.return_tokens_as_token_ids))
-        if c.token_ids and st.opts.logprobs:  # the context is read only when logprobs are on
-            cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
-        finish = stop_reason = None
-        if final:
-            finish_reason, stop_reason = ("stop", matched) if matched is not None else (c.finish_reason,
-                                                                                       c.stop_reason)
-            finish = final_finish_reason(finish_reason, bool(cs.tool_ids), st.opts.tool_mode)
-            any_finished |= _end_choice(cs, c)
-        kept = _kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None
-        # with return_token_ids a chunk is sent for every chunk of ids, text or not (vLLM: the
-        # ids must all reach the client, e.g. while text is held back)
-        if content or reasoning or tcs or lp is not None or final or kept:
-            out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
-                index=c.index,
-                delta=DeltaMessage(content=content or None, reasoning=reasoning or None, tool_calls=tcs),
-                logprobs=lp, finish_reason=finish, stop_reason=stop_reason, token_ids=kept)]))
+        cs = st.choices.get(c.index)
+        snap = _snapshot(cs) if cs is not None and cs.spill else None
+        mark = len(out)
+        try:
+            any_finished |= _chat_choice(rt, st, c, out)
+        except BodyNeeded:  # the open call closes: its spilled start comes back, the step is rerun
+            del out[mark:]
+            cs = st.choices[c.index] = _restore(rt, snap)
+            _unspill(rt, cs, pieces)
+            any_finished |= _chat_choice(rt, st, c, out)
+        _spill(rt, st.choices[c.index], pieces)
     st.next_seq += 1
+    if pieces is not None:
+        st.pieces_len = len(pieces)
     if _want_usage(st, force_include_usage, any_finished):
         st.usage_sent = st.done
         out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[],

@@ -127,6 +127,28 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     bare: bool = False
     fence: bool = False
     inline: bool = False
+    #: characters at the start of the open call's body moved out of the state (``spill``: to
+    #: the stream's append-only pieces, ``worker.core.stream``); ``buf`` and the body offsets
+    #: (``scan``, ``lex``, ``inc``'s) count from what is left
+    spilled: int = 0
+
+
+class BodyNeeded(Exception):
+    """The open call's whole body is needed (its block closes, or the output ends inside it)
+    while its start was moved out of the state (``TaggedState.spilled``): the caller restores
+    it (``TaggedToolParser.unspill``) on the state it had before the step and runs the step again."""
+
+
+def _shift(st: TaggedState, k: int) -> None:
+    """Move every offset into the open body by ``-k`` (``k`` characters left / came back at
+    its start). Offsets no step reads in the current phase move too, so a round trip is exact."""
+    st.scan -= k
+    st.lex -= k
+    a = st.inc
+    if a is not None:
+        a.pos -= k
+        a.scan -= k
+        a.vs -= k
 
 
 def lex_json(st: TaggedState, s: str, end: int) -> None:
@@ -265,6 +287,47 @@ class TaggedToolParser(ToolParser):
         return TaggedState(parallel=ctx.parallel_tool_calls is not False,
                            types=tool_param_types(ctx.tools) if self.param_types else {})
 
+    # -- bounded state for an open call of any size (issue 13): the stream core moves the part
+    # of the open body no later step reads out of the state, and back before the block closes
+    def spill_point(self, st: TaggedState) -> int:
+        """How many characters at the start of the open call's body (``buf``) no step reads
+        again until the block closes or the output ends (0 outside a call): everything before
+        the end-marker search (``scan``), the JSON lexer (``lex``) and the incremental
+        streamer's offsets (``inc``: JSON ``pos``; XML ``pos``, ``scan`` and an open value's
+        ``vs``; none once it is ``off``). The JSON lexer, which runs only when an end marker is
+        found, is first advanced to ``scan`` (resumable: the state a later close reaches is the
+        same)."""
+        if not st.in_call:
+            return 0
+        k = st.scan
+        if self._json_body:
+            if st.lex < k:
+                lex_json(st, st.buf, k)
+            k = min(k, st.lex)
+        a = st.inc
+        if a is not None and a.phase != "off":
+            k = min(k, a.pos)
+            if isinstance(self.spec, XmlArgs):
+                k = min(k, a.scan, a.vs) if a.phase == "value" else min(k, a.scan)
+        return max(0, min(k, len(st.buf)))
+
+    def spill(self, st: TaggedState, k: int) -> str:
+        """Remove the first ``k`` (<= ``spill_point``) characters of the open body from the
+        state and return them (the caller keeps them, in order, until ``unspill``)."""
+        text, st.buf = st.buf[:k], st.buf[k:]
+        _shift(st, k)
+        st.spilled += k
+        return text
+
+    def unspill(self, st: TaggedState, text: str) -> None:
+        """Put back the ``st.spilled`` characters ``spill`` removed (``text``: all of them, in
+        order): the state is again what it was without spilling."""
+        if len(text) != st.spilled:
+            raise ValueError(f"unspill: {len(text)} characters given, {st.spilled} were spilled")
+        st.buf = text + st.buf
+        _shift(st, -len(text))
+        st.spilled = 0
+
     def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
         """Calls of one complete block body (None: malformed, the block stays content)."""
         return type(self).parse_body(body.strip())
@@ -313,6 +376,8 @@ class TaggedToolParser(ToolParser):
             st.seg_text = True
 
     def _close(self, st: TaggedState, out: Delta, body: str, end: str) -> None:
+        if st.spilled:
+            raise BodyNeeded
         # a stray start marker's end after a bare call counts as its closer
         end_after = self.ends[0] if st.bare else end
         try:
@@ -399,6 +464,8 @@ class TaggedToolParser(ToolParser):
     def finish(self, state: TaggedState) -> Delta:
         out = Delta()
         st = state
+        if st.in_call and st.spilled:
+            raise BodyNeeded
         rest, st.buf = st.buf, ""
         if st.in_call:
             st.in_call = False
