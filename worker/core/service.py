@@ -294,6 +294,27 @@ class DerenderService:
         store and the bytes to append to the log). Never raises for bad input."""
         return responses_service.derender_stream(self.runtime, body, state_bytes, reader, seq, created)
 
+    def _responses_with_pieces(self, body: bytes, state_bytes: bytes | None, seq: int | None, created: int | None,
+                               reader) -> tuple[StreamResult, bytes | None]:
+        """``derender_stream(pieces=True)`` for a Responses stream: its piece log goes to the
+        stream's pieces (``result.append`` / ``pieces_len``), its state is ``PIECES_MAGIC`` + the
+        core's state. A packed state (``PACKED_MAGIC``: the log inside the value, as a caller without
+        pieces stores it) is another layout: refused with the 409 "lost or expired"."""
+        magic = responses_service.PIECES_MAGIC
+        if state_bytes and state_bytes[:len(magic)] != magic:
+            err = Conflict("stored Responses stream state has another layout (its log packed inside it: written "
+                           "by another release): the stream state was lost or expired; stream ended",
+                           param="stream_state")
+            return StreamResult(_encoder.encode(err.to_response(None)), 409, None, responses_service.STREAM_KIND), None
+        rres = responses_service.derender_stream(self.runtime, body, state_bytes[len(magic):] if state_bytes else None,
+                                                 reader, seq, created)
+        res = StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq)
+        res.needs_pieces = rres.needs_pieces
+        if rres.state is None:
+            return res, None
+        res.append, res.pieces_len = rres.log_append, rres.log_len
+        return res, magic + rres.state
+
     def derender_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None = None,
                         kind: str | None = None, created: int | None = None, pieces: bool = False,
                         reader=None) -> tuple[StreamResult, bytes | None]:
@@ -323,6 +344,8 @@ class DerenderService:
         chunk that needs them returns ``result.needs_pieces``; fewer bytes than recorded: 409).
         Without ``pieces`` the state holds everything (a caller that stores one value)."""
         if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
+            if pieces:
+                return self._responses_with_pieces(body, state_bytes, seq, created, reader)
             rres, packed = responses_service.derender_stream_packed(self.runtime, body, state_bytes, seq, created)
             return StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq), packed
         request_id = None

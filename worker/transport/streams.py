@@ -108,6 +108,8 @@ from worker.transport.stream_registry import (
     drop_streams,
     end_stream,
     held_offsets,
+    held_pieces,
+    record_pieces,
     trim_committed,
 )
 
@@ -493,9 +495,29 @@ class StreamRouter:
                                 error_body(f"internal error: {type(e).__name__}: {e}", 500, s.rid))
             await self._publish(st, s, msg, entry, write=True)
 
+    async def _stored_pieces(self, s: _Stream, start: int, end: int) -> tuple[int, bytes]:
+        """Bytes ``[start, end)`` of a stream's pieces: from memory when this worker wrote them,
+        else from the store (waiting out an outage); pieces the store lost give fewer bytes (the
+        core answers that with the 409 "lost or expired")."""
+        from worker.state import StoreConnectError, StoreReadError
+        got = held_pieces(s, start, end)
+        if got is not None:
+            return start, got
+        stop = end if s.pieces is None else min(end, max(s.pieces_at, start))
+        try:
+            old = await self.outage.retry(lambda: self.store.read_pieces(s.rid, start, stop), (StoreConnectError,))
+        except StoreReadError as e:
+            log.warning("stream %r: %s", s.rid, e)
+            return start, b""
+        rest = held_pieces(s, stop, end) if end > stop else b""
+        return start, old + (rest or b"")
+
     async def _derender_publish_one(self, st, s: _Stream, msg, seq: int) -> None:
         kind = kind_header(msg)
         out = await self.ctx.submit(msg.value, s.state, seq, kind, record_created(msg))
+        if out.needs_pieces is not None:  # (a call closes, a Responses item or stream ends: rare)
+            pieces = await self._stored_pieces(s, *out.needs_pieces)
+            out = await self.ctx.submit(msg.value, s.state, seq, kind, record_created(msg), pieces)
         self.ctx.metrics.processing_stream.observe(out.seconds)
         if out.crash:
             self.ctx.stats.crashes += 1
@@ -506,19 +528,25 @@ class StreamRouter:
             s.known = True
         s.next_seq = seq + 1
         end = out.status != 200 or out.done
+        at, data = -1, b""
         if end:
             end_stream(s)
         else:
             s.state = out.state
+            if out.pieces_len:
+                at, data = out.pieces_len - len(out.append), out.append
+                record_pieces(s, at, data)
         self.ctx.stats.stream_chunks += 1
         # (one shared kind string, not one unpickled copy per reply held in replay windows)
         entry = ReplayEntry(seq, out.status, end, sys.intern(out.kind) if out.kind else out.kind, out.body)
-        await self._publish(st, s, msg, entry, write=True, is_object=out.is_object)
+        await self._publish(st, s, msg, entry, write=True, is_object=out.is_object, pieces=(at, data))
 
     async def _publish(self, st, s: _Stream | None, msg, entry: ReplayEntry, *, write: bool = False,
-                       extra_offsets: list | None = None, is_object: bool = True, rid: str | None = None) -> None:
+                       extra_offsets: list | None = None, is_object: bool = True, rid: str | None = None,
+                       pieces: tuple[int, bytes] = (-1, b"")) -> None:
         """Steps 1 (produce) here; 2-4 follow in the partition's stream acker / state writer.
-        ``rid``: the request id addressing the reply when there is no stream ``s``. An
+        ``rid``: the request id addressing the reply when there is no stream ``s``. ``pieces``:
+        ``(at, bytes)`` of the chunk's pieces, written with its checkpoint (-1: none). An
         ``entry.seq`` < 0 (no valid ``derender-seq``) puts no ``derender-seq`` header on the reply."""
         out = JobOutcome(entry.value, entry.status, s.rid if s else rid, entry.kind, is_object)
         plan = self.ctx.planner.safe_plan(msg, out)
@@ -537,7 +565,7 @@ class StreamRouter:
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
             wr = CheckpointWrite(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
-                                 [msg.offset, *(extra_offsets or ())], s)
+                                 [msg.offset, *(extra_offsets or ())], s, at=pieces[0], data=pieces[1])
         try:
             # a reply refused for a reason of its own is dead-lettered; a dead letter is retried
             # until acked (partition paused, not ready) unless the partition goes away meanwhile
