@@ -17,8 +17,9 @@ chat stream's open tool-call body beyond what its parser still reads (``worker.c
 
 Redis layout: the checkpoint of ``RedisStateStore`` (``{prefix}{<request_id>}``: seq digits then
 state; a key of its older hash layout is read too) plus a string ``{prefix}{<request_id>}:pieces``
-in the same Cluster hash slot (same hash tag), sharing its TTL (refreshed by every write that
-carries pieces) and deleted with it.
+in the same Cluster hash slot (same hash tag), sharing its TTL (``RedisPieceStore.commit``
+refreshes it on every write; the Kafka worker on the pieces' first write and then every quarter
+TTL, ``StateWrite.touch``) and deleted with it.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class RedisPieceStore:
         """Fenced write of a chunk's checkpoint and its piece bytes at offset ``at`` (one
         EVALSHA). False when a newer or equal ``seq`` is stored. Raises ``StoreWriteError`` /
         ``StoreConnectError``."""
-        return (await self.store.commit([StateWrite(request_id, state, int(seq), int(at), data)]))[0]
+        return (await self.store.commit([StateWrite(request_id, state, int(seq), int(at), data, touch=True)]))[0]
 
     async def read(self, request_id: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a stream's pieces (``RedisStateStore.read_pieces``)."""

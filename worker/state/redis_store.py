@@ -71,18 +71,19 @@ PIECES_SUFFIX = ":pieces"
 COMMIT_BATCH_MAX = 1000
 
 # One flush of fenced writes. KEYS: the keys, one per write (a key may repeat: applied in order).
-# ARGV[1] ttl_ms; per write i, from ARGV[5i-3]: 'p' (put) / 'd' (delete), its seq (SEQ_DIGITS
+# ARGV[1] ttl_ms; per write i, from ARGV[6i-4]: 'p' (put) / 'd' (delete), its seq (SEQ_DIGITS
 # digits), the stored value (seq digits + state; '' for a delete), the offset of its piece bytes
-# in the stream's pieces (``{key}:pieces``, ``worker.state.pieces``; '' when the stream keeps none)
-# and those bytes.
+# in the stream's pieces (``{key}:pieces``, ``worker.state.pieces``; '' when the stream keeps none),
+# those bytes, and '1' to refresh the pieces' TTL (else '').
 # Returns per write 1 = applied, 0 = fenced off (put: stored seq >= seq; delete: stored seq > seq).
 # Redis commands run (``INFO commandstats`` counts each ``redis.call`` as a call of that command,
 # besides the one EVALSHA): one MGET for the whole flush, then per write ONE of: SET ... PX (a put
 # over a stored value), SET ... PX NX (a put of an absent key: a stream's first write), DEL (a
 # delete of a stored value, its pieces with it), TYPE (a delete of an absent key). A put of a
 # stream that keeps pieces adds SETRANGE (its bytes, at the offset the previous state recorded:
-# a redelivered chunk rewrites, never appends twice) when it has bytes, and PEXPIRE (the pieces
-# share the checkpoint's TTL) once any were written. A key left by the older hash layout
+# a redelivered chunk rewrites, never appends twice) when it has bytes, and PEXPIRE when the write
+# asks for it (``StateWrite.touch``: the pieces' first bytes, then often enough that they outlive
+# the checkpoint's TTL: the Kafka worker asks every quarter TTL). A key left by the older hash layout
 # (fields s/q: MGET reads it as nil) costs HGET + SET/DEL more, and is fenced on its q.
 _COMMIT = """
 local ttl = ARGV[1]
@@ -91,8 +92,8 @@ local seen = {}
 local out = {}
 for i = 1, #KEYS do
   local k = KEYS[i]
-  local b = 5 * i - 3
-  local kind, q, v, at, data = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
+  local b = 6 * i - 4
+  local kind, q, v, at, data, touch = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
   local c = seen[k]
   if c == nil then
     c = cur[i]
@@ -122,7 +123,7 @@ for i = 1, #KEYS do
   if ok == 1 and kind == 'p' and at ~= '' then
     local pk = k .. PIECES_SUFFIX
     if string.len(data) > 0 then redis.call('SETRANGE', pk, tonumber(at), data) end
-    if string.len(data) > 0 or tonumber(at) > 0 then redis.call('PEXPIRE', pk, ttl) end
+    if touch == '1' then redis.call('PEXPIRE', pk, ttl) end
   end
   out[i] = ok
 end
@@ -222,6 +223,9 @@ class StateWrite:
     seq: int
     at: int = -1
     data: bytes = b""
+    #: refresh the pieces' TTL to the checkpoint's (their first write, and at least once per
+    #: TTL: the checkpoint's own TTL is refreshed by every write)
+    touch: bool = False
 
 
 @dataclass
@@ -438,9 +442,10 @@ class RedisStateStore:
             for w in part:
                 q = seq_digits(int(w.seq))
                 if w.state is None:
-                    args += (b"d", q, b"", b"", b"")
+                    args += (b"d", q, b"", b"", b"", b"")
                 else:
-                    args += (b"p", q, q + w.state, b"" if w.at < 0 else str(int(w.at)).encode(), w.data)
+                    args += (b"p", q, q + w.state, b"" if w.at < 0 else str(int(w.at)).encode(), w.data,
+                             b"1" if w.touch else b"")
             res = await self._commit(keys=[self.key(w.request_id) for w in part], args=args)
             out += [bool(r) for r in res]
         return out

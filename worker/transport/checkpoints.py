@@ -126,6 +126,7 @@ class CheckpointWrite:
     #: -1: the stream keeps no pieces)
     at: int = -1
     data: bytes = b""
+    touch: bool = False  # refresh the pieces' TTL (``StateWrite.touch``)
 
 
 def _merge(into: dict, wr: CheckpointWrite) -> None:
@@ -138,6 +139,7 @@ def _merge(into: dict, wr: CheckpointWrite) -> None:
         return
     if wr.seq >= cur.seq:
         cur.seq, cur.value = wr.seq, wr.value
+        cur.touch = cur.touch or wr.touch
         if wr.at < 0:  # (an ended stream's tombstone: its pieces are not read again)
             cur.at, cur.data = -1, b""
         elif 0 <= cur.at <= wr.at <= cur.at + len(cur.data):  # consecutive chunks: one write
@@ -193,7 +195,7 @@ class CheckpointWriter:
             delay = 0.1
             while True:
                 latest = self._inflight = list(batch.values())
-                writes = [StateWrite(w.rid, w.value, w.seq, w.at, w.data) for w in latest]
+                writes = [StateWrite(w.rid, w.value, w.seq, w.at, w.data, w.touch) for w in latest]
                 try:
                     res = await self.store.commit(writes)
                     self.outage.up()

@@ -66,6 +66,7 @@ class LiveStream:
     #: ``pieces_at`` are in the store, written by an earlier owner)
     pieces: bytearray | None = None
     pieces_at: int = -1
+    pieces_touched: float = 0.0  # time.monotonic() of this worker's last refresh of the pieces' TTL
     packed_len: int = 0  # parked: replay window length
     packed_first: int = -1  # parked: input offset of the window's first reply
 

@@ -495,6 +495,11 @@ class StreamRouter:
                                 error_body(f"internal error: {type(e).__name__}: {e}", 500, s.rid))
             await self._publish(st, s, msg, entry, write=True)
 
+    def _ttl_s(self) -> float:
+        """The state store's key TTL in seconds (the pieces share it)."""
+        ms = getattr(self.store, "ttl_ms", None)
+        return ms / 1000.0 if ms else float(getattr(self.store, "ttl_s", 900.0))
+
     async def _stored_pieces(self, s: _Stream, start: int, end: int) -> tuple[int, bytes]:
         """Bytes ``[start, end)`` of a stream's pieces: from memory when this worker wrote them,
         else from the store (waiting out an outage); pieces the store lost give fewer bytes (the
@@ -528,7 +533,7 @@ class StreamRouter:
             s.known = True
         s.next_seq = seq + 1
         end = out.status != 200 or out.done
-        at, data = -1, b""
+        at, data, touch = -1, b"", False
         if end:
             end_stream(s)
         else:
@@ -536,17 +541,20 @@ class StreamRouter:
             if out.pieces_len:
                 at, data = out.pieces_len - len(out.append), out.append
                 record_pieces(s, at, data)
+                now = time.monotonic()  # the pieces' TTL: set with their first bytes, then every quarter TTL
+                if (at == 0 and data) or now - s.pieces_touched > self._ttl_s() / 4:
+                    touch, s.pieces_touched = True, now
         self.ctx.stats.stream_chunks += 1
         # (one shared kind string, not one unpickled copy per reply held in replay windows)
         entry = ReplayEntry(seq, out.status, end, sys.intern(out.kind) if out.kind else out.kind, out.body)
-        await self._publish(st, s, msg, entry, write=True, is_object=out.is_object, pieces=(at, data))
+        await self._publish(st, s, msg, entry, write=True, is_object=out.is_object, pieces=(at, data, touch))
 
     async def _publish(self, st, s: _Stream | None, msg, entry: ReplayEntry, *, write: bool = False,
                        extra_offsets: list | None = None, is_object: bool = True, rid: str | None = None,
-                       pieces: tuple[int, bytes] = (-1, b"")) -> None:
+                       pieces: tuple[int, bytes, bool] = (-1, b"", False)) -> None:
         """Steps 1 (produce) here; 2-4 follow in the partition's stream acker / state writer.
         ``rid``: the request id addressing the reply when there is no stream ``s``. ``pieces``:
-        ``(at, bytes)`` of the chunk's pieces, written with its checkpoint (-1: none). An
+        ``(at, bytes, touch)`` of the chunk's pieces, written with its checkpoint (-1: none). An
         ``entry.seq`` < 0 (no valid ``derender-seq``) puts no ``derender-seq`` header on the reply."""
         out = JobOutcome(entry.value, entry.status, s.rid if s else rid, entry.kind, is_object)
         plan = self.ctx.planner.safe_plan(msg, out)
@@ -565,7 +573,8 @@ class StreamRouter:
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
             wr = CheckpointWrite(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
-                                 [msg.offset, *(extra_offsets or ())], s, at=pieces[0], data=pieces[1])
+                                 [msg.offset, *(extra_offsets or ())], s, at=pieces[0], data=pieces[1],
+                                 touch=pieces[2])
         try:
             # a reply refused for a reason of its own is dead-lettered; a dead letter is retried
             # until acked (partition paused, not ready) unless the partition goes away meanwhile
