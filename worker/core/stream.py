@@ -5,10 +5,12 @@ stream chunks plus the next state. No I/O; the state is held by the caller (Redi
 
 API
 ---
-* ``derender_chat_chunk(rt, body, state) -> (chunks, state)`` and
+* ``derender_chat_chunk(rt, body, state, pieces=None) -> (chunks, state)`` and
   ``derender_completion_chunk(rt, body, state) -> (chunks, state)``: ``state`` is None for the
   first chunk of a request; the returned state is the same object, advanced. Raise
   ``BadRequest`` (state untouched in that case: validation runs before any mutation).
+  ``request_raw``: the raw bytes of the body's request (its digest is stored on the first chunk,
+  compared on later ones: ``check_request_digest``); ``pieces``: "Bounded state" below.
 * ``encode_state(state) -> bytes`` / ``decode_state(rt, data) -> StreamState`` (msgspec
   msgpack; ``decode_state`` retypes the parser sub-states with ``ParserStack.load_state``).
 * ``DerenderService.derender_stream(body, state_bytes, seq=None)`` (worker/core/service.py) wraps
@@ -25,7 +27,28 @@ the prompt (so a choice whose first chunk carries no ``prompt_token_ids`` starts
 token counts, ``next_seq`` (chunks with a lower sequence number are stale) and ``usage_sent``.
 A finished choice keeps only its counters. The size is bounded by the detokenizer window plus
 the parser's buffered markup (plus a few ints per choice), never by the stream length; work per
-chunk is O(delta).
+chunk is O(delta). ``req_digest``: blake2b-128 of the first chunk's raw request (later chunks'
+requests are compared with it, never decoded); ``v``: ``STATE_VERSION`` (another version is
+refused with the 409 "lost or expired", never misread).
+
+Bounded state (issue 13 item 5)
+-------------------------------
+An open tool call buffers its body in the parser state until it closes (the non-streaming parse
+of the whole body decides the answer), so a never-closed or huge call would make the state grow
+with it. With ``pieces`` (a ``PieceLog`` over the stream's append-only pieces,
+``worker.state.pieces``; ``DerenderService.derender_stream(pieces=True)``), once ``SPILL_CHARS``
+of an open call's body are held, the part its parser no longer reads before the call closes
+(``TaggedToolParser.spill_point``: before the end-marker search, the JSON lexer and the
+incremental streamer's offsets; in ``incremental`` mode the arguments already sent are not kept)
+is appended to the pieces (``ChoiceState.spill``: its byte ranges; ``StreamState.pieces_len``:
+the pieces' length, which readers truncate to) and leaves the state. When the call closes or the
+output ends, the parser raises ``BodyNeeded``; the choice's step is rerun from its state before
+the step (a snapshot, taken only while something is spilled) with the body read back
+(``PiecesNeeded`` when the caller gave no reader). Same reply bytes as without pieces, whatever
+the chunking. Engines without ``spill_point`` (jsontail, pythonic, Harmony, ...), XML
+``incremental`` entries already sent (``ArgStream.args``), required/named ``tool_choice``
+(``StackState.held``) and streams with stop strings (the answer stepping of
+``worker.core.answer``) keep today's growth.
 
 Output rules (same answer as non-streaming for the same tokens, whatever the chunking):
 
