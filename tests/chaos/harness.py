@@ -364,7 +364,7 @@ def big_call_streams(words: int = 700) -> list[list[dict]]:
     hermes JSON call (``qwen3``) and a Qwen3-Coder XML call (``qwen3-coder``)."""
     svc = service()
     tok = svc.runtime("qwen3").tokenizer
-    arg = " ".join("the build log says step %d passed with no warning" % (i % 50) for i in range(words // 9))
+    arg = " ".join(f"the build log says step {i % 50} passed with no warning" for i in range(words // 9))
     tools = [{"type": "function", "function": {"name": "write_file", "parameters": {
         "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
     texts = {

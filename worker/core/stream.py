@@ -39,7 +39,7 @@ with it. With ``pieces`` (a ``PieceLog`` over the stream's append-only pieces,
 ``worker.state.pieces``; ``DerenderService.derender_stream(pieces=True)``), once ``SPILL_CHARS``
 of an open call's body are held, the part its parser no longer reads before the call closes
 (``TaggedToolParser.spill_point``: before the end-marker search, the JSON lexer and the
-incremental streamer's offsets; in ``incremental`` mode the arguments already sent are not kept)
+incremental streamer's offsets; in ``incremental`` mode the arguments already sent are not kept in the state)
 is appended to the pieces (``ChoiceState.spill``: its byte ranges; ``StreamState.pieces_len``:
 the pieces' length, which readers truncate to) and leaves the state. When the call closes or the
 output ends, the parser raises ``BodyNeeded``; the choice's step is rerun from its state before
@@ -108,8 +108,8 @@ from schemas import (
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     ChatLogprobs,
-    CompletionStreamChoice,
     CompletionRequest,
+    CompletionStreamChoice,
     CompletionStreamResponse,
     CompletionTokensDetails,
     DeltaFunctionCall,
@@ -146,8 +146,8 @@ from worker.core.errors import BadRequest, Conflict
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
 from worker.core.responses.log import PieceLog
 from worker.parsers.base import Delta
-from worker.parsers.tagged import BodyNeeded
 from worker.parsers.stack import tool_call_id
+from worker.parsers.tagged import BodyNeeded
 
 __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "derender_completion_chunk",
            "encode_state", "decode_state", "STATE_VERSION", "request_digest", "check_request_digest", "LaterChunkBody"]
