@@ -16,7 +16,11 @@ read, fenced on their ``q`` and replaced by the first write.
 * ``get_many`` batches a whole poll's reads into one pipeline (one ``GETEX`` per key);
   ``commit`` carries a whole flush's writes in one EVALSHA (per ``COMMIT_BATCH_MAX`` writes),
   which runs one ``MGET`` and one command per write: counted as ``INFO commandstats`` counts
-  them (the EVALSHA and each ``redis.call``), a flush of n writes costs n + 2 commands.
+  them (the EVALSHA and each ``redis.call``), a flush of n writes costs n + 2 commands, plus a
+  ``SETRANGE`` per write carrying piece bytes and a ``PEXPIRE`` per write asking for the pieces'
+  TTL (``StateWrite.at`` / ``data`` / ``touch``: the stream's append-only pieces,
+  ``worker.state.pieces``, key ``{prefix}{<request_id>}:pieces``, written in the same fenced
+  step as the checkpoint and deleted with it). ``read_pieces`` reads them (one ``GETRANGE``).
 
 Typical transport loop (per polled batch of chunk messages, grouped by request id, in order)::
 
