@@ -15,7 +15,8 @@ fenced on the sequence number (``put``); it prints the per-chunk latency of that
 Redis memory the stream's key uses (``MEMORY USAGE``) at the same chunks. (The Kafka worker adds
 its replay window of recent reply values to the stored record; that is transport, not core state.)
 
-``--redis-burst N`` (``--burst-chunks``, default 3) runs only the burst pass
+``--redis-burst N`` (``--burst-chunks``, default 3; ``--burst-call``: each stream one long hermes
+tool call whose body spills to the stream's pieces) runs only the burst pass
 (``worker.bench.redis_burst``): N streams opened at once through one in-process worker, a private
 redis-server and the embedded broker; it prints the Redis commands per chunk (``INFO
 commandstats``: EVALSHA and each ``redis.call`` in it counted) and per command.
@@ -88,6 +89,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="only the burst pass: Redis commands per chunk when N streams open at once "
                          "(a private redis-server and the embedded broker; worker.bench.redis_burst)")
     ap.add_argument("--burst-chunks", type=int, default=3, help="chunks per stream of --redis-burst")
+    ap.add_argument("--burst-call", action="store_true",
+                    help="--redis-burst streams are one long hermes tool call each (their body spills to "
+                         "the streams' pieces: the piece writes' commands are counted too)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +179,7 @@ def _burst(args: argparse.Namespace) -> int:
     models = [ServedModelConfig(name="qwen3", tokenizer=args.tokenizer, reasoning_parser="qwen3",
                                 tool_parser="hermes", enable_auto_tool_choice=True)]
     tok = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json"))
-    run_burst_pass(models, tok, args.redis_burst, max(1, args.burst_chunks))
+    run_burst_pass(models, tok, args.redis_burst, max(1, args.burst_chunks), call=args.burst_call)
     return 0
 
 
