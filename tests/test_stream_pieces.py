@@ -13,15 +13,17 @@ call closes or the output ends (``worker.core.stream``, "Bounded state").
 from __future__ import annotations
 
 import copy
+import functools
 import json
 
+import msgspec
 import pytest
 
 from tests.harness.streams import run_stream, stream_bodies_from_nonstream
-from tests.parity import missing_parser, nonstream_cases
+from tests.parity import PARITY, missing_parser, nonstream_cases
 from tests.parity_tools import to_requests
 from tests.test_stream_parity import STREAM_CASES
-from worker.config import ServedModelConfig
+from worker.config import ServedModelConfig, load_config_file
 from worker.core import stream as core_stream
 from worker.core.service import DerenderService
 
@@ -49,6 +51,24 @@ def test_split_streams_are_byte_identical_with_pieces(case, how, tiny_spill):
     body = to_requests.nonstream_body(case)
     bodies = stream_bodies_from_nonstream(copy.deepcopy(body), case["endpoint"], how, 0)
     assert run_stream(copy.deepcopy(bodies), pieces=True) == run_stream(copy.deepcopy(bodies))
+
+
+@functools.cache
+def _incremental_service() -> DerenderService:
+    """The corpus' served models with ``--tool-call-streaming incremental``."""
+    models = load_config_file(PARITY / "models.json")
+    return DerenderService([msgspec.structs.replace(m, tool_call_streaming="incremental") for m in models])
+
+
+@pytest.mark.parametrize("case", SPLIT, ids=[c["id"] for c in SPLIT])
+def test_incremental_streams_are_byte_identical_with_pieces(case, tiny_spill):
+    """The same in ``incremental`` mode: the streamer's offsets move with the spilled body."""
+    if missing_parser(case):
+        pytest.skip(missing_parser(case))
+    body = to_requests.nonstream_body(case)
+    bodies = stream_bodies_from_nonstream(copy.deepcopy(body), case["endpoint"], "1", 0)
+    svc = _incremental_service()
+    assert run_stream(copy.deepcopy(bodies), pieces=True, svc=svc) == run_stream(copy.deepcopy(bodies), svc=svc)
 
 
 _WORDS = "def add(a, b): return a + b  # a helper used by the service layer".split()

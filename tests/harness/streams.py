@@ -9,13 +9,14 @@ import random
 from tests.parity import service
 
 
-def run_stream(bodies: list[dict], pieces: bool = False, sizes: list | None = None) -> list:
+def run_stream(bodies: list[dict], pieces: bool = False, sizes: list | None = None, svc=None) -> list:
     """Feed bodies in order, one state per request id; the list of chunks (errors included).
     ``pieces``: the streams keep append-only pieces (``derender_stream(pieces=True)``), in
     memory with the store's rules (written at the offset the previous state recorded, read
     truncated to the length the state records); each chunk is first run without a reader, and
-    again with one when it asks for stored pieces. ``sizes``: gets each new state's size."""
-    svc = service()
+    again with one when it asks for stored pieces. ``sizes``: gets each new state's size.
+    ``svc``: the service (default: the corpus'), e.g. one in ``incremental`` tool-call mode."""
+    svc = svc or service()
     states: dict[str, bytes | None] = {}
     logs: dict[str, bytearray] = {}
     chunks: list = []
