@@ -76,16 +76,24 @@ _TOOL = [{"type": "function", "function": {"name": "write_file", "parameters": {
     "type": "object", "properties": {"content": {"type": "string"}}}}}]
 
 
+@pytest.mark.parametrize("parser", ["hermes", "qwen3_coder"])
 @pytest.mark.parametrize("mode", ["whole", "incremental"])
 @pytest.mark.parametrize("closed", [False, True])
-def test_a_huge_hermes_call_keeps_the_state_under_4_kib(mode, closed):
-    svc = DerenderService([ServedModelConfig(name="m", tokenizer=str(_qwen3()), tool_parser="hermes",
+def test_a_huge_call_keeps_the_state_under_4_kib(parser, mode, closed):
+    """A 3,000-word string argument of a Hermes JSON call or a Qwen3-Coder XML call (whose
+    ``incremental`` entries sent also leave the state: ``spill_args``)."""
+    svc = DerenderService([ServedModelConfig(name="m", tokenizer=str(_qwen3()), tool_parser=parser,
                                              enable_auto_tool_choice=True, tool_call_streaming=mode)])
     tok = svc.runtime("m").tokenizer
-    text = ('Writing it.\n<tool_call>\n{"name": "write_file", "arguments": {"content": "'
-            + " ".join(_WORDS[i % len(_WORDS)] for i in range(3000)))
-    if closed:
-        text += '"}}\n</tool_call>'
+    words = " ".join(_WORDS[i % len(_WORDS)] for i in range(3000))
+    if parser == "hermes":
+        text = 'Writing it.\n<tool_call>\n{"name": "write_file", "arguments": {"content": "' + words
+        if closed:
+            text += '"}}\n</tool_call>'
+    else:
+        text = "Writing it.\n<tool_call>\n<function=write_file>\n<parameter=content>\n" + words
+        if closed:
+            text += "\n</parameter>\n</function>\n</tool_call>"
     ids = tok.encode(text) + ([tok.token_to_id("<|im_end|>")] if closed else [])
     bodies = []
     for i, t in enumerate(ids):

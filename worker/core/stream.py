@@ -45,10 +45,11 @@ the pieces' length, which readers truncate to) and leaves the state. When the ca
 output ends, the parser raises ``BodyNeeded``; the choice's step is rerun from its state before
 the step (a snapshot, taken only while something is spilled) with the body read back
 (``PiecesNeeded`` when the caller gave no reader). Same reply bytes as without pieces, whatever
-the chunking. Engines without ``spill_point`` (jsontail, pythonic, Harmony, ...), XML
-``incremental`` entries already sent (``ArgStream.args``), required/named ``tool_choice``
-(``StackState.held``) and streams with stop strings (the answer stepping of
-``worker.core.answer``) keep today's growth.
+the chunking. An open XML call's entries already sent in ``incremental`` mode (``ArgStream.args``,
+read again only at the block's close) leave the state the same way (``spill_args``,
+``ChoiceState.spill_args``). Engines without ``spill_point`` (jsontail, pythonic, Harmony, ...),
+required/named ``tool_choice`` (``StackState.held``) and streams with stop strings (the answer
+stepping of ``worker.core.answer``) keep today's growth.
 
 Output rules (same answer as non-streaming for the same tokens, whatever the chunking):
 
@@ -205,6 +206,8 @@ class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
     #: where the open tool call's spilled start lives in the stream's pieces: flat
     #: ``[offset, length, ...]`` byte ranges, in order (one range unless choices interleave)
     spill: list[int] = msgspec.field(default_factory=list)
+    #: the same for the open XML call's spilled sent entries (``TaggedToolParser.spill_args``)
+    spill_args: list[int] = msgspec.field(default_factory=list)
 
 
 class StreamState(msgspec.Struct, kw_only=True, array_like=True):
@@ -610,6 +613,7 @@ def _end_choice(cs: ChoiceState, c: GenerateTokensStreamChoice) -> bool:
     cs.lp_ctx = []
     cs.held = ""
     cs.spill = []
+    cs.spill_args = []
     if c.finish_reason is None:
         cs.stopped = True
         return False
@@ -667,34 +671,57 @@ def _restore(rt: ModelRuntime, snap: bytes) -> ChoiceState:
     return _choice_decoders[rt.stack].decode(snap)
 
 
+def _read_ranges(pieces: PieceLog, ranges: list[int]) -> str:
+    data = b"".join(pieces.read(ranges[i], ranges[i] + ranges[i + 1]) for i in range(0, len(ranges), 2))
+    return data.decode("utf-8", "surrogatepass")
+
+
 def _unspill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
-    """Bring the open call's spilled start back from ``pieces`` into its parser state."""
-    data = b"".join(pieces.read(cs.spill[i], cs.spill[i] + cs.spill[i + 1]) for i in range(0, len(cs.spill), 2))
-    rt.stack.tool.unspill(cs.parser.tool, data.decode("utf-8", "surrogatepass"))
+    """Bring the open call's spilled start (and its spilled sent XML entries) back from
+    ``pieces`` into its parser state."""
+    tool = rt.stack.tool
+    if cs.spill:
+        tool.unspill(cs.parser.tool, _read_ranges(pieces, cs.spill))
+    if cs.spill_args or cs.parser.tool.args_spilled:
+        tool.unspill_args(cs.parser.tool, _read_ranges(pieces, cs.spill_args))
     cs.spill = []
+    cs.spill_args = []
+
+
+def _append(pieces: PieceLog, ranges: list[int], text: str) -> None:
+    """Append ``text`` to ``pieces``, its byte range added to ``ranges`` (joined to the last one
+    when they touch)."""
+    data = text.encode("utf-8", "surrogatepass")
+    at = len(pieces)
+    pieces.new += data
+    if ranges and ranges[-2] + ranges[-1] == at:
+        ranges[-1] += len(data)
+    else:
+        ranges += [at, len(data)]
 
 
 def _spill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
-    """Move the start of an open tool call's body that the parser no longer reads out of the
-    choice state, appended to ``pieces`` (once ``SPILL_CHARS`` are held; tagged-engine tool
-    parsers: ``TaggedToolParser.spill_point``)."""
+    """Move the start of an open tool call's body that the parser no longer reads (and the open
+    XML call's sent entries) out of the choice state, appended to ``pieces`` (once
+    ``SPILL_CHARS`` are held; tagged-engine tool parsers: ``TaggedToolParser.spill_point``)."""
     ps = cs.parser
-    if ps is None or ps.tool is None or len(getattr(ps.tool, "buf", "")) < SPILL_CHARS:
+    if ps is None or ps.tool is None:
         return
     tool = rt.stack.tool
     point = getattr(tool, "spill_point", None)
     if point is None:
         return
-    k = point(ps.tool)
-    if k < SPILL_CHARS // 2:
-        return
-    data = tool.spill(ps.tool, k).encode("utf-8", "surrogatepass")
-    at = len(pieces)
-    pieces.new += data
-    if cs.spill and cs.spill[-2] + cs.spill[-1] == at:
-        cs.spill[-1] += len(data)
-    else:
-        cs.spill += [at, len(data)]
+    if len(ps.tool.buf) >= SPILL_CHARS:
+        k = point(ps.tool)
+        if k >= SPILL_CHARS // 2:
+            _append(pieces, cs.spill, tool.spill(ps.tool, k))
+    a = ps.tool.inc
+    if a is not None and (len(a.args) >= SPILL_CHARS or ps.tool.args_spilled):
+        text, fresh = tool.spill_args(ps.tool, max(1, SPILL_CHARS // 4))
+        if fresh:
+            cs.spill_args = []
+        if text:
+            _append(pieces, cs.spill_args, text)
 
 
 def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice,
@@ -808,7 +835,7 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
             any_finished |= _chat_choice(rt, st, c, out)
             continue
         cs = st.choices.get(c.index)
-        snap = _snapshot(cs) if cs is not None and cs.spill else None
+        snap = _snapshot(cs) if cs is not None and (cs.spill or cs.spill_args) else None
         mark = len(out)
         try:
             any_finished |= _chat_choice(rt, st, c, out)

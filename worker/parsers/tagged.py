@@ -131,6 +131,10 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     #: the stream's append-only pieces, ``worker.core.stream``); ``buf`` and the body offsets
     #: (``scan``, ``lex``, ``inc``'s) count from what is left
     spilled: int = 0
+    #: characters at the start of the open XML call's sent entries (``inc.args``) moved out of
+    #: the state (``spill_args``), and which call (``inc.n``) they belong to
+    args_spilled: int = 0
+    args_call: int = 0
 
 
 class BodyNeeded(Exception):
@@ -306,10 +310,42 @@ class TaggedToolParser(ToolParser):
             k = min(k, st.lex)
         a = st.inc
         if a is not None and a.phase != "off":
-            k = min(k, a.pos)
-            if isinstance(self.spec, XmlArgs):
-                k = min(k, a.scan, a.vs) if a.phase == "value" else min(k, a.scan)
+            if not isinstance(self.spec, XmlArgs):
+                k = min(k, a.pos)
+            elif a.phase == "value" and a.strv and a.sv:  # a string value streaming: its start
+                k = min(k, a.scan, a.vs)  # went out (``pos`` is read again only for a null value)
+            else:
+                k = min(k, a.pos, a.scan, a.vs) if a.phase == "value" else min(k, a.pos, a.scan)
         return max(0, min(k, len(st.buf)))
+
+    def spill_args(self, st: TaggedState, keep: int) -> tuple[str, bool]:
+        """Move the open XML call's sent entries (``inc.args``, read again only when the block
+        closes: ``incremental.settle``) out of the state but their last ``keep`` characters.
+        Returns ``(text, fresh)``: the characters removed (``""``: none) and whether the ones
+        removed before belong to a call that is no longer open (the caller drops them)."""
+        a = st.inc
+        if a is None or not a.open or not isinstance(self.spec, XmlArgs):
+            return "", False
+        fresh = bool(st.args_spilled) and st.args_call != a.n
+        if fresh:
+            st.args_spilled = 0
+        if len(a.args) <= keep:
+            return "", fresh
+        k = len(a.args) - keep
+        text, a.args = a.args[:k], a.args[k:]
+        st.args_spilled += k
+        st.args_call = a.n
+        return text, fresh
+
+    def unspill_args(self, st: TaggedState, text: str) -> None:
+        """Put back what ``spill_args`` removed (``text``: all of it, in order) when its call is
+        still the open one (else it is dropped: that call's entries were reset since)."""
+        a = st.inc
+        if st.args_spilled and a is not None and a.open and st.args_call == a.n:
+            if len(text) != st.args_spilled:
+                raise ValueError(f"unspill_args: {len(text)} characters given, {st.args_spilled} were spilled")
+            a.args = text + a.args
+        st.args_spilled = 0
 
     def spill(self, st: TaggedState, k: int) -> str:
         """Remove the first ``k`` (<= ``spill_point``) characters of the open body from the
@@ -376,7 +412,7 @@ class TaggedToolParser(ToolParser):
             st.seg_text = True
 
     def _close(self, st: TaggedState, out: Delta, body: str, end: str) -> None:
-        if st.spilled:
+        if st.spilled or st.args_spilled:
             raise BodyNeeded
         # a stray start marker's end after a bare call counts as its closer
         end_after = self.ends[0] if st.bare else end
@@ -464,7 +500,7 @@ class TaggedToolParser(ToolParser):
     def finish(self, state: TaggedState) -> Delta:
         out = Delta()
         st = state
-        if st.in_call and st.spilled:
+        if st.in_call and (st.spilled or st.args_spilled):
             raise BodyNeeded
         rest, st.buf = st.buf, ""
         if st.in_call:
