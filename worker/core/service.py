@@ -326,9 +326,11 @@ class DerenderService:
         a chunk whose ``seq`` is below the state's ``next_seq`` is stale (409, state unchanged).
         ``kind``: ``chat``/``completion`` (or ``chat-stream``/``completion-stream``) or None to tell
         by the body (``completion_request`` -> completion, else chat; a stored state's kind wins).
-        A Responses stream (kind ``responses``/``responses-stream``, a packed Responses state, or a
-        first chunk carrying ``responses_request``) goes to ``responses_service.derender_stream_packed``
-        (issue 14: its stored value packs the piece log; replies are JSON lists of Responses events).
+        A Responses stream (kind ``responses``/``responses-stream``, a Responses state, or a first
+        chunk carrying ``responses_request``; replies are JSON lists of Responses events, issue 14)
+        goes to ``responses_service``: with ``pieces`` its log is the stream's pieces
+        (``_responses_with_pieces``), without them the stored value packs it
+        (``derender_stream_packed``).
         ``created``: Unix seconds for every chunk of the request, taken on its first chunk (the
         state keeps it; the Kafka worker passes the first chunk record's timestamp; None = 0).
 
