@@ -111,3 +111,16 @@ def test_a_state_of_the_previous_release_is_refused_with_the_409_never_misread()
     # bytes that are no state at all keep the 400 "unreadable"
     res, _ = svc.derender_stream(_chunk([9707]), b"\x93\xa1x\x01\x02")
     assert res.status == 400 and "unreadable" in json.loads(res.body)["error"]["message"]
+
+
+def test_a_packed_responses_state_of_the_previous_layout_is_the_409_with_pieces():
+    """The Kafka worker keeps a Responses stream's log in the stream's pieces now; a checkpoint
+    that packs it inside (``PACKED_MAGIC``: the previous layout) is refused, never misread."""
+    from worker.core.responses.service import PACKED_MAGIC
+    svc = service()
+    chunk = _chunk([9707])
+    res, new = svc.derender_stream(chunk, PACKED_MAGIC + b"\x92\xc4\x00\xc4\x00", kind="responses", pieces=True)
+    assert res.status == 409 and new is None
+    assert "lost or expired" in json.loads(res.body)["error"]["message"]
+    res, _ = svc.derender_stream(chunk, b"\x93abc", kind="responses", pieces=True)  # another kind's state
+    assert res.status == 400 and "unreadable" in json.loads(res.body)["error"]["message"]

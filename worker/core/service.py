@@ -302,10 +302,14 @@ class DerenderService:
         pieces stores it) is another layout: refused with the 409 "lost or expired"."""
         magic = responses_service.PIECES_MAGIC
         if state_bytes and state_bytes[:len(magic)] != magic:
-            err = Conflict("stored Responses stream state has another layout (its log packed inside it: written "
-                           "by another release): the stream state was lost or expired; stream ended",
-                           param="stream_state")
-            return StreamResult(_encoder.encode(err.to_response(None)), 409, None, responses_service.STREAM_KIND), None
+            if state_bytes[:len(magic)] == responses_service.PACKED_MAGIC:
+                err: DerenderError = Conflict(
+                    "stored Responses stream state has another layout (its log packed inside it: written by "
+                    "another release): the stream state was lost or expired; stream ended", param="stream_state")
+            else:  # (as the packed path answers a state of another kind)
+                err = BadRequest("stored Responses stream state is unreadable: not a Responses stream state")
+            return (StreamResult(_encoder.encode(err.to_response(None)), err.status, None,
+                                 responses_service.STREAM_KIND), None)
         rres = responses_service.derender_stream(self.runtime, body, state_bytes[len(magic):] if state_bytes else None,
                                                  reader, seq, created)
         res = StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq)
