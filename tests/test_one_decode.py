@@ -109,5 +109,6 @@ def test_stream_state_typed_decode_roundtrips_and_keeps_version_refusal():
     old[0] = core_stream.STATE_VERSION - 1
     res, _ = svc.derender_stream(json.dumps({"model": "m", "stream": True, "generate_chunk": {
         "request_id": "s", "choices": [{"index": 0, "token_ids": [ids[0]]}]}}).encode(), msgspec.msgpack.encode(old))
-    assert res.status == 400
-    assert f"has version {core_stream.STATE_VERSION - 1}" in json.loads(res.body)["error"]["message"]
+    assert res.status == 409  # another release's state: the "lost or expired" path, never misread
+    msg = json.loads(res.body)["error"]["message"]
+    assert f"has version {core_stream.STATE_VERSION - 1}" in msg and "lost or expired" in msg

@@ -358,6 +358,39 @@ def responses_streams() -> list[list[dict]]:
     return [r2r.stream_bodies(c) for c in cases if r2r.served_name(c) in served]
 
 
+def big_call_streams(words: int = 700) -> list[list[dict]]:
+    """Streams whose one tool call carries a ``words``-word string argument (several KB: the
+    open call's body spills to the stream's pieces, ``worker.core.stream``), 1-token chunks: a
+    hermes JSON call (``qwen3``) and a Qwen3-Coder XML call (``qwen3-coder``)."""
+    svc = service()
+    tok = svc.runtime("qwen3").tokenizer
+    arg = " ".join(f"the build log says step {i % 50} passed with no warning" for i in range(words // 9))
+    tools = [{"type": "function", "function": {"name": "write_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
+    texts = {
+        "qwen3": "<think>\nWrite it.\n</think>\n\nWriting.\n<tool_call>\n" + json.dumps(
+            {"name": "write_file", "arguments": {"path": "log.txt", "content": arg}}) + "\n</tool_call>",
+        "qwen3-coder": "Writing.\n<tool_call>\n<function=write_file>\n<parameter=path>\nlog.txt\n</parameter>\n"
+                       "<parameter=content>\n" + arg + "\n</parameter>\n</function>\n</tool_call>",
+    }
+    out = []
+    for model, text in texts.items():
+        ids = tok.encode(text) + [tok.token_to_id("<|im_end|>")]
+        prompt = tok.encode("<|im_start|>user\nwrite the log<|im_end|>\n<|im_start|>assistant\n")
+        req = {"model": model, "messages": [{"role": "user", "content": "write the log"}], "tools": tools}
+        bodies = []
+        for k, t in enumerate(ids):
+            last = k == len(ids) - 1
+            gc = {"request_id": "big", "choices": [{"index": 0, "token_ids": [t],
+                                                     "finish_reason": "stop" if last else None}]}
+            b = {"model": model, "stream": True, "generate_chunk": gc}
+            if k == 0:
+                b.update(chat_request=req, prompt_token_ids=prompt, prompt_tokens=len(prompt))
+            bodies.append(b)
+        out.append(bodies)
+    return out
+
+
 def make_streams(n: int, tag: str, source: list[list[dict]] | None = None) -> list[Stream]:
     """``n`` valid streams cycling over the corpus' streams (or ``source``), each with its own
     request id (so its own key and state), with the core's reply for every chunk; a stream is cut

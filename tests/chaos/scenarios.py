@@ -29,6 +29,7 @@ from tests.chaos.harness import (
     RedisServer,
     Stream,
     WorkerProc,
+    big_call_streams,
     create_topics,
     free_port,
     h,
@@ -230,6 +231,37 @@ def kill9_stream(size: str = "reduced") -> dict[str, Any]:
 
         asyncio.run(produce(rig.bs, rig.inp, recs, pace=0.05, on_progress=at))
         figs = _finish(rig, ledger, total, 180, chunks=total)
+        return {**figs, "orphans": _orphans_after_kill(a, 0)}
+    finally:
+        rig.close()
+
+
+def kill9_pieces(size: str = "reduced") -> dict[str, Any]:
+    """Streams whose tool call grows to several KB (a hermes JSON and a Qwen3-Coder XML call:
+    their bodies spill to the streams' append-only pieces, ``{key}:pieces``) over two workers;
+    kill -9 of one mid-call (after 40% of the chunks). The checkpoint and a chunk's piece bytes
+    are one fenced write (one EVALSHA: ``worker.state.redis_store``), so no kill lands between
+    the append and the checkpoint; a redelivered chunk rewrites its bytes at the offset the
+    stored state records. The survivor reads the killed worker's pieces from Redis to close the
+    calls: every stream completes with byte-identical replies (a piece appended twice or lost
+    would change the call's arguments), duplicates identical."""
+    sz = SIZES[size]
+    rig = Rig("kill9-pieces", partitions=sz["partitions"])
+    try:
+        a, b = rig.worker(), rig.worker()
+        rig.wait_ready([a, b])
+        ledger = Ledger(streams=make_streams(max(4, sz["streams"] // 2), "kp", source=big_call_streams()))
+        recs = [r for rnd in stream_records(ledger.streams) for r in rnd]
+        total = len(recs)
+        killed = {}
+
+        def at(i: int) -> None:
+            if i >= total * 0.4 and a.alive:
+                killed["at"] = i
+                a.kill9()
+
+        asyncio.run(produce(rig.bs, rig.inp, recs, pace=0.02, on_progress=at))
+        figs = _finish(rig, ledger, total, 240, chunks=total, killed_at=killed.get("at"))
         return {**figs, "orphans": _orphans_after_kill(a, 0)}
     finally:
         rig.close()
@@ -662,6 +694,7 @@ def broker_restart_backlog(size: str = "reduced", then: str = "deadline") -> dic
 SCENARIOS = {
     "kill9-batch": kill9_batch,
     "kill9-stream": kill9_stream,
+    "kill9-pieces": kill9_pieces,
     "redis-outage-aof": lambda size="reduced": redis_outage(size, "aof", name="redis-outage-aof"),
     "redis-restart-rdb": lambda size="reduced": redis_outage(size, "rdb", name="redis-restart-rdb"),
     "redis-restart-empty": lambda size="reduced": redis_outage(size, "none", lose_worker=True,

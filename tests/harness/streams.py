@@ -9,14 +9,34 @@ import random
 from tests.parity import service
 
 
-def run_stream(bodies: list[dict]) -> list:
-    """Feed bodies in order, one state per request id; the list of chunks (errors included)."""
-    svc = service()
+def run_stream(bodies: list[dict], pieces: bool = False, sizes: list | None = None, svc=None) -> list:
+    """Feed bodies in order, one state per request id; the list of chunks (errors included).
+    ``pieces``: the streams keep append-only pieces (``derender_stream(pieces=True)``), in
+    memory with the store's rules (written at the offset the previous state recorded, read
+    truncated to the length the state records); each chunk is first run without a reader, and
+    again with one when it asks for stored pieces. ``sizes``: gets each new state's size.
+    ``svc``: the service (default: the corpus'), e.g. one in ``incremental`` tool-call mode."""
+    svc = svc or service()
     states: dict[str, bytes | None] = {}
+    logs: dict[str, bytearray] = {}
     chunks: list = []
     for b in bodies:
         rid = b["generate_chunk"].get("request_id") or ""
-        res, new_state = svc.derender_stream(json.dumps(b).encode(), states.get(rid))
+        raw = json.dumps(b).encode()
+        if pieces:
+            log = logs.setdefault(rid, bytearray())
+            res, new_state = svc.derender_stream(raw, states.get(rid), pieces=True)
+            if res.needs_pieces is not None:
+                res, new_state = svc.derender_stream(raw, states.get(rid), pieces=True,
+                                                     reader=lambda a, z, log=log: bytes(log[a:z]))
+                assert res.needs_pieces is None
+            if new_state is not None:
+                at = res.pieces_len - len(res.append)
+                log[at:] = res.append  # (bytes past the recorded length belong to no state)
+        else:
+            res, new_state = svc.derender_stream(raw, states.get(rid))
+        if sizes is not None and new_state is not None:
+            sizes.append(len(new_state))
         out = json.loads(res.body)
         if res.is_error:
             chunks.append(out)
@@ -26,6 +46,7 @@ def run_stream(bodies: list[dict]) -> list:
         states[rid] = new_state
         if res.done:
             states.pop(rid, None)
+            logs.pop(rid, None)
     return chunks
 
 

@@ -106,14 +106,23 @@ class PrivateRedis:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def stream_chunks(tok, rid: str, n_chunks: int, model: str = "qwen3") -> list[bytes]:
+_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def stream_chunks(tok, rid: str, n_chunks: int, model: str = "qwen3", call: bool = False) -> list[bytes]:
     """``n_chunks`` 1-token chat stream chunk bodies of one request ``rid`` (the last one with EOS,
     finish_reason and usage; chunk 0 carries the chat request and the prompt). ``tok``: a
-    ``tokenizers.Tokenizer`` with ``<|im_end|>``."""
+    ``tokenizers.Tokenizer`` with ``<|im_end|>``. ``call``: the output is one hermes tool call
+    whose string argument runs to the end (its body spills to the stream's pieces)."""
     words = tok.encode(" ".join(["Sunny"] * n_chunks), add_special_tokens=False).ids
-    ids = (words * n_chunks)[: n_chunks - 1] + [tok.token_to_id("<|im_end|>")]
+    head = tok.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "',
+                      add_special_tokens=False).ids if call else []
+    ids = (head + words * n_chunks)[: n_chunks - 1] + [tok.token_to_id("<|im_end|>")]
     prompt = tok.encode("<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n").ids
     req = {"model": model, "messages": [{"role": "user", "content": "Weather?"}]}
+    if call:
+        req["tools"] = _TOOLS
     out = []
     for k, t in enumerate(ids):
         last = k == len(ids) - 1
@@ -135,14 +144,15 @@ async def _calls(r: aioredis.Redis) -> dict[str, int]:
 
 
 async def run_burst(bootstrap: str, redis_url: str, models: list, tok, streams: int, chunks: int = 3,
-                    partitions: int = 4, timeout_s: float = 600.0) -> BurstResult:
+                    partitions: int = 4, timeout_s: float = 600.0, call: bool = False) -> BurstResult:
     """Open ``streams`` streams of ``chunks`` chunks at once through one worker over the broker
     ``bootstrap`` and the Redis ``redis_url`` (which nobody else uses: module docstring); the
-    commands it cost. ``models``: served models (``qwen3`` used); ``tok``: its tokenizer."""
+    commands it cost. ``models``: served models (``qwen3`` used); ``tok``: its tokenizer; ``call``:
+    streams of one long tool call (``stream_chunks``)."""
     u = uuid.uuid4().hex[:8]
     inp, reply, dlq, group = f"burst-in-{u}", f"burst-rep-{u}", f"burst-dlq-{u}", f"burst-{u}"
     await ensure_topics(bootstrap, {inp: partitions, reply: partitions, dlq: 1})
-    bodies = [stream_chunks(tok, f"b{u}-{i}", chunks) for i in range(streams)]
+    bodies = [stream_chunks(tok, f"b{u}-{i}", chunks, call=call) for i in range(streams)]
     prod = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, linger_ms=20)
     await prod.start()
     try:
@@ -205,10 +215,10 @@ def print_burst(res: BurstResult) -> None:
     print("  " + ", ".join(f"{k.upper()} {n:,}" for k, n in sorted(res.calls.items(), key=lambda kv: -kv[1])))
 
 
-def run_burst_pass(models: list, tok, streams: int, chunks: int) -> BurstResult:
+def run_burst_pass(models: list, tok, streams: int, chunks: int, call: bool = False) -> BurstResult:
     """The ``--redis-burst`` pass: a private redis-server and the embedded broker, then
     ``run_burst``; prints and returns the result."""
     with PrivateRedis() as red, TansuBroker() as broker:
-        res = asyncio.run(run_burst(broker.bootstrap_servers, red.url, models, tok, streams, chunks))
+        res = asyncio.run(run_burst(broker.bootstrap_servers, red.url, models, tok, streams, chunks, call=call))
     print_burst(res)
     return res

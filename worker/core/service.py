@@ -31,6 +31,7 @@ from worker.core.derender import (
 from worker.core.errors import BadRequest, Conflict, DerenderError, ModelNotFound, error_from_validation
 from worker.core.errors import error_body as error_body
 from worker.core.responses import service as responses_service  # issue 14: the Responses kinds
+from worker.core.responses.log import PieceLog, PiecesLost, PiecesNeeded
 
 log = logging.getLogger(__name__)
 
@@ -141,13 +142,21 @@ class StreamResult(DerenderResult):
     request finished: delete the stored state), ``seq`` (the sequence number this chunk was
     given; the store fences writes on it) and ``kind`` (``chat-stream``/``completion-stream``)."""
 
-    __slots__ = ("done", "seq")
+    __slots__ = ("done", "seq", "append", "pieces_len", "needs_pieces")
 
     def __init__(self, body: bytes, status: int = 200, request_id: str | None = None, kind: str | None = None,
                  done: bool = False, seq: int | None = None):
         super().__init__(body, status, request_id, kind)
         self.done = done
         self.seq = seq
+        #: with ``pieces=True``: bytes to write to the stream's pieces at offset
+        #: ``pieces_len - len(append)`` with the returned state (one fenced write:
+        #: ``worker.state.pieces``), and the pieces' length the state records
+        self.append = b""
+        self.pieces_len = 0
+        #: ``(start, end)``: called with ``pieces=True`` and no reader, the chunk needs those
+        #: stored piece bytes (nothing was derendered, ``body`` is empty: call again with a reader)
+        self.needs_pieces: tuple[int, int] | None = None
 
 
 class _StreamProbe(msgspec.Struct):
@@ -169,6 +178,17 @@ class _StreamBody(DerenderChatStreamRequest, kw_only=True):
 
 
 _stream_body_decoder = msgspec.json.Decoder(_StreamBody)
+_later_body_decoder = msgspec.json.Decoder(core_stream.LaterChunkBody)
+
+
+class _RawRequests(msgspec.Struct):
+    """The first chunk's request fields as raw bytes (their digest is stored in the state)."""
+
+    chat_request: msgspec.Raw = msgspec.Raw(b"")
+    completion_request: msgspec.Raw = msgspec.Raw(b"")
+
+
+_raw_requests_decoder = msgspec.json.Decoder(_RawRequests)
 
 
 class DerenderService:
@@ -274,8 +294,34 @@ class DerenderService:
         store and the bytes to append to the log). Never raises for bad input."""
         return responses_service.derender_stream(self.runtime, body, state_bytes, reader, seq, created)
 
+    def _responses_with_pieces(self, body: bytes, state_bytes: bytes | None, seq: int | None, created: int | None,
+                               reader) -> tuple[StreamResult, bytes | None]:
+        """``derender_stream(pieces=True)`` for a Responses stream: its piece log goes to the
+        stream's pieces (``result.append`` / ``pieces_len``), its state is ``PIECES_MAGIC`` + the
+        core's state. A packed state (``PACKED_MAGIC``: the log inside the value, as a caller without
+        pieces stores it) is another layout: refused with the 409 "lost or expired"."""
+        magic = responses_service.PIECES_MAGIC
+        if state_bytes and state_bytes[:len(magic)] != magic:
+            if state_bytes[:len(magic)] == responses_service.PACKED_MAGIC:
+                err: DerenderError = Conflict(
+                    "stored Responses stream state has another layout (its log packed inside it: written by "
+                    "another release): the stream state was lost or expired; stream ended", param="stream_state")
+            else:  # (as the packed path answers a state of another kind)
+                err = BadRequest("stored Responses stream state is unreadable: not a Responses stream state")
+            return (StreamResult(_encoder.encode(err.to_response(None)), err.status, None,
+                                 responses_service.STREAM_KIND), None)
+        rres = responses_service.derender_stream(self.runtime, body, state_bytes[len(magic):] if state_bytes else None,
+                                                 reader, seq, created)
+        res = StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq)
+        res.needs_pieces = rres.needs_pieces
+        if rres.state is None:
+            return res, None
+        res.append, res.pieces_len = rres.log_append, rres.log_len
+        return res, magic + rres.state
+
     def derender_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None = None,
-                        kind: str | None = None, created: int | None = None) -> tuple[StreamResult, bytes | None]:
+                        kind: str | None = None, created: int | None = None, pieces: bool = False,
+                        reader=None) -> tuple[StreamResult, bytes | None]:
         """Derender one streaming chunk body (``generate_chunk``) against the request's stored state.
 
         ``state_bytes``: what the previous call returned for this request id (None/empty for the
@@ -284,30 +330,43 @@ class DerenderService:
         a chunk whose ``seq`` is below the state's ``next_seq`` is stale (409, state unchanged).
         ``kind``: ``chat``/``completion`` (or ``chat-stream``/``completion-stream``) or None to tell
         by the body (``completion_request`` -> completion, else chat; a stored state's kind wins).
-        A Responses stream (kind ``responses``/``responses-stream``, a packed Responses state, or a
-        first chunk carrying ``responses_request``) goes to ``responses_service.derender_stream_packed``
-        (issue 14: its stored value packs the piece log; replies are JSON lists of Responses events).
+        A Responses stream (kind ``responses``/``responses-stream``, a Responses state, or a first
+        chunk carrying ``responses_request``; replies are JSON lists of Responses events, issue 14)
+        goes to ``responses_service``: with ``pieces`` its log is the stream's pieces
+        (``_responses_with_pieces``), without them the stored value packs it
+        (``derender_stream_packed``).
         ``created``: Unix seconds for every chunk of the request, taken on its first chunk (the
         state keeps it; the Kafka worker passes the first chunk record's timestamp; None = 0).
 
         Returns ``(result, new_state_bytes)``: ``result.body`` is the JSON list of OpenAI chunks to
         publish (or an error object, status 400/404/409/500); ``new_state_bytes`` is the state to store
         under ``result.seq`` (None on error: keep the stored state); when ``result.done`` the stream
-        is complete and the stored state should be deleted. Never raises for bad input."""
+        is complete and the stored state should be deleted. Never raises for bad input.
+
+        ``pieces``: the caller keeps the stream's append-only pieces (``worker.state.pieces``):
+        a chat stream's open tool call then keeps only what its parser still reads in the state
+        (``worker.core.stream``, "Bounded state"); ``result.append`` / ``result.pieces_len`` say
+        what to write with the state; ``reader(start, end)`` reads the stored pieces (None: a
+        chunk that needs them returns ``result.needs_pieces``; fewer bytes than recorded: 409).
+        Without ``pieces`` the state holds everything (a caller that stores one value)."""
         if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
+            if pieces:
+                return self._responses_with_pieces(body, state_bytes, seq, created, reader)
             rres, packed = responses_service.derender_stream_packed(self.runtime, body, state_bytes, seq, created)
             return StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq), packed
         request_id = None
         kind_used = None
+        later = bool(state_bytes)  # after the first chunk only generate_chunk is decoded
         try:
             try:  # one typed decode; on failure the probe path below names the error as always
-                typed = _stream_body_decoder.decode(body)
+                typed = (_later_body_decoder if later else _stream_body_decoder).decode(body)
             except _BAD_JSON:
                 typed = None
             if typed is not None:
                 request_id = typed.generate_chunk.request_id
                 model = typed.model
-                has_completion_request = typed.completion_request is not None
+                has_completion_request = _Probe.present(typed.completion_request_raw) if later \
+                    else typed.completion_request is not None
             else:
                 probe = _decode_or_400(_stream_probe_decoder, body)
                 if not _Probe.present(probe.generate_chunk):
@@ -337,15 +396,40 @@ class DerenderService:
                 raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
             if seq is not None and state is not None and seq < state.next_seq:
                 raise Conflict(f"stale chunk: sequence number {seq} < next expected {state.next_seq}", param="seq")
-            req = typed if typed is not None else \
-                _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
-            fn = core_stream.derender_chat_chunk if kind == "chat" else core_stream.derender_completion_chunk
-            chunks, state = fn(rt, req, state, force_include_usage=self.force_include_usage, created=created)
+            if later:
+                req = typed if typed is not None else _decode_or_400(_later_body_decoder, body)
+                raw = req.request_raw(kind)
+            else:
+                req = typed if typed is not None else \
+                    _decode_or_400(_chat_stream_decoder if kind == "chat" else _completion_stream_decoder, body)
+                raws = _raw_requests_decoder.decode(body)  # (valid JSON: the typed decode passed)
+                raw = bytes(raws.chat_request if kind == "chat" else raws.completion_request)
+            log_ = None
+            if kind == "chat":
+                if pieces:
+                    log_ = PieceLog(reader, state.pieces_len if state is not None else 0)
+                chunks, state = core_stream.derender_chat_chunk(
+                    rt, req, state, force_include_usage=self.force_include_usage, created=created,
+                    request_raw=raw, pieces=log_)
+            else:
+                chunks, state = core_stream.derender_completion_chunk(
+                    rt, req, state, force_include_usage=self.force_include_usage, created=created,
+                    request_raw=raw)
             if seq is not None:
                 state.next_seq = seq + 1
             done = state.done
-            return (StreamResult(_encoder.encode(chunks), 200, request_id, kind_used, done, state.next_seq - 1),
-                    core_stream.encode_state(state))
+            res = StreamResult(_encoder.encode(chunks), 200, request_id, kind_used, done, state.next_seq - 1)
+            if pieces:
+                res.append = bytes(log_.new) if log_ is not None else b""
+                res.pieces_len = state.pieces_len
+            return res, core_stream.encode_state(state)
+        except PiecesNeeded as e:
+            res = StreamResult(b"", 0, request_id, kind_used)
+            res.needs_pieces = (e.start, e.end)
+            return res, None
+        except PiecesLost as e:
+            err = Conflict(f"{e}; stream ended", param="stream_state")
+            return StreamResult(_encoder.encode(err.to_response(request_id)), 409, request_id, kind_used), None
         except DerenderError as e:
             return StreamResult(_encoder.encode(e.to_response(request_id)), e.status, request_id, kind_used), None
         except Exception as e:  # a core bug: report it as a 500 without losing the worker

@@ -5,10 +5,12 @@ stream chunks plus the next state. No I/O; the state is held by the caller (Redi
 
 API
 ---
-* ``derender_chat_chunk(rt, body, state) -> (chunks, state)`` and
+* ``derender_chat_chunk(rt, body, state, pieces=None) -> (chunks, state)`` and
   ``derender_completion_chunk(rt, body, state) -> (chunks, state)``: ``state`` is None for the
   first chunk of a request; the returned state is the same object, advanced. Raise
   ``BadRequest`` (state untouched in that case: validation runs before any mutation).
+  ``request_raw``: the raw bytes of the body's request (its digest is stored on the first chunk,
+  compared on later ones: ``check_request_digest``); ``pieces``: "Bounded state" below.
 * ``encode_state(state) -> bytes`` / ``decode_state(rt, data) -> StreamState`` (msgspec
   msgpack; ``decode_state`` retypes the parser sub-states with ``ParserStack.load_state``).
 * ``DerenderService.derender_stream(body, state_bytes, seq=None)`` (worker/core/service.py) wraps
@@ -25,7 +27,29 @@ the prompt (so a choice whose first chunk carries no ``prompt_token_ids`` starts
 token counts, ``next_seq`` (chunks with a lower sequence number are stale) and ``usage_sent``.
 A finished choice keeps only its counters. The size is bounded by the detokenizer window plus
 the parser's buffered markup (plus a few ints per choice), never by the stream length; work per
-chunk is O(delta).
+chunk is O(delta). ``req_digest``: blake2b-128 of the first chunk's raw request (later chunks'
+requests are compared with it, never decoded); ``v``: ``STATE_VERSION`` (another version is
+refused with the 409 "lost or expired", never misread).
+
+Bounded state (issue 13 item 5)
+-------------------------------
+An open tool call buffers its body in the parser state until it closes (the non-streaming parse
+of the whole body decides the answer), so a never-closed or huge call would make the state grow
+with it. With ``pieces`` (a ``PieceLog`` over the stream's append-only pieces,
+``worker.state.pieces``; ``DerenderService.derender_stream(pieces=True)``), once ``SPILL_CHARS``
+of an open call's body are held, the part its parser no longer reads before the call closes
+(``TaggedToolParser.spill_point``: before the end-marker search, the JSON lexer and the
+incremental streamer's offsets; in ``incremental`` mode the arguments already sent are not kept in the state)
+is appended to the pieces (``ChoiceState.spill``: its byte ranges; ``StreamState.pieces_len``:
+the pieces' length, which readers truncate to) and leaves the state. When the call closes or the
+output ends, the parser raises ``BodyNeeded``; the choice's step is rerun from its state before
+the step (a snapshot, taken only while something is spilled) with the body read back
+(``PiecesNeeded`` when the caller gave no reader). Same reply bytes as without pieces, whatever
+the chunking. An open XML call's entries already sent in ``incremental`` mode (``ArgStream.args``,
+read again only at the block's close) leave the state the same way (``spill_args``,
+``ChoiceState.spill_args``). Engines without ``spill_point`` (jsontail, pythonic, Harmony, ...),
+required/named ``tool_choice`` (``StackState.held``) and streams with stop strings (the answer
+stepping of ``worker.core.answer``) keep today's growth.
 
 Output rules (same answer as non-streaming for the same tokens, whatever the chunking):
 
@@ -68,19 +92,24 @@ non-streaming path). Refused (400): ``stream: false``, duplicate choice indices 
 chunk for a finished choice, out-of-vocab ids, logprobs not matching token ids, more than
 ``max_model_len`` tokens in a choice, more than ``max_logprobs`` candidates, ``prompt_tokens`` !=
 len(``prompt_token_ids``), a first chat chunk without ``chat_request`` when a parser is
-configured, a model change mid-stream, a chunk of the other kind than the stream's.
+configured, a model change mid-stream, a chunk of the other kind than the stream's, a later
+chunk whose request (``chat_request`` / ``completion_request``) is not byte-identical to the
+first chunk's (compared by ``request_digest``; later chunks' requests are never decoded).
 """
 from __future__ import annotations
 
+import hashlib
 import weakref
 from typing import Any
 
 import msgspec
 
 from schemas import (
+    ChatCompletionRequest,
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     ChatLogprobs,
+    CompletionRequest,
     CompletionStreamChoice,
     CompletionStreamResponse,
     CompletionTokensDetails,
@@ -89,7 +118,10 @@ from schemas import (
     DeltaToolCall,
     DerenderChatStreamRequest,
     DerenderCompletionStreamRequest,
+    DerenderStreamState,
     GenerateTokensStreamChoice,
+    GenerateTokensStreamResponse,
+    Int64,
     UsageInfo,
 )
 from worker.core.answer import step_answer
@@ -111,13 +143,15 @@ from worker.core.detokenize import (
     stop_strings,
     stop_token_trimmed,
 )
-from worker.core.errors import BadRequest
+from worker.core.errors import BadRequest, Conflict
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
+from worker.core.responses.log import PieceLog
 from worker.parsers.base import Delta
 from worker.parsers.stack import tool_call_id
+from worker.parsers.tagged import BodyNeeded
 
 __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "derender_completion_chunk",
-           "encode_state", "decode_state", "STATE_VERSION"]
+           "encode_state", "decode_state", "STATE_VERSION", "request_digest", "check_request_digest", "LaterChunkBody"]
 
 #: 2: parser states gained fields (tagged ``after_end``, think ``ws``, Harmony id scanning); a state
 #: stored by an older build is refused (a 400 for that stream), never misread.
@@ -125,7 +159,10 @@ __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "d
 #: 4: tagged states gained the bare-call fields (``bare``, ``fence``, ``inline``: qwen3_coder /
 #: seed_oss calls without their wrapper); gpt-oss's Harmony state became one Struct with enum
 #: phase / route and a typed header (``worker.parsers.harmony.HarmonyState``).
-STATE_VERSION = 4
+#: 5: ``req_digest`` (blake2b-128 of the first chunk's raw request bytes: later chunks that carry
+#: the request are compared with it, never decoded). A state of another version is refused with
+#: the 409 "lost or expired" (``decode_state``), never misread.
+STATE_VERSION = 5
 
 
 class StreamOpts(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
@@ -166,6 +203,11 @@ class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
     #: a stop string matched: the OpenAI stream of this choice has ended; the engine's later
     #: tokens are only counted (``finished`` comes with the engine's own finish_reason)
     stopped: bool = False
+    #: where the open tool call's spilled start lives in the stream's pieces: flat
+    #: ``[offset, length, ...]`` byte ranges, in order (one range unless choices interleave)
+    spill: list[int] = msgspec.field(default_factory=list)
+    #: the same for the open XML call's spilled sent entries (``TaggedToolParser.spill_args``)
+    spill_args: list[int] = msgspec.field(default_factory=list)
 
 
 class StreamState(msgspec.Struct, kw_only=True, array_like=True):
@@ -183,6 +225,11 @@ class StreamState(msgspec.Struct, kw_only=True, array_like=True):
     next_seq: int = 0
     usage_sent: bool = False
     created: int = 0  # every chunk's ``created``: fixed by the request's first chunk
+    #: ``request_digest`` of the first chunk's raw ``chat_request`` / ``completion_request`` bytes
+    #: (empty when it carried none); a later chunk's request must have the same digest
+    req_digest: bytes = b""
+    #: length of the stream's append-only pieces after this chunk (readers truncate to it)
+    pieces_len: int = 0
 
     @property
     def done(self) -> bool:
@@ -198,6 +245,40 @@ class StreamState(msgspec.Struct, kw_only=True, array_like=True):
 
 _state_encoder = msgspec.msgpack.Encoder()
 _state_decoder = msgspec.msgpack.Decoder(StreamState)
+
+
+class LaterChunkBody(msgspec.Struct, kw_only=True):
+    """A chat or completion chunk body after the stream's first chunk, as the service decodes it:
+    ``generate_chunk`` typed, the request kept raw (``chat_request_raw`` / ``completion_request_raw``,
+    JSON keys ``chat_request`` / ``completion_request``): its digest is compared with the stored
+    one (``check_request_digest``), it is not decoded. ``chat_request`` / ``completion_request``
+    decode it only when read: a later chunk opening a new choice with its own prompt ids
+    (``_reseed``), once its digest matched the first chunk's."""
+
+    model: str
+    generate_chunk: GenerateTokensStreamResponse
+    stream: bool = True
+    stream_state: DerenderStreamState | None = None
+    prompt_tokens: Int64 | None = None
+    prompt_token_ids: list[Int64] | None = None
+    chat_request_raw: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="chat_request")
+    completion_request_raw: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="completion_request")
+
+    def request_raw(self, kind: str) -> bytes:
+        """The raw bytes of the ``kind`` (``chat``/``completion``) request (``b""``: absent)."""
+        return bytes(self.chat_request_raw if kind == "chat" else self.completion_request_raw)
+
+    @property
+    def chat_request(self) -> ChatCompletionRequest | None:
+        """The chat request, decoded on demand (None when absent or ``null``)."""
+        raw = bytes(self.chat_request_raw)
+        return msgspec.json.decode(raw, type=ChatCompletionRequest | None) if raw else None
+
+    @property
+    def completion_request(self) -> CompletionRequest | None:
+        """The completion request, decoded on demand (None when absent or ``null``)."""
+        raw = bytes(self.completion_request_raw)
+        return msgspec.json.decode(raw, type=CompletionRequest | None) if raw else None
 
 
 def encode_state(state: StreamState) -> bytes:
@@ -219,15 +300,65 @@ def _typed_decoder(stack) -> msgspec.msgpack.Decoder:
         tst = msgspec.defstruct("TypedStreamState", [("seed_parser", sst | None, None),
                                                      ("choices", dict[int, cst], msgspec.field(default_factory=dict))],
                                 bases=(StreamState,), kw_only=True, array_like=True)
-        dec = _typed_decoders[stack] = msgspec.msgpack.Decoder(tst)
+        dec = msgspec.msgpack.Decoder(tst)
+        _typed_decoders[stack] = dec
+        _choice_decoders[stack] = msgspec.msgpack.Decoder(cst)
     return dec
+
+
+_choice_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _other_version(v: int) -> Conflict:
+    return Conflict(f"stored stream state has version {v}, expected {STATE_VERSION} (written by another "
+                    "release): the stream state was lost or expired; stream ended", param="stream_state")
+
+
+class _Version(msgspec.Struct, array_like=True):
+    v: int
+
+
+_version_decoder = msgspec.msgpack.Decoder(_Version)
+
+
+def _refuse_other_version(data: bytes) -> None:
+    """Raise the 409 of ``_other_version`` when ``data`` (which the state decoders refused) is a
+    msgpack array whose first item, the version, is an int other than ``STATE_VERSION`` (a state
+    of another release whose layout changed); return otherwise (the caller's 400 names it)."""
+    try:
+        v = _version_decoder.decode(data).v
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+    if v != STATE_VERSION:
+        raise _other_version(v)
+
+
+def request_digest(raw: bytes) -> bytes:
+    """blake2b-128 of a stream request's raw JSON bytes (``chat_request`` / ``completion_request``
+    as the first chunk carried them); later chunks' requests are compared by it, never decoded.
+    ``b""`` for an absent request (no bytes, or ``null``)."""
+    if not raw or raw == b"null":
+        return b""
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def check_request_digest(state: StreamState, raw: bytes | None, kind: str) -> None:
+    """A later chunk's raw request (``raw``: its JSON bytes, None/empty/``null`` when absent)
+    must be byte-identical to the first chunk's (digest compared, the bytes never decoded).
+    Raises ``BadRequest`` (400) on a mismatch, also when the first chunk carried none."""
+    d = request_digest(raw or b"")
+    if d and d != state.req_digest:
+        field = "chat_request" if kind == "chat" else "completion_request"
+        raise BadRequest(f"{field} differs from the one the stream started with (a later chunk may omit it; "
+                         "when present it must be the first chunk's bytes)", param=field)
 
 
 def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
     """Decode ``encode_state`` bytes; parser sub-states come out typed for ``rt``'s parser stack
     (one typed decode; bytes it refuses go through the untyped decoder, so the error names what
-    it always named: the version or the unreadable part). Raises ``BadRequest`` for bytes that
-    are not a state of this version."""
+    it always named: the version or the unreadable part). Raises ``Conflict`` (409, the "lost or
+    expired" path) for a state of another ``STATE_VERSION`` (another release wrote it), and
+    ``BadRequest`` for bytes that are not a stream state."""
     st = None
     if rt.stack is not None:
         try:
@@ -238,9 +369,10 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
         try:
             st = _state_decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            _refuse_other_version(data)
             raise BadRequest(f"stored stream state is unreadable: {e}") from None
     if st.v != STATE_VERSION:
-        raise BadRequest(f"stored stream state has version {st.v}, expected {STATE_VERSION}")
+        raise _other_version(st.v)
     if rt.stack is not None:
         try:  # the parser sub-states are typed here (a corrupted or foreign state fails here)
             if st.seed_parser is not None:
@@ -263,7 +395,8 @@ def _check_stream_choice(rt: ModelRuntime, c: GenerateTokensStreamChoice, prior:
     check_ids_and_logprobs(rt, ids, c.logprobs, where)
 
 
-def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: str) -> None:
+def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: str,
+                     request_raw: bytes | None = None) -> None:
     if body.stream is False:
         raise BadRequest("stream=false on a streaming chunk body (generate_chunk)", param="stream")
     if state is not None:
@@ -279,7 +412,11 @@ def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: st
             and body.prompt_tokens != len(body.prompt_token_ids):
         raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
                          f"({len(body.prompt_token_ids)})", param="prompt_tokens")
-    req = body.chat_request if kind == "chat" else body.completion_request
+    if state is not None:  # a later chunk's request: compared with the first one's, never decoded
+        check_request_digest(state, request_raw, kind)
+        req = None
+    else:
+        req = body.chat_request if kind == "chat" else body.completion_request
     if req is not None:
         check_request_numbers(rt, n=req.n, top_logprobs=req.top_logprobs if kind == "chat" else req.logprobs,
                               min_tokens=req.min_tokens, prompt_tokens=[body.prompt_tokens],
@@ -475,6 +612,8 @@ def _end_choice(cs: ChoiceState, c: GenerateTokensStreamChoice) -> bool:
     cs.parser = None
     cs.lp_ctx = []
     cs.held = ""
+    cs.spill = []
+    cs.spill_args = []
     if c.finish_reason is None:
         cs.stopped = True
         return False
@@ -516,95 +655,199 @@ def _want_usage(st: StreamState, force: bool, any_finished: bool) -> bool:
     return st.done
 
 
+# ------------------------------------------------------------------------ bounded state ---
+#: an open call's body is spilled once this many characters of it are held in the state; what
+#: stays is what the parser still reads (from its end-marker search / lexer / streamer offsets)
+SPILL_CHARS = 1024
+
+
+def _snapshot(cs: ChoiceState) -> bytes:
+    """A choice state as bytes, to run a step again from it (``_restore``)."""
+    return _state_encoder.encode(cs)
+
+
+def _restore(rt: ModelRuntime, snap: bytes) -> ChoiceState:
+    _typed_decoder(rt.stack)
+    return _choice_decoders[rt.stack].decode(snap)
+
+
+def _read_ranges(pieces: PieceLog, ranges: list[int]) -> str:
+    data = b"".join(pieces.read(ranges[i], ranges[i] + ranges[i + 1]) for i in range(0, len(ranges), 2))
+    return data.decode("utf-8", "surrogatepass")
+
+
+def _unspill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
+    """Bring the open call's spilled start (and its spilled sent XML entries) back from
+    ``pieces`` into its parser state."""
+    tool = rt.stack.tool
+    if cs.spill:
+        tool.unspill(cs.parser.tool, _read_ranges(pieces, cs.spill))
+    if cs.spill_args or cs.parser.tool.args_spilled:
+        tool.unspill_args(cs.parser.tool, _read_ranges(pieces, cs.spill_args))
+    cs.spill = []
+    cs.spill_args = []
+
+
+def _append(pieces: PieceLog, ranges: list[int], text: str) -> None:
+    """Append ``text`` to ``pieces``, its byte range added to ``ranges`` (joined to the last one
+    when they touch)."""
+    data = text.encode("utf-8", "surrogatepass")
+    at = len(pieces)
+    pieces.new += data
+    if ranges and ranges[-2] + ranges[-1] == at:
+        ranges[-1] += len(data)
+    else:
+        ranges += [at, len(data)]
+
+
+def _spill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
+    """Move the start of an open tool call's body that the parser no longer reads (and the open
+    XML call's sent entries) out of the choice state, appended to ``pieces`` (once
+    ``SPILL_CHARS`` are held; tagged-engine tool parsers: ``TaggedToolParser.spill_point``)."""
+    ps = cs.parser
+    if ps is None or ps.tool is None:
+        return
+    tool = rt.stack.tool
+    point = getattr(tool, "spill_point", None)
+    if point is None:
+        return
+    if len(ps.tool.buf) >= SPILL_CHARS:
+        k = point(ps.tool)
+        if k >= SPILL_CHARS // 2:
+            _append(pieces, cs.spill, tool.spill(ps.tool, k))
+    a = ps.tool.inc
+    if a is not None and (len(a.args) >= SPILL_CHARS or ps.tool.args_spilled):
+        text, fresh = tool.spill_args(ps.tool, max(1, SPILL_CHARS // 4))
+        if fresh:
+            cs.spill_args = []
+        if text:
+            _append(pieces, cs.spill_args, text)
+
+
+def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice,
+                 out: list[ChatCompletionStreamResponse]) -> bool:
+    """One choice of a chat chunk: its OpenAI chunks appended to ``out``; returns whether the
+    engine finished the choice with it."""
+    rid = st.request_id
+    stack = rt.stack
+    fmt = stack.id_format
+    finished = False
+    cs = _choice_state(rt, st, c.index)
+    if cs.stopped:
+        finished |= _count_after_stop(cs, c)
+        return finished
+    if not cs.role_sent:
+        cs.role_sent = True
+        out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
+            index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
+    ids = _step_ids(rt, st, c)
+    if st.opts.stop:  # stop strings apply to the answer (worker.core.answer)
+        detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
+                                       spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
+        d, used, matched, cs.held = step_answer(
+            stack if cs.parser is not None else None, cs.parser, detok, ids,
+            rt.tokenizer.special_ids if st.opts.skip_special else None, st.opts.stop,
+            st.opts.include_stop, st.opts.min_tokens, cs.completion_tokens, cs.held,
+            c.finish_reason is not None, _stop_token_ids(rt, st, c, ids))
+        cs.detok = detok.state()
+    else:
+        text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
+        pids = _parser_ids(rt, st, ids) + _stop_token_ids(rt, st, c, ids)
+        d = None
+        if cs.parser is not None:
+            d = stack.feed(cs.parser, text, pids) if (text or pids) else None
+            if c.finish_reason is not None:
+                f = stack.finish(cs.parser)
+                d = f if d is None else d.extend(f)
+        else:
+            d = Delta(content=text)
+    final = c.finish_reason is not None or matched is not None
+    content = d.content if d is not None else ""
+    reasoning = d.reasoning if d is not None else ""
+    calls = d.tool_calls if d is not None else []
+    cs.reasoning_tokens += d.reasoning_tokens if d is not None else 0
+    cs.completion_tokens += len(c.token_ids or [])
+    tcs = None
+    if calls:
+        tcs = []
+        for tc in calls:
+            while len(cs.tool_ids) <= tc.index:
+                cs.tool_ids.append(tool_call_id(rid, c.index, len(cs.tool_ids), fmt))
+            first = tc.name is not None
+            tcs.append(DeltaToolCall(
+                index=tc.index, id=cs.tool_ids[tc.index] if first else None,
+                type="function" if first else None,
+                function=DeltaFunctionCall(name=tc.name, arguments=tc.arguments)))
+    lp = None
+    entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
+    if st.opts.logprobs and entries:
+        lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx,
+                                                as_token_ids=rt.config.return_tokens_as_token_ids))
+    if c.token_ids and st.opts.logprobs:  # the context is read only when logprobs are on
+        cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
+    finish = stop_reason = None
+    if final:
+        finish_reason, stop_reason = ("stop", matched) if matched is not None else (c.finish_reason,
+                                                                                   c.stop_reason)
+        finish = final_finish_reason(finish_reason, bool(cs.tool_ids), st.opts.tool_mode)
+        finished |= _end_choice(cs, c)
+    kept = _kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None
+    # with return_token_ids a chunk is sent for every chunk of ids, text or not (vLLM: the
+    # ids must all reach the client, e.g. while text is held back)
+    if content or reasoning or tcs or lp is not None or final or kept:
+        out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
+            index=c.index,
+            delta=DeltaMessage(content=content or None, reasoning=reasoning or None, tool_calls=tcs),
+            logprobs=lp, finish_reason=finish, stop_reason=stop_reason, token_ids=kept)]))
+    return finished
+
+
 def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state: StreamState | None,
-                        force_include_usage: bool = True, created: int | None = None
+                        force_include_usage: bool = True, created: int | None = None,
+                        request_raw: bytes | None = None, pieces: PieceLog | None = None
                         ) -> tuple[list[ChatCompletionStreamResponse], StreamState]:
     """Derender one chat stream chunk (see module docstring). ``state``: None on the request's
     first chunk. ``created``: Unix seconds for every chunk of the request, read on its first chunk
     only (the state keeps it, as OpenAI streams repeat the first chunk's value; None = 0).
+    ``request_raw``: the raw JSON bytes of the body's ``chat_request`` (None/``null``: absent).
+    On the first chunk their ``request_digest`` is stored; on a later chunk ``body.chat_request``
+    is not read: ``request_raw``, when present, must have the stored digest (else a 400).
+    ``pieces``: the stream's append-only pieces (``PieceLog`` over ``state.pieces_len`` stored
+    bytes; module docstring, "Bounded state"); None: nothing is spilled (the state holds an open
+    call's body, as before). Raises ``PiecesNeeded`` when it has no reader and a spilled body
+    must come back (nothing to keep: call again with a reader), ``PiecesLost`` when the reader
+    returns fewer bytes than the state records.
     Returns the OpenAI chunks to send (possibly none) and the advanced state.
     Raises ``BadRequest`` before touching ``state``."""
-    _validate_common(rt, body, state, "chat")
+    _validate_common(rt, body, state, "chat", request_raw)
     if state is None:
         state = _new_chat_state(rt, body)
         state.created = created or 0
+        state.req_digest = request_digest(request_raw or b"")
     elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
         _reseed(rt, state, body)
     st = state
     rid = st.request_id
     out: list[ChatCompletionStreamResponse] = []
-    stack = rt.stack
-    fmt = stack.id_format
     any_finished = False
     for c in body.generate_chunk.choices:
-        cs = _choice_state(rt, st, c.index)
-        if cs.stopped:
-            any_finished |= _count_after_stop(cs, c)
+        if pieces is None or st.opts.stop:  # (stop strings: the state is not spilled)
+            any_finished |= _chat_choice(rt, st, c, out)
             continue
-        if not cs.role_sent:
-            cs.role_sent = True
-            out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
-                index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
-        ids = _step_ids(rt, st, c)
-        if st.opts.stop:  # stop strings apply to the answer (worker.core.answer)
-            detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
-                                           spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
-            d, used, matched, cs.held = step_answer(
-                stack if cs.parser is not None else None, cs.parser, detok, ids,
-                rt.tokenizer.special_ids if st.opts.skip_special else None, st.opts.stop,
-                st.opts.include_stop, st.opts.min_tokens, cs.completion_tokens, cs.held,
-                c.finish_reason is not None, _stop_token_ids(rt, st, c, ids))
-            cs.detok = detok.state()
-        else:
-            text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
-            pids = _parser_ids(rt, st, ids) + _stop_token_ids(rt, st, c, ids)
-            d = None
-            if cs.parser is not None:
-                d = stack.feed(cs.parser, text, pids) if (text or pids) else None
-                if c.finish_reason is not None:
-                    f = stack.finish(cs.parser)
-                    d = f if d is None else d.extend(f)
-            else:
-                d = Delta(content=text)
-        final = c.finish_reason is not None or matched is not None
-        content = d.content if d is not None else ""
-        reasoning = d.reasoning if d is not None else ""
-        calls = d.tool_calls if d is not None else []
-        cs.reasoning_tokens += d.reasoning_tokens if d is not None else 0
-        cs.completion_tokens += len(c.token_ids or [])
-        tcs = None
-        if calls:
-            tcs = []
-            for tc in calls:
-                while len(cs.tool_ids) <= tc.index:
-                    cs.tool_ids.append(tool_call_id(rid, c.index, len(cs.tool_ids), fmt))
-                first = tc.name is not None
-                tcs.append(DeltaToolCall(
-                    index=tc.index, id=cs.tool_ids[tc.index] if first else None,
-                    type="function" if first else None,
-                    function=DeltaFunctionCall(name=tc.name, arguments=tc.arguments)))
-        lp = None
-        entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
-        if st.opts.logprobs and entries:
-            lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx,
-                                                    as_token_ids=rt.config.return_tokens_as_token_ids))
-        if c.token_ids and st.opts.logprobs:  # the context is read only when logprobs are on
-            cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
-        finish = stop_reason = None
-        if final:
-            finish_reason, stop_reason = ("stop", matched) if matched is not None else (c.finish_reason,
-                                                                                       c.stop_reason)
-            finish = final_finish_reason(finish_reason, bool(cs.tool_ids), st.opts.tool_mode)
-            any_finished |= _end_choice(cs, c)
-        kept = _kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None
-        # with return_token_ids a chunk is sent for every chunk of ids, text or not (vLLM: the
-        # ids must all reach the client, e.g. while text is held back)
-        if content or reasoning or tcs or lp is not None or final or kept:
-            out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
-                index=c.index,
-                delta=DeltaMessage(content=content or None, reasoning=reasoning or None, tool_calls=tcs),
-                logprobs=lp, finish_reason=finish, stop_reason=stop_reason, token_ids=kept)]))
+        cs = st.choices.get(c.index)
+        snap = _snapshot(cs) if cs is not None and (cs.spill or cs.spill_args) else None
+        mark = len(out)
+        try:
+            any_finished |= _chat_choice(rt, st, c, out)
+        except BodyNeeded:  # the open call closes: its spilled start comes back, the step is rerun
+            del out[mark:]
+            cs = st.choices[c.index] = _restore(rt, snap)
+            _unspill(rt, cs, pieces)
+            any_finished |= _chat_choice(rt, st, c, out)
+        _spill(rt, st.choices[c.index], pieces)
     st.next_seq += 1
+    if pieces is not None:
+        st.pieces_len = len(pieces)
     if _want_usage(st, force_include_usage, any_finished):
         st.usage_sent = st.done
         out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[],
@@ -636,14 +879,17 @@ def _new_completion_state(rt: ModelRuntime, body: DerenderCompletionStreamReques
 
 
 def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRequest, state: StreamState | None,
-                              force_include_usage: bool = True, created: int | None = None
+                              force_include_usage: bool = True, created: int | None = None,
+                              request_raw: bytes | None = None
                               ) -> tuple[list[CompletionStreamResponse], StreamState]:
-    """Derender one completion stream chunk (see ``derender_chat_chunk``, ``created`` included)."""
-    _validate_common(rt, body, state, "completion")
+    """Derender one completion stream chunk (see ``derender_chat_chunk``, ``created`` and
+    ``request_raw``, the raw ``completion_request``, included)."""
+    _validate_common(rt, body, state, "completion", request_raw)
     new = state is None
     if new:
         state = _new_completion_state(rt, body)
         state.created = created or 0
+        state.req_digest = request_digest(request_raw or b"")
     elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
         _reseed(rt, state, body)
     st = state

@@ -1,6 +1,7 @@
 """Stream-chunk lines in batch mode: derendered in input order in the parent process, with the
 stream state kept in memory per request id (``DerenderService.derender_stream``; a request's
-state is dropped when every choice of it has finished).
+state is dropped when every choice of it has finished), with its append-only pieces
+(``derender_stream(pieces=True)``: an open tool call's body leaves the per-chunk state).
 
 A record that is one streaming chunk body (``generate_chunk``) yields the JSON list of the
 OpenAI chunks it produced (possibly ``[]``; a request's last chunk carries ``usage``), or an
@@ -75,6 +76,16 @@ class ResponsesStreams:
         return res.body, res.status
 
 
+def chat_chunk(service: DerenderService, item: bytes, state: bytes | None, log: bytearray):
+    """One chat/completion chunk with the stream's append-only pieces in memory (``log``: the
+    store's rules, written at the recorded offset, so the state read and rewritten per chunk stays
+    small for a tool call of any size): ``(result, new state or None)``."""
+    res, new_state = service.derender_stream(item, state, pieces=True, reader=memory_reader(log))
+    if new_state is not None:
+        log[res.pieces_len - len(res.append):] = res.append
+    return res, new_state
+
+
 class _ChunkRid(msgspec.Struct):
     request_id: str | None = None
 
@@ -127,8 +138,9 @@ def stream_list(service: DerenderService, line: bytes) -> tuple[bytes, int]:
             elif body != b"[]":
                 parts.append(body[1:-1])
         return b"[" + b",".join(parts) + b"]", status
+    log = bytearray()
     for raw in bodies:
-        res, new_state = service.derender_stream(bytes(raw), state)
+        res, new_state = chat_chunk(service, bytes(raw), state, log)
         if res.is_error:
             status = status if status != 200 else res.status
             parts.append(res.body)
@@ -147,6 +159,7 @@ class StreamLines:
     def __init__(self, service: DerenderService):
         self.service = service
         self.states: dict[str, bytes] = {}
+        self.logs: dict[str, bytearray] = {}  # request id -> its pieces (chat/completion streams)
         self.responses = ResponsesStreams(service)
 
     def route(self, item: bytes | tuple[bytes, int]) -> bytes | tuple[bytes, int]:
@@ -174,12 +187,16 @@ class StreamLines:
     def _chunk(self, rid: str, item: bytes) -> tuple[bytes, int]:
         if rid in self.responses or (rid not in self.states and is_responses_chunk(item)):
             return self.responses.chunk(rid, item)
-        res, new_state = self.service.derender_stream(item, self.states.get(rid))
+        log = self.logs.setdefault(rid, bytearray())
+        res, new_state = chat_chunk(self.service, item, self.states.get(rid), log)
         if new_state is not None:
             if res.done:
                 self.states.pop(rid, None)
+                self.logs.pop(rid, None)
             else:
                 self.states[rid] = new_state
+        elif rid not in self.states:
+            self.logs.pop(rid, None)
         return res.body, res.status
 
 

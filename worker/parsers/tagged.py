@@ -127,6 +127,32 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     bare: bool = False
     fence: bool = False
     inline: bool = False
+    #: characters at the start of the open call's body moved out of the state (``spill``: to
+    #: the stream's append-only pieces, ``worker.core.stream``); ``buf`` and the body offsets
+    #: (``scan``, ``lex``, ``inc``'s) count from what is left
+    spilled: int = 0
+    #: characters at the start of the open XML call's sent entries (``inc.args``) moved out of
+    #: the state (``spill_args``), and which call (``inc.n``) they belong to
+    args_spilled: int = 0
+    args_call: int = 0
+
+
+class BodyNeeded(Exception):
+    """The open call's whole body is needed (its block closes, or the output ends inside it)
+    while its start was moved out of the state (``TaggedState.spilled``): the caller restores
+    it (``TaggedToolParser.unspill``) on the state it had before the step and runs the step again."""
+
+
+def _shift(st: TaggedState, k: int) -> None:
+    """Move every offset into the open body by ``-k`` (``k`` characters left / came back at
+    its start). Offsets no step reads in the current phase move too, so a round trip is exact."""
+    st.scan -= k
+    st.lex -= k
+    a = st.inc
+    if a is not None:
+        a.pos -= k
+        a.scan -= k
+        a.vs -= k
 
 
 def lex_json(st: TaggedState, s: str, end: int) -> None:
@@ -281,6 +307,79 @@ class TaggedToolParser(ToolParser):
         return TaggedState(parallel=ctx.parallel_tool_calls is not False,
                            types=tool_param_types(ctx.tools) if self.param_types else {})
 
+    # -- bounded state for an open call of any size (issue 13): the stream core moves the part
+    # of the open body no later step reads out of the state, and back before the block closes
+    def spill_point(self, st: TaggedState) -> int:
+        """How many characters at the start of the open call's body (``buf``) no step reads
+        again until the block closes or the output ends (0 outside a call): everything before
+        the end-marker search (``scan``), the JSON lexer (``lex``) and the incremental
+        streamer's offsets (``inc``: JSON ``pos``; XML ``pos``, ``scan`` and an open value's
+        ``vs``; none once it is ``off``). The JSON lexer, which runs only when an end marker is
+        found, is first advanced to ``scan`` (resumable: the state a later close reaches is the
+        same)."""
+        if not st.in_call:
+            return 0
+        k = st.scan
+        if self._json_body:
+            if st.lex < k:
+                lex_json(st, st.buf, k)
+            k = min(k, st.lex)
+        a = st.inc
+        if a is not None and a.phase != "off":
+            if not isinstance(self.spec, XmlArgs):
+                k = min(k, a.pos)
+            elif a.phase == "value" and a.strv and a.sv:  # a string value streaming: its start
+                k = min(k, a.scan, a.vs)  # went out (``pos`` is read again only for a null value)
+            else:
+                k = min(k, a.pos, a.scan, a.vs) if a.phase == "value" else min(k, a.pos, a.scan)
+        return max(0, min(k, len(st.buf)))
+
+    def spill_args(self, st: TaggedState, keep: int) -> tuple[str, bool]:
+        """Move the open XML call's sent entries (``inc.args``, read again only when the block
+        closes: ``incremental.settle``) out of the state but their last ``keep`` characters.
+        Returns ``(text, fresh)``: the characters removed (``""``: none) and whether the ones
+        removed before belong to a call that is no longer open (the caller drops them)."""
+        a = st.inc
+        if a is None or not a.open or not isinstance(self.spec, XmlArgs):
+            return "", False
+        fresh = bool(st.args_spilled) and st.args_call != a.n
+        if fresh:
+            st.args_spilled = 0
+        if len(a.args) <= keep:
+            return "", fresh
+        k = len(a.args) - keep
+        text, a.args = a.args[:k], a.args[k:]
+        st.args_spilled += k
+        st.args_call = a.n
+        return text, fresh
+
+    def unspill_args(self, st: TaggedState, text: str) -> None:
+        """Put back what ``spill_args`` removed (``text``: all of it, in order) when its call is
+        still the open one (else it is dropped: that call's entries were reset since)."""
+        a = st.inc
+        if st.args_spilled and a is not None and a.open and st.args_call == a.n:
+            if len(text) != st.args_spilled:
+                raise ValueError(f"unspill_args: {len(text)} characters given, {st.args_spilled} were spilled")
+            a.args = text + a.args
+        st.args_spilled = 0
+
+    def spill(self, st: TaggedState, k: int) -> str:
+        """Remove the first ``k`` (<= ``spill_point``) characters of the open body from the
+        state and return them (the caller keeps them, in order, until ``unspill``)."""
+        text, st.buf = st.buf[:k], st.buf[k:]
+        _shift(st, k)
+        st.spilled += k
+        return text
+
+    def unspill(self, st: TaggedState, text: str) -> None:
+        """Put back the ``st.spilled`` characters ``spill`` removed (``text``: all of them, in
+        order): the state is again what it was without spilling."""
+        if len(text) != st.spilled:
+            raise ValueError(f"unspill: {len(text)} characters given, {st.spilled} were spilled")
+        st.buf = text + st.buf
+        _shift(st, -len(text))
+        st.spilled = 0
+
     def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
         """Calls of one complete block body (None: malformed, the block stays content)."""
         return type(self).parse_body(body.strip())
@@ -329,6 +428,8 @@ class TaggedToolParser(ToolParser):
             st.seg_text = True
 
     def _close(self, st: TaggedState, out: Delta, body: str, end: str) -> None:
+        if st.spilled or st.args_spilled:
+            raise BodyNeeded
         # a stray start marker's end after a bare call counts as its closer
         end_after = self.ends[0] if st.bare else end
         try:
@@ -415,6 +516,8 @@ class TaggedToolParser(ToolParser):
     def finish(self, state: TaggedState) -> Delta:
         out = Delta()
         st = state
+        if st.in_call and (st.spilled or st.args_spilled):
+            raise BodyNeeded
         rest, st.buf = st.buf, ""
         if st.in_call:
             st.in_call = False

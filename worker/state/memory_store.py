@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from worker.state.redis_store import DEFAULT_TTL_S, StoredState
+from worker.state.redis_store import DEFAULT_TTL_S, StoredState, StoreReadError
 
 __all__ = ["MemoryStateStore"]
 
@@ -17,10 +17,13 @@ __all__ = ["MemoryStateStore"]
 class MemoryStateStore:
     """In-process stand-in for ``RedisStateStore`` (same async API, same fencing): one worker only,
     state lost with the process. ``data``: request id -> (checkpoint bytes, seq), least recently
-    used first. ``ttl_s``: seconds an entry lives without use; ``max_entries``: most entries kept."""
+    used first; ``pieces``: request id -> its append-only pieces (``worker.state.pieces``: written
+    with the checkpoint at the recorded offset, dropped with it). ``ttl_s``: seconds an entry lives
+    without use; ``max_entries``: most entries kept."""
 
     def __init__(self, ttl_s: float = DEFAULT_TTL_S, max_entries: int = 20000) -> None:
         self.data: OrderedDict[str, tuple[bytes, int]] = OrderedDict()
+        self.pieces: dict[str, bytearray] = {}
         self._used: dict[str, float] = {}  # request id -> time.monotonic() of the last use
         self.ttl_s = float(ttl_s)
         self.max_entries = max(1, int(max_entries))
@@ -40,6 +43,7 @@ class MemoryStateStore:
     def _drop(self, rid: str) -> None:
         self.data.pop(rid, None)
         self._used.pop(rid, None)
+        self.pieces.pop(rid, None)
 
     def expire(self, now: float | None = None) -> int:
         """Drop the entries unused for ``ttl_s`` seconds; returns how many."""
@@ -78,15 +82,29 @@ class MemoryStateStore:
                 if cur and cur[1] > w.seq:
                     res.append(False)
                 else:
-                    self.data.pop(w.request_id, None)
-                    self._used.pop(w.request_id, None)
+                    self._drop(w.request_id)
                     res.append(True)
             elif cur and cur[1] >= w.seq:
                 res.append(False)
             else:
                 self.data[w.request_id] = (w.state, w.seq)
                 self._touch(w.request_id, now)
+                if w.at >= 0 and w.data:  # at the recorded offset: a redelivered chunk rewrites
+                    buf = self.pieces.setdefault(w.request_id, bytearray())
+                    if len(buf) < w.at:
+                        buf.extend(b"\0" * (w.at - len(buf)))  # (as SETRANGE pads)
+                    buf[w.at:w.at + len(w.data)] = w.data
                 res.append(True)
         while len(self.data) > self.max_entries:
             self._drop(next(iter(self.data)))
         return res
+
+    async def read_pieces(self, request_id: str, start: int, end: int) -> bytes:
+        """As ``RedisStateStore.read_pieces`` (``StoreReadError`` when fewer bytes are kept)."""
+        if end <= start:
+            return b""
+        got = bytes(self.pieces.get(request_id, b"")[start:end])
+        if len(got) != end - start:
+            raise StoreReadError(f"pieces of {request_id!r} hold {start + len(got)} bytes, the checkpoint "
+                                 f"records {end}", request_id)
+        return got

@@ -16,7 +16,11 @@ read, fenced on their ``q`` and replaced by the first write.
 * ``get_many`` batches a whole poll's reads into one pipeline (one ``GETEX`` per key);
   ``commit`` carries a whole flush's writes in one EVALSHA (per ``COMMIT_BATCH_MAX`` writes),
   which runs one ``MGET`` and one command per write: counted as ``INFO commandstats`` counts
-  them (the EVALSHA and each ``redis.call``), a flush of n writes costs n + 2 commands.
+  them (the EVALSHA and each ``redis.call``), a flush of n writes costs n + 2 commands, plus a
+  ``SETRANGE`` per write carrying piece bytes and a ``PEXPIRE`` per write asking for the pieces'
+  TTL (``StateWrite.at`` / ``data`` / ``touch``: the stream's append-only pieces,
+  ``worker.state.pieces``, key ``{prefix}{<request_id>}:pieces``, written in the same fenced
+  step as the checkpoint and deleted with it). ``read_pieces`` reads them (one ``GETRANGE``).
 
 Typical transport loop (per polled batch of chunk messages, grouped by request id, in order)::
 
@@ -65,17 +69,25 @@ DEFAULT_TTL_S = 900.0
 #: digits of the sequence number that starts a stored value (zero-padded: compared as strings,
 #: exact for every seq up to ``worker.transport.records.SEQ_MAX``, unlike Lua's double numbers)
 SEQ_DIGITS = 20
+#: the stream's append-only pieces live at ``key(request_id) + PIECES_SUFFIX`` (``worker.state.pieces``)
+PIECES_SUFFIX = ":pieces"
 #: most writes carried by one EVALSHA (Lua's ``unpack`` of the MGET keys is bounded by its C stack)
 COMMIT_BATCH_MAX = 1000
 
 # One flush of fenced writes. KEYS: the keys, one per write (a key may repeat: applied in order).
-# ARGV[1] ttl_ms; per write i, ARGV[3i-1] 'p' (put) / 'd' (delete), ARGV[3i] its seq (SEQ_DIGITS
-# digits), ARGV[3i+1] the stored value (seq digits + state; '' for a delete).
+# ARGV[1] ttl_ms; per write i, from ARGV[6i-4]: 'p' (put) / 'd' (delete), its seq (SEQ_DIGITS
+# digits), the stored value (seq digits + state; '' for a delete), the offset of its piece bytes
+# in the stream's pieces (``{key}:pieces``, ``worker.state.pieces``; '' when the stream keeps none),
+# those bytes, and '1' to refresh the pieces' TTL (else '').
 # Returns per write 1 = applied, 0 = fenced off (put: stored seq >= seq; delete: stored seq > seq).
 # Redis commands run (``INFO commandstats`` counts each ``redis.call`` as a call of that command,
 # besides the one EVALSHA): one MGET for the whole flush, then per write ONE of: SET ... PX (a put
 # over a stored value), SET ... PX NX (a put of an absent key: a stream's first write), DEL (a
-# delete of a stored value), TYPE (a delete of an absent key). A key left by the older hash layout
+# delete of a stored value, its pieces with it), TYPE (a delete of an absent key). A put of a
+# stream that keeps pieces adds SETRANGE (its bytes, at the offset the previous state recorded:
+# a redelivered chunk rewrites, never appends twice) when it has bytes, and PEXPIRE when the write
+# asks for it (``StateWrite.touch``: the pieces' first bytes, then often enough that they outlive
+# the checkpoint's TTL: the Kafka worker asks every quarter TTL). A key left by the older hash layout
 # (fields s/q: MGET reads it as nil) costs HGET + SET/DEL more, and is fenced on its q.
 _COMMIT = """
 local ttl = ARGV[1]
@@ -84,7 +96,8 @@ local seen = {}
 local out = {}
 for i = 1, #KEYS do
   local k = KEYS[i]
-  local kind, q, v = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
+  local b = 6 * i - 4
+  local kind, q, v, at, data, touch = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
   local c = seen[k]
   if c == nil then
     c = cur[i]
@@ -94,7 +107,7 @@ for i = 1, #KEYS do
   if c then
     if kind == 'p' then
       if c < q then redis.call('SET', k, v, 'PX', ttl); ok = 1; seen[k] = q end
-    elseif c <= q then redis.call('DEL', k); ok = 1; seen[k] = false end
+    elseif c <= q then redis.call('DEL', k, k .. PIECES_SUFFIX); ok = 1; seen[k] = false end
   elseif kind == 'p' then
     if redis.call('SET', k, v, 'PX', ttl, 'NX') then
       ok = 1
@@ -108,13 +121,18 @@ for i = 1, #KEYS do
       ok = 1
     else
       local h = redis.call('HGET', k, 'q')
-      if not (h and tonumber(h) > tonumber(q)) then redis.call('DEL', k); ok = 1; seen[k] = false end
+      if not (h and tonumber(h) > tonumber(q)) then redis.call('DEL', k, k .. PIECES_SUFFIX); ok = 1; seen[k] = false end
     end
+  end
+  if ok == 1 and kind == 'p' and at ~= '' then
+    local pk = k .. PIECES_SUFFIX
+    if string.len(data) > 0 then redis.call('SETRANGE', pk, tonumber(at), data) end
+    if touch == '1' then redis.call('PEXPIRE', pk, ttl) end
   end
   out[i] = ok
 end
 return out
-""".replace("SEQ_DIGITS_N", str(SEQ_DIGITS))
+""".replace("SEQ_DIGITS_N", str(SEQ_DIGITS)).replace("PIECES_SUFFIX", f"'{PIECES_SUFFIX}'")
 
 
 def seq_digits(seq: int) -> bytes:
@@ -199,11 +217,19 @@ class StoredState:
 
 @dataclass(frozen=True)
 class StateWrite:
-    """One write of a ``commit`` batch: ``state`` None deletes the stream's key (end)."""
+    """One write of a ``commit`` batch: ``state`` None deletes the stream's key (end) and its
+    pieces. ``at`` / ``data``: the chunk's piece bytes, written at offset ``at`` (the pieces'
+    length the previous state recorded) in the same fenced write (``at`` -1: the stream keeps
+    no pieces)."""
 
     request_id: str
     state: bytes | None
     seq: int
+    at: int = -1
+    data: bytes = b""
+    #: refresh the pieces' TTL to the checkpoint's (their first write, and at least once per
+    #: TTL: the checkpoint's own TTL is refreshed by every write)
+    touch: bool = False
 
 
 @dataclass
@@ -351,6 +377,23 @@ class RedisStateStore:
             out[rid] = StoredState(bytes(v[SEQ_DIGITS:]), int(head))
         return out
 
+    async def read_pieces(self, request_id: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a stream's pieces (``b""`` for an empty range; one
+        ``GETRANGE``). Raises ``StoreReadError`` when fewer bytes are stored (the pieces were
+        lost: the stream cannot go on), ``StoreConnectError`` when Redis cannot be reached."""
+        if end <= start:
+            return b""
+        try:
+            got = bytes(await self.client.getrange(self.key(request_id) + PIECES_SUFFIX, start, end - 1))
+        except _CONN_ERRORS as e:
+            raise StoreConnectError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
+        except RedisError as e:
+            raise StoreReadError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
+        if len(got) != end - start:
+            raise StoreReadError(f"pieces of {request_id!r} hold {start + len(got)} bytes, the checkpoint "
+                                 f"records {end}", request_id)
+        return got
+
     async def _get_legacy(self, rids: list[str]) -> dict[str, StoredState | None]:
         """Read keys of the older hash layout (fields ``s``/``q``; TTLs refreshed)."""
         async with self.client.pipeline(transaction=False) as pipe:
@@ -402,7 +445,11 @@ class RedisStateStore:
             args: list = [self.ttl_ms]
             for w in part:
                 q = seq_digits(int(w.seq))
-                args += (b"d", q, b"") if w.state is None else (b"p", q, q + w.state)
+                if w.state is None:
+                    args += (b"d", q, b"", b"", b"", b"")
+                else:
+                    args += (b"p", q, q + w.state, b"" if w.at < 0 else str(int(w.at)).encode(), w.data,
+                             b"1" if w.touch else b"")
             res = await self._commit(keys=[self.key(w.request_id) for w in part], args=args)
             out += [bool(r) for r in res]
         return out

@@ -15,7 +15,8 @@ A failure of 1-2 (after a dead-letter attempt) or of 3 (after the outage deadlin
 worker without committing: the chunk is redelivered.
 
 ``CheckpointWriter`` (step 3): checkpoints handed to it (``add``) are coalesced per stream (the
-latest seq's value, every merged record's offsets: memory stays one checkpoint per stream however
+latest seq's value, the merged chunks' piece bytes joined into one write at the first one's
+offset, every merged record's offsets: memory stays one checkpoint per stream however
 long the store is away) and written in one ``store.commit`` per wake-up (Redis: one EVALSHA
 running one MGET and one SET/DEL per stream: ``worker.state.redis_store``); while the store
 is unavailable the batch is kept, what arrives meanwhile merges into it, and it is retried with
@@ -121,6 +122,11 @@ class CheckpointWrite:
     offsets: list
     s: Any = None  # the stream (``pending_writes``: never evicted while a write is pending)
     n: int = 1  # checkpoints merged into this one
+    #: the chunks' piece bytes, written at offset ``at`` with the checkpoint (``StateWrite``;
+    #: -1: the stream keeps no pieces)
+    at: int = -1
+    data: bytes = b""
+    touch: bool = False  # refresh the pieces' TTL (``StateWrite.touch``)
 
 
 def _merge(into: dict, wr: CheckpointWrite) -> None:
@@ -133,6 +139,13 @@ def _merge(into: dict, wr: CheckpointWrite) -> None:
         return
     if wr.seq >= cur.seq:
         cur.seq, cur.value = wr.seq, wr.value
+        cur.touch = cur.touch or wr.touch
+        if wr.at < 0:  # (an ended stream's tombstone: its pieces are not read again)
+            cur.at, cur.data = -1, b""
+        elif 0 <= cur.at <= wr.at <= cur.at + len(cur.data):  # consecutive chunks: one write
+            cur.data = cur.data[:wr.at - cur.at] + wr.data
+        else:
+            cur.at, cur.data = wr.at, wr.data
     cur.offsets.extend(wr.offsets)
     cur.n += wr.n
 
@@ -182,7 +195,7 @@ class CheckpointWriter:
             delay = 0.1
             while True:
                 latest = self._inflight = list(batch.values())
-                writes = [StateWrite(w.rid, w.value, w.seq) for w in latest]
+                writes = [StateWrite(w.rid, w.value, w.seq, w.at, w.data, w.touch) for w in latest]
                 try:
                     res = await self.store.commit(writes)
                     self.outage.up()

@@ -121,9 +121,10 @@ def proc_job(value: bytes | None, kind: str | None, created: int | None = None) 
 
 
 def proc_stream_job(value: bytes | None, state: bytes | None, seq: int, kind: str | None,
-                    created: int | None = None):
-    """One stream chunk in a pool process: ``(value, state, seq, kind, created) -> StreamOutcome``."""
-    return derender_stream_job(_PROC_SERVICE, value, state, seq, kind, created)
+                    created: int | None = None, pieces: tuple[int, bytes] | None = None):
+    """One stream chunk in a pool process: ``(value, state, seq, kind, created, pieces) ->
+    StreamOutcome`` (``derender_stream_job``)."""
+    return derender_stream_job(_PROC_SERVICE, value, state, seq, kind, created, pieces)
 
 
 def proc_jobs(items: list[tuple[bytes | None, str | None, int | None]]) -> list[JobOutcome]:
@@ -142,7 +143,11 @@ def proc_ping(delay: float = 0.0) -> int:
 class StreamOutcome(msgspec.Struct, array_like=True):
     """Result of one stream chunk derender (small, picklable): reply ``body`` (JSON list of
     chunks or error object), ``status``, ``done`` (request complete), ``kind``, new ``state``
-    (None on error), ``is_object`` (the value was a JSON object), ``crash`` (traceback)."""
+    (None on error), ``is_object`` (the value was a JSON object), ``crash`` (traceback); the
+    stream's append-only pieces (``worker.state.pieces``): ``append`` (bytes to write with
+    ``state`` at offset ``pieces_len - len(append)``), ``pieces_len`` (their length ``state``
+    records) and ``needs_pieces`` (``(start, end)``: nothing was derendered, run the chunk again
+    with those stored bytes)."""
 
     body: bytes
     status: int
@@ -152,6 +157,9 @@ class StreamOutcome(msgspec.Struct, array_like=True):
     is_object: bool = True
     crash: str | None = None
     seconds: float = 0.0
+    append: bytes = b""
+    pieces_len: int = 0
+    needs_pieces: tuple[int, int] | None = None
 
 
 def is_object_value(value: bytes) -> bool:
@@ -181,32 +189,45 @@ def body_request_id(value: bytes | None) -> str | None:
 
 
 def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, seq: int,
-                        kind: str | None, created: int | None = None) -> StreamOutcome:
-    """Derender one chunk with ``service.derender_stream``; never raises (a core exception
-    becomes a 500 reply with its traceback in ``crash``). ``kind``: the ``derender-kind`` header
-    (``chat``, ``completion``, ``chat-stream``, ``completion-stream`` or None; anything else is
-    answered with a 400 error without calling the core). ``created``: the chunk record's
-    timestamp in seconds (used by the core on the stream's first chunk only)."""
+                        kind: str | None, created: int | None = None,
+                        pieces: tuple[int, bytes] | None = None) -> StreamOutcome:
+    """Derender one chunk with ``service.derender_stream(pieces=True)``; never raises (a core
+    exception becomes a 500 reply with its traceback in ``crash``). ``kind``: the
+    ``derender-kind`` header (``chat``, ``completion``, ``chat-stream``, ``completion-stream``,
+    ``responses``, ``responses-stream`` or None; anything else is answered with a 400 error
+    without calling the core). ``created``: the chunk record's timestamp in seconds (used by the
+    core on the stream's first chunk only). ``pieces``: ``(start, bytes)``, the stream's stored
+    piece bytes from offset ``start`` that an earlier outcome's ``needs_pieces`` asked for."""
     t0 = time.perf_counter()
     body = value or b""
     try:
-        return _derender_stream_job(service, body, state, seq, kind, t0, created)
+        return _derender_stream_job(service, body, state, seq, kind, t0, created, pieces)
     except Exception as e:
         return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, False, None,
                              None, is_object_value(body), crash=traceback.format_exc(),
                              seconds=time.perf_counter() - t0)
 
 
+def _piece_reader(pieces: tuple[int, bytes] | None):
+    """A ``reader(start, end)`` over ``(offset, bytes)`` (None: no reader)."""
+    if pieces is None:
+        return None
+    base, data = pieces
+    return lambda start, end: data[max(start - base, 0):max(end - base, 0)] if start >= base else b""
+
+
 def _derender_stream_job(service: Any, body: bytes, state: bytes | None, seq: int, kind: str | None,
-                         t0: float, created: int | None) -> StreamOutcome:
+                         t0: float, created: int | None, pieces: tuple[int, bytes] | None = None) -> StreamOutcome:
     if kind is not None and kind not in KINDS and kind not in STREAM_KINDS:
         return StreamOutcome(error_body(bad_kind_message(kind), 400, body_request_id(body)), 400, False, None, None,
                              is_object_value(body), seconds=time.perf_counter() - t0)
     try:
-        res, new_state = service.derender_stream(body, state, seq=seq, kind=kind, created=created)
+        res, new_state = service.derender_stream(body, state, seq=seq, kind=kind, created=created, pieces=True,
+                                                 reader=_piece_reader(pieces))
         return StreamOutcome(res.body, int(res.status), bool(getattr(res, "done", False)),
                              getattr(res, "kind", None), new_state if res.status == 200 else None,
-                             is_object_value(body), seconds=time.perf_counter() - t0)
+                             is_object_value(body), seconds=time.perf_counter() - t0, append=res.append,
+                             pieces_len=res.pieces_len, needs_pieces=res.needs_pieces)
     except Exception as e:
         return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500), 500, False, None, None,
                              is_object_value(body), crash=traceback.format_exc(), seconds=time.perf_counter() - t0)

@@ -82,7 +82,7 @@ class DerenderPool:
             self._jobs_fn = proc_jobs
         else:
             svc = self.service
-            self._stream_fn = lambda v, s, q, k, c=None: derender_stream_job(svc, v, s, q, k, c)
+            self._stream_fn = lambda v, s, q, k, c=None, p=None: derender_stream_job(svc, v, s, q, k, c, p)
             fn = self._job_fn
             self._jobs_fn = lambda items: [fn(v, k, c) for v, k, c in items]
 
@@ -178,19 +178,21 @@ class DerenderPool:
         (never raises: a failure to submit is the future's exception, see ``_submit``)."""
         return self._submit(self._jobs_fn, items)
 
-    async def stream(self, value, state, seq, kind, created: int | None = None) -> StreamOutcome:
-        """Derender one stream chunk in the pool (state travels both ways) -> ``StreamOutcome``;
-        a pool process dying during the call or a failed call becomes a 500 outcome (a pool found
-        broken before the call is restarted first: ``_submit``)."""
+    async def stream(self, value, state, seq, kind, created: int | None = None,
+                     pieces: tuple[int, bytes] | None = None) -> StreamOutcome:
+        """Derender one stream chunk in the pool (state travels both ways; ``pieces``: stored
+        piece bytes an earlier ``needs_pieces`` asked for) -> ``StreamOutcome``; a pool process
+        dying during the call or a failed call becomes a 500 outcome (a pool found broken before
+        the call is restarted first: ``_submit``)."""
         try:
-            return await self._submit(self._stream_fn, value, state, seq, kind, created)
+            return await self._submit(self._stream_fn, value, state, seq, kind, created, pieces)
         except BrokenProcessPool:
             # maybe another record's doing (or the OOM killer's): rerun this chunk alone; only a
             # chunk that kills the quarantine process too ends its stream
             log.error("derender process died while a stream chunk (seq %s) was in the pool; retrying it in "
                       "quarantine", seq)
             self._restart_if_broken()
-            out = await self._quarantined(proc_stream_job, (value, state, seq, kind, created),
+            out = await self._quarantined(proc_stream_job, (value, state, seq, kind, created, pieces),
                                           f"a stream chunk (seq {seq})")
             if out is not None:
                 return out

@@ -16,7 +16,8 @@ import msgspec
 from worker.state import StateWrite
 from worker.transport.checkpoints import ReplayEntry
 
-__all__ = ["LiveStream", "end_stream", "held_offsets", "trim_committed", "drop_streams"]
+__all__ = ["LiveStream", "end_stream", "held_offsets", "trim_committed", "drop_streams", "record_pieces",
+           "held_pieces"]
 
 _GAP = object()  # queue marker: the gap timer fired
 
@@ -60,6 +61,12 @@ class LiveStream:
     last_used: float = field(default_factory=time.monotonic)  # last chunk handed to it (idle eviction)
     pending_writes: int = 0  # checkpoints produced and not yet written (never evicted meanwhile)
     packed: bytes | None = None  # parked: encoded ``_Parked`` (state, window)
+    #: the stream's append-only pieces (``worker.state.pieces``) from offset ``pieces_at`` on, as
+    #: this worker wrote them (``pieces_at`` -1: none written here yet; bytes before
+    #: ``pieces_at`` are in the store, written by an earlier owner)
+    pieces: bytearray | None = None
+    pieces_at: int = -1
+    pieces_touched: float = 0.0  # time.monotonic() of this worker's last refresh of the pieces' TTL
     packed_len: int = 0  # parked: replay window length
     packed_first: int = -1  # parked: input offset of the window's first reply
 
@@ -90,11 +97,32 @@ _Stream = LiveStream  # (the name the router and the tests use)
 
 
 def end_stream(s: LiveStream) -> None:
-    """Mark ``s`` ended (its state dropped; later chunks get the ended-stream 409)."""
+    """Mark ``s`` ended (its state and pieces dropped; later chunks get the ended-stream 409)."""
     s.ended = True
     s.known = True
     s.state = None
+    s.pieces, s.pieces_at = None, -1
     s.ended_at = time.monotonic()
+
+
+def record_pieces(s: LiveStream, at: int, data: bytes) -> None:
+    """Keep a chunk's piece bytes written at offset ``at`` (the store's rule: bytes past the
+    recorded length are replaced) in ``s.pieces``."""
+    if s.pieces is None or at < s.pieces_at:
+        s.pieces, s.pieces_at = bytearray(data), at
+        return
+    del s.pieces[at - s.pieces_at:]
+    if len(s.pieces) < at - s.pieces_at:
+        s.pieces.extend(b"\0" * (at - s.pieces_at - len(s.pieces)))
+    s.pieces += data
+
+
+def held_pieces(s: LiveStream, start: int, end: int) -> bytes | None:
+    """Bytes ``[start, end)`` of the stream's pieces when this worker holds them all, else None
+    (read them from the store: an earlier owner wrote them)."""
+    if s.pieces is None or start < s.pieces_at or end > s.pieces_at + len(s.pieces):
+        return None
+    return bytes(s.pieces[start - s.pieces_at:end - s.pieces_at])
 
 
 def held_offsets(streams: dict) -> set[int]:

@@ -67,7 +67,7 @@ import asyncio
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -108,6 +108,8 @@ from worker.transport.stream_registry import (
     drop_streams,
     end_stream,
     held_offsets,
+    held_pieces,
+    record_pieces,
     trim_committed,
 )
 
@@ -147,6 +149,67 @@ async def _answer_too_large(ctx: StreamContext, st, s: _Stream | None, msg, plan
                     parse_seq(msg), err.message,
                     extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
     return small
+
+
+class PiecesWrite(NamedTuple):
+    """A chunk's piece bytes to write with its checkpoint (``CheckpointWrite`` fields ``at``,
+    ``data``, ``touch``: offset, bytes, refresh the pieces' TTL; ``at`` -1: no pieces)."""
+
+    at: int = -1
+    data: bytes = b""
+    touch: bool = False
+
+
+NO_PIECES = PiecesWrite()
+
+
+def keep_pieces(store: Any, s: _Stream, out) -> PiecesWrite:
+    """The pieces write of outcome ``out`` of stream ``s`` (kept in ``s.pieces`` too); the
+    pieces' TTL is set with their first bytes, then refreshed every quarter TTL."""
+    if not out.pieces_len:
+        return NO_PIECES
+    at = out.pieces_len - len(out.append)
+    record_pieces(s, at, out.append)
+    now = time.monotonic()
+    touch = (at == 0 and bool(out.append)) or now - s.pieces_touched > store_ttl_s(store) / 4
+    if touch:
+        s.pieces_touched = now
+    return PiecesWrite(at, out.append, touch)
+
+
+async def submit_chunk(ctx: StreamContext, store: Any, outage: OutageClock, s: _Stream, msg, seq: int,
+                       kind: str | None):
+    """Derender chunk ``msg`` of ``s`` in the pool (``ctx.submit``); when the core asks for stored
+    piece bytes (a call closes, a Responses item or stream ends: rare), once more with them."""
+    out = await ctx.submit(msg.value, s.state, seq, kind, record_created(msg))
+    if out.needs_pieces is not None:
+        pieces = await stored_pieces(store, outage, s, *out.needs_pieces)
+        out = await ctx.submit(msg.value, s.state, seq, kind, record_created(msg), pieces)
+    return out
+
+
+def store_ttl_s(store: Any) -> float:
+    """The state store's key TTL in seconds (a stream's pieces share it)."""
+    ms = getattr(store, "ttl_ms", None)
+    return ms / 1000.0 if ms else float(getattr(store, "ttl_s", 900.0))
+
+
+async def stored_pieces(store: Any, outage: OutageClock, s: _Stream, start: int, end: int) -> tuple[int, bytes]:
+    """``(start, bytes [start, end))`` of stream ``s``'s pieces: from memory when this worker
+    wrote them, else from ``store`` (waiting out an outage on ``outage``); pieces the store lost
+    give fewer bytes (the core answers that with the 409 "lost or expired")."""
+    from worker.state import StoreConnectError, StoreReadError
+    got = held_pieces(s, start, end)
+    if got is not None:
+        return start, got
+    stop = end if s.pieces is None else min(end, max(s.pieces_at, start))
+    try:
+        old = await outage.retry(lambda: store.read_pieces(s.rid, start, stop), (StoreConnectError,))
+    except StoreReadError as e:
+        log.warning("stream %r: %s", s.rid, e)
+        return start, b""
+    rest = held_pieces(s, stop, end) if end > stop else b""
+    return start, old + (rest or b"")
 
 
 class StreamRouter:
@@ -495,15 +558,14 @@ class StreamRouter:
 
     async def _derender_publish_one(self, st, s: _Stream, msg, seq: int) -> None:
         kind = kind_header(msg)
-        out = await self.ctx.submit(msg.value, s.state, seq, kind, record_created(msg))
+        out = await submit_chunk(self.ctx, self.store, self.outage, s, msg, seq, kind)
         self.ctx.metrics.processing_stream.observe(out.seconds)
         if out.crash:
             self.ctx.stats.crashes += 1
             log.error("stream derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
                       msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
                       extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
-        if seq == 0 or out.status == 200:
-            s.known = True
+        s.known = s.known or seq == 0 or out.status == 200
         s.next_seq = seq + 1
         end = out.status != 200 or out.done
         if end:
@@ -513,13 +575,16 @@ class StreamRouter:
         self.ctx.stats.stream_chunks += 1
         # (one shared kind string, not one unpickled copy per reply held in replay windows)
         entry = ReplayEntry(seq, out.status, end, sys.intern(out.kind) if out.kind else out.kind, out.body)
-        await self._publish(st, s, msg, entry, write=True, is_object=out.is_object)
+        await self._publish(st, s, msg, entry, write=True, is_object=out.is_object,
+                            pieces=NO_PIECES if end else keep_pieces(self.store, s, out))
 
     async def _publish(self, st, s: _Stream | None, msg, entry: ReplayEntry, *, write: bool = False,
-                       extra_offsets: list | None = None, is_object: bool = True, rid: str | None = None) -> None:
+                       extra_offsets: list | None = None, is_object: bool = True, rid: str | None = None,
+                       pieces: PiecesWrite = NO_PIECES) -> None:
         """Steps 1 (produce) here; 2-4 follow in the partition's stream acker / state writer.
-        ``rid``: the request id addressing the reply when there is no stream ``s``. An
-        ``entry.seq`` < 0 (no valid ``derender-seq``) puts no ``derender-seq`` header on the reply."""
+        ``rid``: the request id addressing the reply when there is no stream ``s``; ``pieces``: the
+        chunk's piece bytes for its checkpoint. An ``entry.seq`` < 0 (no valid ``derender-seq``)
+        puts no ``derender-seq`` header on the reply."""
         out = JobOutcome(entry.value, entry.status, s.rid if s else rid, entry.kind, is_object)
         plan = self.ctx.planner.safe_plan(msg, out)
         too_big = None
@@ -537,7 +602,7 @@ class StreamRouter:
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
             wr = CheckpointWrite(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
-                                 [msg.offset, *(extra_offsets or ())], s)
+                                 [msg.offset, *(extra_offsets or ())], s, **pieces._asdict())
         try:
             # a reply refused for a reason of its own is dead-lettered; a dead letter is retried
             # until acked (partition paused, not ready) unless the partition goes away meanwhile

@@ -21,7 +21,7 @@ from worker.core.responses.derender import (
 from worker.core.responses.log import PiecesLost, PiecesNeeded, Reader, memory_reader
 
 __all__ = ["body_decoder", "derender", "ResponsesStreamResult", "derender_stream", "derender_stream_packed",
-           "is_responses_stream", "PACKED_MAGIC", "KIND", "STREAM_KIND"]
+           "is_responses_stream", "PACKED_MAGIC", "PIECES_MAGIC", "KIND", "STREAM_KIND"]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,9 @@ def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Rea
 #: first bytes of a packed Responses stream state (0xc1 is never used by msgpack, so no chat /
 #: completion state starts with it)
 PACKED_MAGIC = b"\xc1RSP1"
+#: first bytes of a Responses stream state whose piece log is kept apart (``worker.state.pieces``:
+#: ``DerenderService.derender_stream(pieces=True)``): magic + ``encode_state`` bytes
+PIECES_MAGIC = b"\xc1RSP2"
 
 
 class _ReqProbe(msgspec.Struct):
@@ -150,7 +153,7 @@ def is_responses_stream(body: bytes, state_bytes: bytes | None, kind: str | None
     if kind is not None:
         return kind.removesuffix("-stream") == KIND
     if state_bytes:
-        return state_bytes[:len(PACKED_MAGIC)] == PACKED_MAGIC
+        return state_bytes[:len(PACKED_MAGIC)] in (PACKED_MAGIC, PIECES_MAGIC)
     if b'"responses_request"' not in body:
         return False
     try:
