@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .tokenizer import Tokenizer
+from .tokenizers import Tokenizer
 
 __all__ = ["DetokState", "IncrementalDetokenizer", "detokenize_output", "stop_token_trimmed",
            "stop_strings", "check_stop_strings", "detokenize_with_stop",
@@ -218,45 +218,11 @@ class IncrementalDetokenizer:
 
     # ------------------------------------------------------------------------- slow path ---
     def _ids_to_tokens(self, ids: list[int]) -> list[str]:
-        tok = self.tok
-        if tok._mc is not None:
-            return tok.mc_convert_ids_to_tokens([i for i in ids if tok.is_valid_id(i)],
-                                                self.skip_special_tokens) + \
-                [""] * sum(1 for i in ids if not tok.is_valid_id(i))
-        out = []
-        for i in ids:
-            if not tok.is_valid_id(i):
-                out.append("")
-            elif not (self.skip_special_tokens and i in tok.special_ids):
-                out.append(tok.convert_ids_to_tokens([i])[0])
-        return out
+        return self.tok.incremental_ids_to_tokens(ids, self.skip_special_tokens)
 
     def _tokens_to_string(self, tokens: list[str]) -> str:
-        tok = self.tok
-        if tok._hf is None or not tok.added_token_ids:
-            return tok.convert_tokens_to_string(tokens)
-        # vLLM _convert_tokens_to_string_with_added_encoders (slow tokenizer with added vocab)
-        added = tok._added_contents if hasattr(tok, "_added_contents") else None
-        if added is None:
-            added = frozenset(tok.added_token_ids.values())
-            tok._added_contents = added
-            tok._special_contents = frozenset(tok._hf.all_special_tokens)
-        special = tok._special_contents if self.skip_special_tokens else ()
-        parts: list[str] = []
-        run: list[str] = []
-        for t in tokens:
-            if t in special:
-                continue
-            if t in added:
-                if run:
-                    parts.append(tok.convert_tokens_to_string(run))
-                    run = []
-                parts.append(t)
-            else:
-                run.append(t)
-        if run:
-            parts.append(tok.convert_tokens_to_string(run))
-        return (" " if self.spaces_between_special_tokens else "").join(parts)
+        return self.tok.incremental_tokens_to_string(tokens, self.skip_special_tokens,
+                                                     self.spaces_between_special_tokens)
 
     def _slow_step(self, token_id: int) -> str:
         tok = self.tok

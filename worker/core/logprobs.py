@@ -29,8 +29,7 @@ import msgspec
 
 from schemas import ChatLogprobToken, ChatLogprobTop, CompletionLogprobs, TokenLogprobIn
 
-from .tiktoken_vocab import byte_chars
-from .tokenizer import Tokenizer
+from .tokenizers import Tokenizer
 
 __all__ = ["chat_logprobs", "completion_logprobs", "decode_logprob_token", "next_context", "token_id_string",
            "MAX_CONTEXT", "MIN_LOGPROB"]
@@ -40,43 +39,21 @@ MIN_LOGPROB = -9999.0
 _FFFD = "\ufffd"
 
 
-_CHAR_BYTE: dict[str, int] | None = None
-
-
-def _piece_bytes(tok: Tokenizer, i: int, cache: dict) -> bytes:
-    """The bytes of vocabulary piece ``i`` of a byte-level tokenizer (its pieces spelled in the
-    GPT-2 byte alphabet), cached per id in ``cache``."""
-    b = cache.get(i)
-    if b is None:
-        global _CHAR_BYTE
-        if _CHAR_BYTE is None:
-            _CHAR_BYTE = {c: v for v, c in byte_chars().items()}
-        piece = tok.convert_ids_to_tokens([i])[0]
-        try:
-            b = bytes([_CHAR_BYTE[c] for c in piece])
-        except KeyError:  # not a byte-level piece: its text
-            b = piece.encode("utf-8")
-        if len(cache) < 1_000_000:
-            cache[i] = b
-    return b
-
-
 def _correct(tok: Tokenizer, token_id: int, context: list[int]) -> str:
     n = min(len(context), MAX_CONTEXT)
-    if tok.logprob_byte_level is None:
-        tok.logprob_byte_level = tok.backend == "fast" and tok.is_byte_level
     added = tok.added_token_ids
-    if tok.logprob_byte_level and token_id not in added and added.keys().isdisjoint(context[-n:] if n else ()):
+    if tok.is_byte_level and token_id not in added and added.keys().isdisjoint(context[-n:] if n else ()):
         return _correct_bytes(tok, token_id, context[-n:] if n else [])
     return _correct_decoding(tok, token_id, context)
 
 
 def _correct_bytes(tok: Tokenizer, token_id: int, context: list[int]) -> str:
     """``_correct_decoding`` for a byte-level tokenizer without added tokens involved: the same
-    joint decodes, computed from the pieces' bytes instead of tokenizer calls."""
-    cache = tok.logprob_piece_bytes
-    tail = _piece_bytes(tok, token_id, cache)
-    cb = [_piece_bytes(tok, i, cache) for i in context]
+    joint decodes, computed from the pieces' bytes (``Tokenizer.token_bytes``) instead of
+    tokenizer calls."""
+    token_bytes = tok.token_bytes
+    tail = token_bytes(token_id)
+    cb = [token_bytes(i) for i in context]
     for k in range(1, len(context) + 1):
         ctx = context[-k:]
         cbk = cb[-k:]
