@@ -133,3 +133,34 @@ def test_from_fast_wraps_an_in_memory_tokenizer():
     assert tok.decode([i, tok.token_to_id("ok")]) == "ok"
     assert tok.backend_tokenizer is raw
     assert FastTokenizer.from_fast(raw) is not FastTokenizer.from_fast(raw)
+
+
+@pytest.mark.parametrize("name,mode", FAST)
+def test_raw_decode_skips_out_of_vocabulary_ids_as_stepping_does(name, mode):
+    """``raw_decode`` skips ids in ``[vocab_size, 2**32)`` and raises ``OverflowError`` beyond
+    32 bits; the one-shot detokenization (which relies on it instead of a range check) equals
+    stepping, out-of-vocab ids included, and falls back to stepping for negative ids."""
+    from worker.core.detokenize import IncrementalDetokenizer
+    tok = _tok(name, mode)
+    rng = random.Random(name)
+    shortcut = 0
+    text, specials = tok.encode(TEXT), sorted(tok.added_token_ids)
+    for _ in range(20):
+        j = rng.randrange(len(text) - 10)
+        ids = text[j:j + 10] + [rng.choice(specials)] + text[j + 10:j + 20]
+        bad = [*ids[:5], tok.vocab_size, 2**32 - 1, *ids[5:], tok.vocab_size + 7]
+        for skip in (True, False):
+            assert tok.raw_decode(bad, skip) == tok.raw_decode(ids, skip)
+            prompt = ids[:3]
+            whole = IncrementalDetokenizer(tok, skip_special_tokens=skip, prompt_token_ids=prompt).whole_output(bad)
+            stepped = IncrementalDetokenizer(tok, skip_special_tokens=skip, prompt_token_ids=prompt).add(bad)
+            assert whole is None or whole == stepped
+            shortcut += whole is not None
+    assert shortcut >= 10  # the shortcut was taken, not only refused
+    with pytest.raises(OverflowError):
+        tok.raw_decode([1, -1])
+    with pytest.raises(OverflowError):
+        tok.raw_decode([2**32])
+    d = IncrementalDetokenizer(tok)
+    assert d.whole_output([-1, *tok.encode("ok")]) is None
+    assert d.add([-1, *tok.encode("ok")]) == "ok"

@@ -146,19 +146,21 @@ class IncrementalDetokenizer:
         For a fast tokenizer, stepping the decode stream emits, chunk by chunk, exactly
         ``decode(window + ids)`` past ``decode(window)`` whenever no step hits an invalid prefix
         and the final text holds no U+FFFD (incomplete bytes are held back, then completed):
-        byte-level and Metaspace decoders are prefix-stable on complete characters. Any U+FFFD,
-        prefix mismatch, out-of-vocab id or space suppression falls back to ``add``. Does not
-        change the detokenizer's state; meant for one-shot (non-streaming) use."""
+        byte-level and Metaspace decoders are prefix-stable on complete characters. Out-of-vocab
+        ids are skipped by the decode as by stepping (``FastTokenizer.raw_decode``); an id that
+        is not even a 32-bit token id, any U+FFFD, prefix mismatch or space suppression falls
+        back to ``add``. Does not change the detokenizer's state; meant for one-shot
+        (non-streaming) use."""
         if not self.fast or self._suppress_spaces or self._prefix:
             return None
         tok = self.tok
-        vocab = tok.vocab_size
-        if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
-            return None
         window = self._ids
         p = "" if not window else self._window_text if self._window_text is not None \
             else tok.raw_decode(window, self.skip_special_tokens)
-        s = tok.raw_decode(window + list(token_ids), self.skip_special_tokens)
+        try:
+            s = tok.raw_decode([*window, *token_ids], self.skip_special_tokens)
+        except OverflowError:  # a negative or > 32-bit id: stepping skips it, one id at a time
+            return None
         if _FFFD in s or not s.startswith(p):
             return None
         return s[len(p):]

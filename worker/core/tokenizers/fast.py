@@ -145,7 +145,9 @@ class FastTokenizer(Tokenizer):
         return b
 
     def raw_decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        """``tokenizers.Tokenizer.decode`` (no cleanup): what ``DecodeStream`` decodes with."""
+        """``tokenizers.Tokenizer.decode`` (no cleanup): what ``DecodeStream`` decodes with.
+        Ids in ``[0, 2**32)`` outside the vocabulary are skipped (the incremental detokenizer
+        relies on it: stepping skips them too); ``OverflowError`` for an int outside that range."""
         return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
