@@ -279,6 +279,8 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
         return _chat_logprobs_slow(tok, entries, top_logprobs, context_token_ids, as_token_ids)
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    if not k:
+        return _sampled_only(tok, entries, ctx)
     rows = logprob_rows(tok)
     lookup = rows.__getitem__
     lo = MIN_LOGPROB
@@ -299,6 +301,41 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
         if len(ctx) > MAX_CONTEXT:
             del ctx[0]
     return out
+
+
+def _sampled_only(tok: Tokenizer, entries: list[TokenLogprobIn], ctx: list[int]) -> list:
+    """``chat_logprobs`` with ``top_logprobs`` 0 (the sampled tokens alone): one C-level pass
+    per field over all entries; Python runs only at ids the table has not seen yet and at
+    positions whose token needs U+FFFD repair (``ctx``: up to 4 sampled ids before
+    ``entries[0]``; a position's context is the 4 sampled ids before it)."""
+    rows = logprob_rows(tok)
+    tids = list(map(_get_id, entries))
+    lps = list(map(_get_lp, entries))
+    rs = list(map(rows.__getitem__, tids))
+    if None in rs:
+        j = rs.index(None)
+        while True:
+            r = rows[tids[j]]  # an earlier position may have filled it
+            rs[j] = r if r is not None else _fill(tok, rows, tids[j])
+            try:
+                j = rs.index(None, j + 1)
+            except ValueError:  # no unseen id left
+                break
+    if _REPAIR in rs:
+        seq = ctx + tids
+        off = len(ctx)
+        j = rs.index(_REPAIR)
+        while True:
+            fixed = _correct(tok, tids[j], seq[max(0, off + j - MAX_CONTEXT):off + j])
+            rs[j] = (fixed, list(fixed.encode("utf-8", errors="replace")))
+            try:
+                j = rs.index(_REPAIR, j + 1)
+            except ValueError:  # no position left to repair
+                break
+    if not all(map(_not_below_floor, lps)):  # below the floor, -inf or NaN: the floor
+        lo = MIN_LOGPROB
+        lps = [lp if lp >= lo else lo for lp in lps]
+    return list(map(_Tok, map(_first, rs), lps, map(_second, rs)))
 
 
 class _Cand:
