@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-__all__ = ["Tokenizer", "config_eos_token_ids"]
+__all__ = ["Tokenizer", "config_eos_token_ids", "tokenizer_config"]
 
 _SINGLE_CACHE_MAX = 1_000_000
 
