@@ -51,9 +51,9 @@ def _correct_bytes(tok: Tokenizer, token_id: int, context: list[int]) -> str:
     """``_correct_decoding`` for a byte-level tokenizer without added tokens involved: the same
     joint decodes, computed from the pieces' bytes (``Tokenizer.token_bytes``) instead of
     tokenizer calls."""
-    token_bytes = tok.token_bytes
-    tail = token_bytes(token_id)
-    cb = [token_bytes(i) for i in context]
+    tb = tok.token_bytes
+    tail = tb(token_id)
+    cb = [tb(i) for i in context]
     for k in range(1, len(context) + 1):
         ctx = context[-k:]
         cbk = cb[-k:]

@@ -10,7 +10,6 @@ transformers 5 applies it).
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import ClassVar
 
@@ -22,7 +21,6 @@ from .protocol import Tokenizer, config_eos_token_ids, tokenizer_config
 
 __all__ = ["FastTokenizer"]
 
-_BYTES_LOCK = threading.Lock()
 _CHAR_BYTE: dict[str, int] = {c: b for b, c in byte_chars().items()}
 
 
@@ -49,6 +47,32 @@ def _space_marker(fast: HFTokenizer) -> str | None:
     return None
 
 
+class _ByteTable(dict):
+    """id -> bytes of a byte-level tokenizer's token (``FastTokenizer.token_bytes``), filled on
+    first lookup; an id outside ``[0, vocab_size)`` gives ``b""`` and is not stored."""
+
+    __slots__ = ("_fast", "_added", "_vocab_size")
+
+    def __init__(self, fast: HFTokenizer, added: dict[int, str], vocab_size: int):
+        super().__init__()
+        self._fast, self._added, self._vocab_size = fast, added, vocab_size
+
+    def __missing__(self, i: int) -> bytes:
+        if not (isinstance(i, int) and 0 <= i < self._vocab_size):
+            return b""
+        added = self._added.get(i)
+        if added is not None:
+            b = added.encode("utf-8")
+        else:
+            piece = self._fast.id_to_token(i) or ""
+            try:
+                b = bytes([_CHAR_BYTE[c] for c in piece])
+            except KeyError:  # not a byte-level piece: its text
+                b = piece.encode("utf-8")
+        self[i] = b  # idempotent: concurrent fills write equal values
+        return b
+
+
 class FastTokenizer(Tokenizer):
     """A ``tokenizers.Tokenizer`` with its directory's configuration (module docstring).
     ``d`` is the directory its ``tokenizer_config.json`` / ``config.json`` /
@@ -71,11 +95,12 @@ class FastTokenizer(Tokenizer):
         # transformers 5 skips the cleanup for BPE models (it would corrupt their output).
         self._cleanup = cleanup and type(fast.model).__name__ != "BPE"
         try:
-            self._byte_level = type(fast.decoder).__name__ == "ByteLevel"
+            self.is_byte_level = type(fast.decoder).__name__ == "ByteLevel"
         except Exception:  # noqa: BLE001 - a decoder tokenizers cannot describe is not byte-level
-            self._byte_level = False
+            self.is_byte_level = False
         self._space_marker = _space_marker(fast)
-        self._bytes: list[bytes | None] | None = None
+        if self.is_byte_level:
+            self.token_bytes = _ByteTable(fast, self.added_token_ids, self.vocab_size).__getitem__
         self.eos_token_ids = config_eos_token_ids(self, d, [])
 
     @classmethod
@@ -109,40 +134,15 @@ class FastTokenizer(Tokenizer):
         """``tokenizers``' ``token_to_id`` (added tokens included)."""
         return self._fast.token_to_id(token)
 
-    @property
-    def is_byte_level(self) -> bool:
-        """The decoder is ``ByteLevel`` (GPT-2 style byte alphabet pieces)."""
-        return self._byte_level
-
     def token_bytes(self, i: int) -> bytes | None:
         """The bytes token ``i`` stands for, for byte-level BPE tokenizers (``ByteLevel``
         decoder, e.g. GPT-2 style, Qwen's and gpt-oss's): vocabulary pieces through the byte-level
         alphabet, added tokens as their UTF-8 content, a piece outside the alphabet as its UTF-8
         text; ``b""`` for an id outside the vocabulary. None when the tokenizer is not
-        byte-level. Filled lazily per id (one ``vocab_size`` list, allocated on first use)."""
-        if not self._byte_level:
-            return None
-        table = self._bytes
-        if table is None:
-            with _BYTES_LOCK:
-                table = self._bytes
-                if table is None:
-                    table = self._bytes = [None] * self.vocab_size
-        if not 0 <= i < len(table):
-            return b""
-        b = table[i]
-        if b is None:
-            added = self.added_token_ids.get(i)
-            if added is not None:
-                b = added.encode("utf-8")
-            else:
-                piece = self._fast.id_to_token(i) or ""
-                try:
-                    b = bytes([_CHAR_BYTE[c] for c in piece])
-                except KeyError:  # not a byte-level piece: its text
-                    b = piece.encode("utf-8")
-            table[i] = b  # idempotent: concurrent fills write equal values
-        return b
+        byte-level. On a byte-level tokenizer the constructor replaces this method with the
+        C-level lookup of a lazily filled table (:class:`_ByteTable`): one dict lookup per call
+        (the logprob U+FFFD repair and the Harmony id scanner call it per token)."""
+        return None
 
     def raw_decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """``tokenizers.Tokenizer.decode`` (no cleanup): what ``DecodeStream`` decodes with.

@@ -80,6 +80,9 @@ class Tokenizer(abc.ABC):
 
     #: incremental detokenization algorithm: "fast" (DecodeStream) or "slow" (detokenize_incrementally)
     backend: ClassVar[str]
+    #: the decoder is ``ByteLevel`` (GPT-2 style byte alphabet pieces): :meth:`token_bytes` knows
+    #: every token's bytes (a backend that can tell sets it per instance)
+    is_byte_level: bool = False
     path: str
     mode: str
     vocab_size: int
@@ -150,12 +153,6 @@ class Tokenizer(abc.ABC):
                 cache[i] = s
             out.append(s)
         return out
-
-    @property
-    def is_byte_level(self) -> bool:
-        """The decoder is ``ByteLevel`` (GPT-2 style byte alphabet pieces); False unless a
-        backend says otherwise."""
-        return False
 
     def token_bytes(self, i: int) -> bytes | None:
         """The bytes token ``i`` stands for on byte-level tokenizers (see the fast backend);
