@@ -120,3 +120,23 @@ def test_byte_repair_equals_tokenizer_decode_repair(name):
         assert _correct(tok, t, ctx) == _correct_decoding(tok, t, ctx)
         checked += 1
     assert checked > 500
+
+
+@pytest.mark.parametrize("ctx", [[], [5, 6, 7, 8, 9], [151667]])
+def test_sampled_only_path_on_an_empty_table(ctx):
+    """``top_logprobs`` 0 runs one pass per field over all entries: on a fresh tokenizer (empty
+    table, ids repeated, U+FFFD pieces repaired per position from the ids before them, added
+    tokens in the context) it gives exactly the per-candidate path's bytes."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from worker.core.tokenizers import FastTokenizer
+    raw = HFTokenizer.from_file(str(TOKDIR / "qwen3" / "tokenizer.json"))
+    rng = random.Random(len(ctx))
+    for _ in range(3):
+        tok = FastTokenizer.from_fast(raw, path="<fresh qwen3>")  # a new, empty table each time
+        entries, ids = _entries(tok, rng, 200, 0)
+        assert any(tok.decode_single(i).endswith("\ufffd") for i in ids)
+        assert len(set(ids)) < len(ids)
+        want = _enc.encode(_chat_logprobs_slow(tok, entries, 0, ctx, False))
+        assert _enc.encode(chat_logprobs(tok, entries, 0, ctx)) == want
+        assert _enc.encode(chat_logprobs(tok, entries, 0, ctx)) == want  # filled table

@@ -11,7 +11,7 @@ r4 no block at all · r5 request / prompt switches.
 Every vector runs as one delta, as 1-char deltas and as random-size deltas (3 seeds); the state
 is round-tripped through ``msgspec.json`` + ``ParserStack.load_state`` between deltas; all runs
 must give the same final reasoning / content / calls. The tokenizer is the Qwen3 test tokenizer
-with the family's markers added as special tokens, wrapped by ``Tokenizer.from_fast``.
+with the family's markers added as special tokens, wrapped by ``FastTokenizer.from_fast``.
 """
 from __future__ import annotations
 

@@ -53,10 +53,10 @@ def _multi_tokenizer(markers: tuple[str, ...]):
     from tokenizers import Tokenizer as HFTokenizer
 
     from tests.harness.parsers import base_json as _base_json
-    from worker.core.tokenizer import Tokenizer
+    from worker.core.tokenizers import FastTokenizer
     fast = HFTokenizer.from_str(_base_json())
     fast.add_special_tokens(list(dict.fromkeys(t for m in markers for t in MARKERS[m])))
-    return Tokenizer.from_fast(fast, path="<qwen3+" + "+".join(markers) + ">")
+    return FastTokenizer.from_fast(fast, path="<qwen3+" + "+".join(markers) + ">")
 
 
 def _body(rt: D.ModelRuntime, text: str, stop, tools, include: bool, kwargs) -> dict:

@@ -28,7 +28,7 @@ from typing import Literal
 
 import msgspec
 
-from worker.core.tokenizer import TOKENIZER_MODES
+from worker.core.tokenizers import TOKENIZER_MODES
 
 DEFAULT_MAX_N = 16384
 DEFAULT_MAX_LOGPROBS = 20

@@ -20,7 +20,7 @@ from tests.parity import corpus, service
 from tests.parity_tools import to_requests
 from worker.core import derender as D
 from worker.core.detokenize import IncrementalDetokenizer
-from worker.core.tokenizer import Tokenizer
+from worker.core.tokenizers import FastTokenizer, Tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
 from worker.parsers.base import Delta, RequestContext
 from worker.parsers.examples import MARKERS
@@ -47,7 +47,7 @@ def tokenizer(family: str) -> Tokenizer:
     fast = HFTokenizer.from_str(base_json())
     if MARKERS[family]:
         fast.add_special_tokens(MARKERS[family])
-    return Tokenizer.from_fast(fast, path=f"<qwen3+{family}>")
+    return FastTokenizer.from_fast(fast, path=f"<qwen3+{family}>")
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from worker.core.detokenize import IncrementalDetokenizer
-from worker.core.tokenizer import Tokenizer
+from worker.core.tokenizers import FastTokenizer, Tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
 from worker.parsers.base import RequestContext
 from worker.parsers.examples import MARKERS, PAD_C, PAD_R, PROSE, Case, Example, cases
@@ -42,12 +42,12 @@ REASONING_SHARE = 0.7
 @functools.cache
 def family_tokenizer(markers: tuple[str, ...], path: str = str(DEMO_TOKENIZER)) -> Tokenizer:
     """The Qwen3 tokenizer at ``path`` with the markers of families ``markers`` added as special
-    tokens, wrapped by ``Tokenizer.from_fast``."""
+    tokens, wrapped by ``FastTokenizer.from_fast``."""
     fast = HFTokenizer.from_file(path)
     extra = [m for key in markers for m in MARKERS[key]]
     if extra:
         fast.add_special_tokens(list(dict.fromkeys(extra)))
-    return Tokenizer.from_fast(fast, path=f"<qwen3+{'+'.join(markers)}>")
+    return FastTokenizer.from_fast(fast, path=f"<qwen3+{'+'.join(markers)}>")
 
 
 def build_ids(tok: Tokenizer, ex: Example, n_tokens: int) -> list[int]:

@@ -54,7 +54,7 @@ from worker.core.detokenize import (
 )
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, completion_logprobs
-from worker.core.tokenizer import Tokenizer, load_tokenizer
+from worker.core.tokenizers import Tokenizer, load_tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
 from worker.parsers.base import Delta, RequestContext
 from worker.parsers.stack import ParserStack, tool_call_id

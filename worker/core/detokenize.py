@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .tokenizer import Tokenizer
+from .tokenizers import Tokenizer
 
 __all__ = ["DetokState", "IncrementalDetokenizer", "detokenize_output", "stop_token_trimmed",
            "stop_strings", "check_stop_strings", "detokenize_with_stop",
@@ -146,19 +146,21 @@ class IncrementalDetokenizer:
         For a fast tokenizer, stepping the decode stream emits, chunk by chunk, exactly
         ``decode(window + ids)`` past ``decode(window)`` whenever no step hits an invalid prefix
         and the final text holds no U+FFFD (incomplete bytes are held back, then completed):
-        byte-level and Metaspace decoders are prefix-stable on complete characters. Any U+FFFD,
-        prefix mismatch, out-of-vocab id or space suppression falls back to ``add``. Does not
-        change the detokenizer's state; meant for one-shot (non-streaming) use."""
+        byte-level and Metaspace decoders are prefix-stable on complete characters. Out-of-vocab
+        ids are skipped by the decode as by stepping (``FastTokenizer.raw_decode``); an id that
+        is not even a 32-bit token id, any U+FFFD, prefix mismatch or space suppression falls
+        back to ``add``. Does not change the detokenizer's state; meant for one-shot
+        (non-streaming) use."""
         if not self.fast or self._suppress_spaces or self._prefix:
             return None
         tok = self.tok
-        vocab = tok.vocab_size
-        if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
-            return None
         window = self._ids
         p = "" if not window else self._window_text if self._window_text is not None \
             else tok.raw_decode(window, self.skip_special_tokens)
-        s = tok.raw_decode(window + list(token_ids), self.skip_special_tokens)
+        try:
+            s = tok.raw_decode([*window, *token_ids], self.skip_special_tokens)
+        except OverflowError:  # a negative or > 32-bit id: stepping skips it, one id at a time
+            return None
         if _FFFD in s or not s.startswith(p):
             return None
         return s[len(p):]
@@ -218,45 +220,11 @@ class IncrementalDetokenizer:
 
     # ------------------------------------------------------------------------- slow path ---
     def _ids_to_tokens(self, ids: list[int]) -> list[str]:
-        tok = self.tok
-        if tok._mc is not None:
-            return tok.mc_convert_ids_to_tokens([i for i in ids if tok.is_valid_id(i)],
-                                                self.skip_special_tokens) + \
-                [""] * sum(1 for i in ids if not tok.is_valid_id(i))
-        out = []
-        for i in ids:
-            if not tok.is_valid_id(i):
-                out.append("")
-            elif not (self.skip_special_tokens and i in tok.special_ids):
-                out.append(tok.convert_ids_to_tokens([i])[0])
-        return out
+        return self.tok.incremental_ids_to_tokens(ids, self.skip_special_tokens)
 
     def _tokens_to_string(self, tokens: list[str]) -> str:
-        tok = self.tok
-        if tok._hf is None or not tok.added_token_ids:
-            return tok.convert_tokens_to_string(tokens)
-        # vLLM _convert_tokens_to_string_with_added_encoders (slow tokenizer with added vocab)
-        added = tok._added_contents if hasattr(tok, "_added_contents") else None
-        if added is None:
-            added = frozenset(tok.added_token_ids.values())
-            tok._added_contents = added
-            tok._special_contents = frozenset(tok._hf.all_special_tokens)
-        special = tok._special_contents if self.skip_special_tokens else ()
-        parts: list[str] = []
-        run: list[str] = []
-        for t in tokens:
-            if t in special:
-                continue
-            if t in added:
-                if run:
-                    parts.append(tok.convert_tokens_to_string(run))
-                    run = []
-                parts.append(t)
-            else:
-                run.append(t)
-        if run:
-            parts.append(tok.convert_tokens_to_string(run))
-        return (" " if self.spaces_between_special_tokens else "").join(parts)
+        return self.tok.incremental_tokens_to_string(tokens, self.skip_special_tokens,
+                                                     self.spaces_between_special_tokens)
 
     def _slow_step(self, token_id: int) -> str:
         tok = self.tok

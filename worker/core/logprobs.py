@@ -29,8 +29,7 @@ import msgspec
 
 from schemas import ChatLogprobToken, ChatLogprobTop, CompletionLogprobs, TokenLogprobIn
 
-from .tiktoken_vocab import byte_chars
-from .tokenizer import Tokenizer
+from .tokenizers import Tokenizer
 
 __all__ = ["chat_logprobs", "completion_logprobs", "decode_logprob_token", "next_context", "token_id_string",
            "MAX_CONTEXT", "MIN_LOGPROB"]
@@ -40,43 +39,21 @@ MIN_LOGPROB = -9999.0
 _FFFD = "\ufffd"
 
 
-_CHAR_BYTE: dict[str, int] | None = None
-
-
-def _piece_bytes(tok: Tokenizer, i: int, cache: dict) -> bytes:
-    """The bytes of vocabulary piece ``i`` of a byte-level tokenizer (its pieces spelled in the
-    GPT-2 byte alphabet), cached per id in ``cache``."""
-    b = cache.get(i)
-    if b is None:
-        global _CHAR_BYTE
-        if _CHAR_BYTE is None:
-            _CHAR_BYTE = {c: v for v, c in byte_chars().items()}
-        piece = tok.convert_ids_to_tokens([i])[0]
-        try:
-            b = bytes([_CHAR_BYTE[c] for c in piece])
-        except KeyError:  # not a byte-level piece: its text
-            b = piece.encode("utf-8")
-        if len(cache) < 1_000_000:
-            cache[i] = b
-    return b
-
-
 def _correct(tok: Tokenizer, token_id: int, context: list[int]) -> str:
     n = min(len(context), MAX_CONTEXT)
-    if tok.logprob_byte_level is None:
-        tok.logprob_byte_level = tok.backend == "fast" and tok.is_byte_level
     added = tok.added_token_ids
-    if tok.logprob_byte_level and token_id not in added and added.keys().isdisjoint(context[-n:] if n else ()):
+    if tok.is_byte_level and token_id not in added and added.keys().isdisjoint(context[-n:] if n else ()):
         return _correct_bytes(tok, token_id, context[-n:] if n else [])
     return _correct_decoding(tok, token_id, context)
 
 
 def _correct_bytes(tok: Tokenizer, token_id: int, context: list[int]) -> str:
     """``_correct_decoding`` for a byte-level tokenizer without added tokens involved: the same
-    joint decodes, computed from the pieces' bytes instead of tokenizer calls."""
-    cache = tok.logprob_piece_bytes
-    tail = _piece_bytes(tok, token_id, cache)
-    cb = [_piece_bytes(tok, i, cache) for i in context]
+    joint decodes, computed from the pieces' bytes (``Tokenizer.token_bytes``) instead of
+    tokenizer calls."""
+    tb = tok.token_bytes
+    tail = tb(token_id)
+    cb = [tb(i) for i in context]
     for k in range(1, len(context) + 1):
         ctx = context[-k:]
         cbk = cb[-k:]
@@ -302,6 +279,8 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
         return _chat_logprobs_slow(tok, entries, top_logprobs, context_token_ids, as_token_ids)
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    if not k:
+        return _sampled_only(tok, entries, ctx)
     rows = logprob_rows(tok)
     lookup = rows.__getitem__
     lo = MIN_LOGPROB
@@ -322,6 +301,41 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
         if len(ctx) > MAX_CONTEXT:
             del ctx[0]
     return out
+
+
+def _sampled_only(tok: Tokenizer, entries: list[TokenLogprobIn], ctx: list[int]) -> list:
+    """``chat_logprobs`` with ``top_logprobs`` 0 (the sampled tokens alone): one C-level pass
+    per field over all entries; Python runs only at ids the table has not seen yet and at
+    positions whose token needs U+FFFD repair (``ctx``: up to 4 sampled ids before
+    ``entries[0]``; a position's context is the 4 sampled ids before it)."""
+    rows = logprob_rows(tok)
+    tids = list(map(_get_id, entries))
+    lps = list(map(_get_lp, entries))
+    rs = list(map(rows.__getitem__, tids))
+    if None in rs:
+        j = rs.index(None)
+        while True:
+            r = rows[tids[j]]  # an earlier position may have filled it
+            rs[j] = r if r is not None else _fill(tok, rows, tids[j])
+            try:
+                j = rs.index(None, j + 1)
+            except ValueError:  # no unseen id left
+                break
+    if _REPAIR in rs:
+        seq = ctx + tids
+        off = len(ctx)
+        j = rs.index(_REPAIR)
+        while True:
+            fixed = _correct(tok, tids[j], seq[max(0, off + j - MAX_CONTEXT):off + j])
+            rs[j] = (fixed, list(fixed.encode("utf-8", errors="replace")))
+            try:
+                j = rs.index(_REPAIR, j + 1)
+            except ValueError:  # no position left to repair
+                break
+    if not all(map(_not_below_floor, lps)):  # below the floor, -inf or NaN: the floor
+        lo = MIN_LOGPROB
+        lps = [lp if lp >= lo else lo for lp in lps]
+    return list(map(_Tok, map(_first, rs), lps, map(_second, rs)))
 
 
 class _Cand:

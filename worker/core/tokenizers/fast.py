@@ -1,0 +1,183 @@
+"""The fast backend: a ``tokenizers.Tokenizer`` (a ``tokenizer.json``; modes ``auto``/``hf``/
+``deepseek_v4``, and transformers' fast tokenizers converted from a SentencePiece model).
+
+vLLM 0.32 streams these with ``FastIncrementalDetokenizer`` (tokenizers' ``DecodeStream``), which
+decodes with the raw ``tokenizers`` decoder (:meth:`FastTokenizer.raw_decode`), while
+``tokenizer.decode`` (logprob token strings) is transformers' ``TokenizersBackend.decode``
+(:meth:`FastTokenizer.decode`: the same decode plus ``clean_up_tokenization_spaces`` where
+transformers 5 applies it).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import ClassVar
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from worker.core.tiktoken_vocab import byte_chars
+
+from .protocol import Tokenizer, config_eos_token_ids, tokenizer_config
+
+__all__ = ["FastTokenizer"]
+
+_CHAR_BYTE: dict[str, int] = {c: b for b, c in byte_chars().items()}
+
+
+def _clean_up_tokenization(text: str) -> str:
+    # transformers' PreTrainedTokenizerBase.clean_up_tokenization
+    return (
+        text.replace(" .", ".").replace(" ?", "?").replace(" !", "!").replace(" ,", ",")
+        .replace(" ' ", "'").replace(" n't", "n't").replace(" 'm", "'m").replace(" 's", "'s")
+        .replace(" 've", "'ve").replace(" 're", "'re")
+    )
+
+
+def _space_marker(fast: HFTokenizer) -> str | None:
+    """The Metaspace replacement character of ``fast``'s pre-tokenizer (SentencePiece-style
+    vocabularies, ``"▁"``), or None."""
+    try:
+        pre = json.loads(fast.to_str()).get("pre_tokenizer") or {}
+    except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception for components it cannot serialise: no marker known
+        pre = {}
+    subs = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    for sub in subs:
+        if isinstance(sub, dict) and sub.get("type") == "Metaspace":
+            return sub.get("replacement", "\u2581")
+    return None
+
+
+class _ByteTable(dict):
+    """id -> bytes of a byte-level tokenizer's token (``FastTokenizer.token_bytes``), filled on
+    first lookup; an id outside ``[0, vocab_size)`` gives ``b""`` and is not stored."""
+
+    __slots__ = ("_fast", "_added", "_vocab_size")
+
+    def __init__(self, fast: HFTokenizer, added: dict[int, str], vocab_size: int):
+        super().__init__()
+        self._fast, self._added, self._vocab_size = fast, added, vocab_size
+
+    def __missing__(self, i: int) -> bytes:
+        if not (isinstance(i, int) and 0 <= i < self._vocab_size):
+            return b""
+        added = self._added.get(i)
+        if added is not None:
+            b = added.encode("utf-8")
+        else:
+            piece = self._fast.id_to_token(i) or ""
+            try:
+                b = bytes([_CHAR_BYTE[c] for c in piece])
+            except KeyError:  # not a byte-level piece: its text
+                b = piece.encode("utf-8")
+        self[i] = b  # idempotent: concurrent fills write equal values
+        return b
+
+
+class FastTokenizer(Tokenizer):
+    """A ``tokenizers.Tokenizer`` with its directory's configuration (module docstring).
+    ``d`` is the directory its ``tokenizer_config.json`` / ``config.json`` /
+    ``generation_config.json`` are read from (cleanup flag, EOS ids); a directory without them
+    gives no cleanup and no EOS ids."""
+
+    backend: ClassVar[str] = "fast"
+
+    def __init__(self, fast: HFTokenizer, d: Path, path: str, mode: str):
+        super().__init__(path, mode)
+        self._fast = fast
+        added = fast.get_added_tokens_decoder()
+        size = fast.get_vocab_size(with_added_tokens=True)
+        if added:
+            size = max(size, max(added) + 1)
+        self.vocab_size = size
+        self.added_token_ids = {i: t.content for i, t in added.items()}
+        self.special_ids = frozenset(i for i, t in added.items() if t.special)
+        cleanup = bool(tokenizer_config(d).get("clean_up_tokenization_spaces", False))
+        # transformers 5 skips the cleanup for BPE models (it would corrupt their output).
+        self._cleanup = cleanup and type(fast.model).__name__ != "BPE"
+        try:
+            self.is_byte_level = type(fast.decoder).__name__ == "ByteLevel"
+        except Exception:  # noqa: BLE001 - a decoder tokenizers cannot describe is not byte-level
+            self.is_byte_level = False
+        self._space_marker = _space_marker(fast)
+        if self.is_byte_level:
+            self.token_bytes = _ByteTable(fast, self.added_token_ids, self.vocab_size).__getitem__
+        self.eos_token_ids = config_eos_token_ids(self, d, [])
+
+    @classmethod
+    def from_file(cls, tokenizer_json: Path, path: str, mode: str) -> FastTokenizer:
+        """Load ``tokenizer_json`` (its directory gives the configuration). Raises ``ValueError``
+        when ``tokenizers`` cannot load it."""
+        try:
+            fast = HFTokenizer.from_file(str(tokenizer_json))
+        except Exception as e:  # tokenizers raises its own Exception subclass for any bad file
+            raise ValueError(f"cannot load tokenizer {tokenizer_json}: {e}") from e
+        return cls(fast, tokenizer_json.parent, path, mode)
+
+    @classmethod
+    def from_fast(cls, fast: HFTokenizer, path: str = "<memory>", mode: str = "auto") -> FastTokenizer:
+        """Wrap an in-memory ``tokenizers.Tokenizer`` (e.g. a test tokenizer with extra
+        added/special tokens) exactly as :func:`~worker.core.tokenizers.load_tokenizer` would from
+        its ``tokenizer.json``; ``path`` is only a label (no config files are read, so no EOS ids
+        are known). Not cached."""
+        return cls(fast, Path(path), path, mode)
+
+    @property
+    def backend_tokenizer(self) -> HFTokenizer:
+        """The wrapped ``tokenizers.Tokenizer`` (transformers' name for it)."""
+        return self._fast
+
+    def piece(self, i: int) -> str:
+        """``tokenizers``' ``id_to_token`` (``""`` when it has none)."""
+        return self._fast.id_to_token(i) or ""
+
+    def token_to_id(self, token: str) -> int | None:
+        """``tokenizers``' ``token_to_id`` (added tokens included)."""
+        return self._fast.token_to_id(token)
+
+    def token_bytes(self, i: int) -> bytes | None:
+        """The bytes token ``i`` stands for, for byte-level BPE tokenizers (``ByteLevel``
+        decoder, e.g. GPT-2 style, Qwen's and gpt-oss's): vocabulary pieces through the byte-level
+        alphabet, added tokens as their UTF-8 content, a piece outside the alphabet as its UTF-8
+        text; ``b""`` for an id outside the vocabulary. None when the tokenizer is not
+        byte-level. On a byte-level tokenizer the constructor replaces this method with the
+        C-level lookup of a lazily filled table (:class:`_ByteTable`): one dict lookup per call
+        (the logprob U+FFFD repair and the Harmony id scanner call it per token)."""
+        return None
+
+    def raw_decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """``tokenizers.Tokenizer.decode`` (no cleanup): what ``DecodeStream`` decodes with.
+        Ids in ``[0, 2**32)`` outside the vocabulary are skipped (the incremental detokenizer
+        relies on it: stepping skips them too); ``OverflowError`` for an int outside that range."""
+        return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """transformers' ``TokenizersBackend.decode``: :meth:`raw_decode` of the in-vocabulary
+        ids, then ``clean_up_tokenization_spaces`` where transformers applies it."""
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            ids = [i for i in ids if 0 <= i < self.vocab_size]
+        text = self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+        return _clean_up_tokenization(text) if self._cleanup else text
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no BOS/EOS); added/special token strings become their ids."""
+        return self._fast.encode(text, add_special_tokens=False).ids
+
+    def single_token_text(self, token_id: int) -> str:
+        """``decode([token_id])`` with the leading spaces ``decode`` stripped from a
+        SentencePiece (Metaspace) piece restored (vLLM's ``convert_ids_list_to_tokens``)."""
+        s = self.decode([token_id], skip_special_tokens=False)
+        marker = self._space_marker
+        if marker is not None:
+            raw = self.piece(token_id)
+            n = len(raw) - len(raw.lstrip(marker))
+            if n:
+                missing = n - (len(s) - len(s.lstrip(" ")))
+                if missing > 0:
+                    s = " " * missing + s
+        return s
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        """transformers' ``TokenizersBackend.convert_tokens_to_string``: the backend decoder."""
+        dec = self._fast.decoder
+        return dec.decode(tokens) if dec else "".join(tokens)
+
