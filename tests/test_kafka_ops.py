@@ -148,7 +148,7 @@ def test_bench_drain_prints_the_drain_and_batch_rates_and_their_ratio(kafka_boot
     for k in ("DERENDER_LOG_LEVEL", "DERENDER_LOG_FORMAT"):  # main exports them: undone after the test
         monkeypatch.setenv(k, "INFO" if k.endswith("LEVEL") else "text")
     assert main(["bench", "drain", "--bootstrap-servers", kafka_bootstrap, "--requests", "60", "--partitions", "2",
-                 "--distinct", "4", "--timeout", "120"]) == 0
+                 "--distinct", "4", "--timeout", "120", "--repeats", "2"]) == 0
     out = capsys.readouterr().out
     drain = re.search(r"kafka drain: (\d+) records/s", out)
     batch = re.search(r"batch: +(\d+) records/s", out)
