@@ -689,17 +689,26 @@ def _too_big_records(n_singles: int, n_streams: int, tag: str) -> tuple[list[Sin
         r = svc.derender(v, created=CREATED_S)
         assert r.status == 200 and len(r.body) > TOO_BIG_LIMIT + 1024, (r.status, len(r.body))
         singles.append(Single(sid, v, r.body, 200))
-    streams = []
-    for st in make_streams(n_streams, f"{tag}-t"):
-        k = 2
-        assert len(st.chunks) > k + 1 and all(x == 200 for x in st.status[:k + 1]), st.id
+    streams: list[tuple[Stream, int]] = []
+    k = 2
+    for st in make_streams(4 * n_streams, f"{tag}-t"):  # the corpus streams whose chunk k can be too big
+        if len(streams) == n_streams:
+            break
+        if len(st.chunks) <= k + 1 or any(x != 200 for x in st.status[:k + 1]):
+            continue
         b = json.loads(st.chunks[k])
         ch = dict(b["generate_chunk"]["choices"][0], token_ids=word * _BIG_WORDS)
         ch.pop("logprobs", None)
         b["generate_chunk"] = dict(b["generate_chunk"], choices=[ch])
         st.chunks[k] = json.dumps(b).encode()
+        state = None
+        for seq in range(k + 1):
+            res, state = svc.derender_stream(st.chunks[seq], state, seq=seq, created=CREATED_S)
+        if res.status != 200 or len(res.body) <= TOO_BIG_LIMIT + 1024:
+            continue  # (e.g. a request whose max_tokens cuts the output short)
         st.want[k] = b""  # (a 413 is checked instead)
         streams.append((st, k))
+    assert len(streams) == n_streams, f"{len(streams)} of {n_streams} too-big streams"
     return singles, streams
 
 
@@ -721,7 +730,8 @@ def _check_too_big(records: list, dlq: str, singles: list[Single], streams: list
             by_corr.setdefault(hh[CORR], []).append(r)
 
     def is413(r, end: bool) -> bool:
-        err = json.loads(r.value).get("error", {})
+        body = json.loads(r.value)
+        err = body.get("error", {}) if isinstance(body, dict) else {}
         m = re.fullmatch(_TOO_BIG, err.get("message", "").encode())
         return (h(r).get(STATUS) == b"413" and err.get("type") == "PayloadTooLargeError" and m is not None
                 and int(m.group(1)) > TOO_BIG_LIMIT and (h(r).get(END) == b"1") == end)
