@@ -299,3 +299,84 @@ async def test_replies_in_flight_during_a_broker_freeze_are_resent_not_dead_lett
     assert [dict(r.headers).get("x-dlq-reason") for r in got[n.dlq]] == []
     assert {r.key for r in got[n.reply]} == {k for k, _, _ in recs}
     assert all(_h(r)[HDR_STATUS] == b"200" for r in got[n.reply])
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("resume", ["during-drain", "after-exit"])
+async def test_a_stop_during_a_broker_freeze_leaves_unacked_replies_uncommitted_not_dead_lettered(
+        qwen3_models, caplog, resume):
+    """SIGTERM (``stop()``, what ``main_run``'s handler calls) while the broker is frozen past
+    ``--request-timeout-ms`` and replies are being sent again (``publisher.settle``). Those replies
+    used to be dead-lettered at the stop (``reply-publish-failed: KafkaTimeoutError``), and the
+    dead letter landed once the broker resumed: a good record reported as bad and committed. At
+    a stop they are now sent again while the drain lasts and never dead-lettered for it.
+    ``during-drain``: the broker resumes within ``--drain-timeout``, the stopping worker gets
+    them acknowledged; ``after-exit``: the drain (2 s) ends first, their offsets are not
+    committed, and a second worker of the group answers them. Either way every key gets its 200
+    reply (duplicates byte-identical), no dead letter, and the stop takes at most
+    ``--drain-timeout`` + 5 s (docs/delivery.md, Shutdown)."""
+    import logging
+    import time
+
+    from worker.transport.broker import TansuBroker
+    caplog.set_level(logging.INFO, logger="worker.transport.publisher")
+    tok = _tokenizer(qwen3_models)
+    n = _names()
+    recs = [(f"s{i}".encode(), chat_body(tok, "qwen3", f"s{i}", f"Reply number {i} is here."), []) for i in range(1500)]
+    keys = {k for k, _, _ in recs}
+
+    def retries() -> int:
+        return sum("sending it again" in r.getMessage() for r in caplog.records)
+
+    drain_s = 20.0 if resume == "during-drain" else 2.0
+    with TansuBroker() as broker:
+        bs = broker.bootstrap_servers
+        await ensure_topics(bs, {n.inp: 2, n.reply: 1, n.dlq: 1})
+        await _produce(bs, n.inp, recs)
+        opts = dict(input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq, group_id=n.group,
+                    request_timeout_ms=1500, broker_outage_deadline_s=120.0, max_in_flight=256)
+        first = KafkaDerenderWorker(_settings(bs, "tansu", drain_timeout_s=drain_s, **opts), qwen3_models)
+        await first.start()
+        run = asyncio.create_task(first.run())
+        frozen = False
+        try:
+            while first.stats.processed < 50:  # replies are flowing: the next ones are in flight at the freeze
+                await asyncio.sleep(0.01)
+            broker.proc.send_signal(signal.SIGSTOP)
+            frozen = True
+            # past request_timeout_ms deliveries time out and settle() sends them again: stop then
+            t_frozen = time.monotonic()
+            while not retries() and time.monotonic() < t_frozen + 30:
+                await asyncio.sleep(0.2)
+            retries_before_stop = retries()
+            t_stop = time.monotonic()
+            first.stop()
+            if resume == "during-drain":
+                await asyncio.sleep(1.0)
+                broker.proc.send_signal(signal.SIGCONT)
+                frozen = False
+            await asyncio.wait_for(asyncio.shield(run), drain_s + 30)
+            stop_s = time.monotonic() - t_stop
+        finally:
+            if frozen:
+                broker.proc.send_signal(signal.SIGCONT)
+            if not run.done():
+                first.stop()
+                first.stop()
+                await asyncio.gather(run, return_exceptions=True)
+        assert retries_before_stop > 0, "no reply was being sent again when the worker was stopped"
+        assert stop_s <= drain_s + 5.0, f"stop took {stop_s:.1f}s (--drain-timeout {drain_s}s)"
+        assert first.stats.dead_lettered == 0, first.stats
+        committed, end = await _committed_and_end(bs, n.group, n.inp, 2)
+        if resume == "after-exit":  # the unacknowledged replies' offsets were not committed
+            assert sum(committed[p] or 0 for p in end) < sum(end.values()), (committed, end)
+        async with KafkaDerenderWorker(_settings(bs, "tansu", **opts), qwen3_models):
+            got = await _collect(bs, [n.reply, n.dlq], len(recs), timeout=120, settle=1.0,
+                                 until=lambda g: bool(g[n.dlq]) or {r.key for r in g[n.reply]} >= keys)
+    assert [dict(r.headers).get("x-dlq-reason") for r in got[n.dlq]] == []
+    assert {r.key for r in got[n.reply]} == keys
+    assert all(_h(r)[HDR_STATUS] == b"200" for r in got[n.reply])
+    by_key: dict[bytes, set] = {}
+    for r in got[n.reply]:
+        by_key.setdefault(r.key, set()).add(r.value)
+    assert all(len(v) == 1 for v in by_key.values()), "non-identical duplicates"

@@ -136,3 +136,24 @@ def test_bench_kafka_prints_end_to_end_figures(kafka_bootstrap, capsys, monkeypa
     out = capsys.readouterr().out
     assert "20 replies (0 missing)" in out and "p50" in out and "p99" in out, out
     assert "in-process core on the same bodies" in out
+
+
+def test_bench_drain_prints_the_drain_and_batch_rates_and_their_ratio(kafka_bootstrap, capsys, monkeypatch):
+    """``bench drain`` on the session broker: a pre-filled topic drained by one worker subprocess
+    (every record answered, else exit 2), then ``batch`` on the same bodies; both rates and
+    their ratio printed (figures, not asserted)."""
+    import re
+
+    from worker.cli import main
+    for k in ("DERENDER_LOG_LEVEL", "DERENDER_LOG_FORMAT"):  # main exports them: undone after the test
+        monkeypatch.setenv(k, "INFO" if k.endswith("LEVEL") else "text")
+    assert main(["bench", "drain", "--bootstrap-servers", kafka_bootstrap, "--requests", "60", "--partitions", "2",
+                 "--distinct", "4", "--timeout", "120", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    drain = re.search(r"kafka drain: (\d+) records/s", out)
+    batch = re.search(r"batch: +(\d+) records/s", out)
+    ratio = re.search(r"ratio drain / batch: ([\d.]+)", out)
+    assert drain and batch and ratio, out
+    assert int(drain.group(1)) > 0 and int(batch.group(1)) > 0
+    ratio_printed, ratio_ints = float(ratio.group(1)), int(drain.group(1)) / int(batch.group(1))
+    assert abs(ratio_printed - ratio_ints) <= 0.01 + 0.05 * ratio_ints, out  # (the rates are printed rounded)

@@ -416,6 +416,61 @@ def test_too_large_reply_mid_stream_ends_the_stream_with_413(kafka_bootstrap, ka
     assert stats.dead_lettered == 1 and stats.crashes == 0
 
 
+def test_a_stream_ended_by_a_413_answers_later_chunks_alike_on_a_new_owner(kafka_bootstrap, kafka_broker_kind,
+                                                                          qwen3_models, redis_prefix):
+    """A stream ended by an error reply (here the 413 of a too-big chunk) keeps its stored
+    tombstone after its offsets are committed (``stream_registry.keeps_tombstone``): its client
+    may still send chunks, and a new owner of the partition answers them with the same
+    "already ended" 409 as the first owner did. Its tombstone used to be deleted once committed,
+    so the new owner took the stream for unknown and answered "lost or expired" (chaos
+    ``reply-too-big`` after a kill -9: non-identical duplicates)."""
+    from tests.harness.kafka import committed_and_end as _committed_and_end
+
+    tok = _tokenizer(qwen3_models)
+    n = _names()
+    rid = f"big-{uuid.uuid4().hex[:6]}"
+    _, chunks = make_stream(tok, rid, 0)
+    word = tok.encode(" word", add_special_tokens=False).ids
+    big = json.loads(chunks[1])
+    big["generate_chunk"]["choices"][0]["token_ids"] = word * 3000  # a reply of ~15 KB of " word"
+    chunks[1] = json.dumps(big).encode()
+    redis = RedisSettings(url=REDIS_URL, prefix=redis_prefix, ttl_s=120)
+    settings = _settings(kafka_bootstrap, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
+                         dead_letter_topic=n.dlq, group_id=n.group, redis=redis, max_request_size=8192,
+                         dead_letter_max_bytes=4096, stream_gap_timeout_s=1.0)
+
+    def rec(seq):
+        return (rid.encode(), chunks[seq], [(SEQ, str(seq).encode())])
+
+    async def owner(records, want: int) -> list:
+        async with KafkaDerenderWorker(settings, qwen3_models) as w:
+            await w.wait_assigned(30)
+            await _produce(kafka_bootstrap, n.inp, records)
+            got = await _collect(kafka_bootstrap, [n.reply], want, timeout=30)
+            for _ in range(100):  # every offset committed: the first owner deletes what it may
+                committed, end = await _committed_and_end(kafka_bootstrap, n.group, n.inp, 1)
+                if committed == end:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)  # (the deletes after the commit)
+        assert committed == end, (committed, end)
+        return got[n.reply]
+
+    async def go():
+        await ensure_topics(kafka_bootstrap, {n.inp: 1, n.reply: 1, n.dlq: 1})
+        first = await owner([rec(0), rec(1), rec(2)], 3)
+        second = await owner([rec(3)], 4)  # a new worker: the stream is not in its memory
+        return first, second
+
+    first, second = asyncio.run(go())
+    assert [(int(_h(r)[SEQ]), _h(r)[HDR_STATUS]) for r in first] == [(0, b"200"), (1, b"413"), (2, b"409")]
+    late = second[-1]
+    assert (int(_h(late)[SEQ]), _h(late)[HDR_STATUS], _h(late)[END]) == (3, b"409", b"1")
+    msg = json.loads(late.value)["error"]["message"]
+    assert msg == f"stream {rid!r} already ended (last {SEQ} 1); chunk {SEQ} 3 ignored", msg
+    assert late.value == first[2].value.replace(f"{SEQ} 2 ignored".encode(), f"{SEQ} 3 ignored".encode())
+
+
 def test_chunk_arriving_after_a_gap_ended_its_stream_is_answered(kafka_bootstrap, kafka_broker_kind, qwen3_models,
                                                                  redis_prefix, caplog):
     """Issue 17, fault 4: the missing chunk of a stream that a gap timeout ended arrives late: it

@@ -7,7 +7,9 @@ Sizes: ``SIZES["reduced"]`` (the pytest run, ``tests/test_chaos.py``) and ``SIZE
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import random
 import re
 import signal
 import threading
@@ -21,15 +23,19 @@ from tests.chaos.fuzz import make_bad
 from tests.chaos.harness import (
     CORR,
     CREATED_S,
+    END,
     MODELS_JSON,
     SEQ,
+    STATUS,
     Broker,
     Collector,
     Ledger,
     RedisServer,
+    Single,
     Stream,
     WorkerProc,
     big_call_streams,
+    corpus_bodies,
     create_topics,
     free_port,
     h,
@@ -38,15 +44,16 @@ from tests.chaos.harness import (
     produce,
     responses_streams,
     rss_kb,
+    service,
     session_pids,
     stream_records,
 )
 
 SIZES: dict[str, dict[str, int]] = {
     "reduced": dict(batch=600, streams=16, outage_singles=200, fuzz_bad=1500, fuzz_valid=500, fuzz_huge=2,
-                    overload=4000, abandoned=600, partitions=4, stall_streams=120, backlog=3000),
+                    overload=4000, abandoned=600, partitions=4, stall_streams=120, backlog=3000, too_big=6),
     "full": dict(batch=10_000, streams=60, outage_singles=2000, fuzz_bad=30_000, fuzz_valid=10_000, fuzz_huge=10,
-                 overload=100_000, abandoned=6000, partitions=8, stall_streams=240, backlog=20_000),
+                 overload=100_000, abandoned=6000, partitions=8, stall_streams=240, backlog=20_000, too_big=40),
 }
 GAP_S = 3.0  # --stream-gap-timeout of the chaos workers
 STATE_DEADLINE_S = 60.0  # --state-store-outage-deadline
@@ -691,6 +698,157 @@ def broker_restart_backlog(size: str = "reduced", then: str = "deadline") -> dic
         rig.close()
 
 
+#: ``--max-request-size`` of the reply-too-big scenario: above every corpus reply (<= ~10 KB)
+TOO_BIG_LIMIT = 16 * 1024
+_TOO_BIG = rb"reply of (\d+) bytes exceeds the limit of 16384 bytes \(--max-request-size\)"
+_BIG_WORDS = 3500  # " word" tokens: a reply of ~18 KB, within the models' max_model_len (4096)
+
+
+def _too_big_records(n_singles: int, n_streams: int, tag: str) -> tuple[list[Single], list[tuple[Stream, int]]]:
+    """Valid records whose replies exceed ``TOO_BIG_LIMIT``: ``n_singles`` chat records of
+    ``_BIG_WORDS`` output tokens (``Single.want``: the core's too-big 200 body), and
+    ``n_streams`` corpus streams whose chunk 2 carries ``_BIG_WORDS`` tokens -> (stream, 2)."""
+    svc = service()
+    word = svc.runtime("qwen3").tokenizer.encode(" word")
+    base = next(b for b in corpus_bodies()[0] if b.get("model") == "qwen3" and "generate_response" in b
+                and "logprobs" not in b.get("chat_request", {}))
+    singles = []
+    for i in range(n_singles):
+        sid = f"{tag}-s{i}-{uuid.uuid4().hex[:6]}"
+        gr = dict(base["generate_response"], request_id=sid,
+                  choices=[{"index": 0, "token_ids": word * _BIG_WORDS, "finish_reason": "length"}])
+        v = json.dumps(dict(base, generate_response=gr)).encode()
+        r = svc.derender(v, created=CREATED_S)
+        assert r.status == 200 and len(r.body) > TOO_BIG_LIMIT + 1024, (r.status, len(r.body))
+        singles.append(Single(sid, v, r.body, 200))
+    streams: list[tuple[Stream, int]] = []
+    k = 2
+    for st in make_streams(4 * n_streams, f"{tag}-t"):  # the corpus streams whose chunk k can be too big
+        if len(streams) == n_streams:
+            break
+        if len(st.chunks) <= k + 1 or any(x != 200 for x in st.status[:k + 1]):
+            continue
+        b = json.loads(st.chunks[k])
+        ch = dict(b["generate_chunk"]["choices"][0], token_ids=word * _BIG_WORDS)
+        ch.pop("logprobs", None)
+        b["generate_chunk"] = dict(b["generate_chunk"], choices=[ch])
+        st.chunks[k] = json.dumps(b).encode()
+        state = None
+        for seq in range(k + 1):
+            res, state = svc.derender_stream(st.chunks[seq], state, seq=seq, created=CREATED_S)
+        if res.status != 200 or len(res.body) <= TOO_BIG_LIMIT + 1024:
+            continue  # (e.g. a request whose max_tokens cuts the output short)
+        st.want[k] = b""  # (a 413 is checked instead)
+        streams.append((st, k))
+    assert len(streams) == n_streams, f"{len(streams)} of {n_streams} too-big streams"
+    return singles, streams
+
+
+def _check_too_big(records: list, dlq: str, singles: list[Single], streams: list[tuple[Stream, int]],
+                   pos: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """A too-big single: every reply the same 413 ``PayloadTooLargeError`` naming its size and
+    the limit, and a ``reply-too-large`` dead letter of its record. A too-big stream chunk k:
+    chunks before it the core's 200s, chunk k that 413 ending the stream (``derender-stream-end``)
+    and dead-lettered, later chunks the ended-stream 409; every copy of a seq identical. No
+    other dead letter. Raises ``AssertionError``; returns counts."""
+    by_corr: dict[bytes, list] = {}
+    dl_reason: dict[tuple[int, int], set] = {}
+    for r in records:
+        hh = h(r)
+        if r.topic == dlq:
+            dl_reason.setdefault((int(hh["x-original-partition"]), int(hh["x-original-offset"])), set()).add(
+                hh.get("x-dlq-reason", b""))
+        elif hh.get(CORR) is not None:
+            by_corr.setdefault(hh[CORR], []).append(r)
+
+    def is413(r, end: bool) -> bool:
+        body = json.loads(r.value)
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        m = re.fullmatch(_TOO_BIG, err.get("message", "").encode())
+        return (h(r).get(STATUS) == b"413" and err.get("type") == "PayloadTooLargeError" and m is not None
+                and int(m.group(1)) > TOO_BIG_LIMIT and (h(r).get(END) == b"1") == end)
+
+    def dead_lettered(key: str) -> bool:
+        reasons = dl_reason.pop(pos[key], set())
+        return bool(reasons) and all(re.fullmatch(b"reply-too-large: " + _TOO_BIG, x) for x in reasons)
+
+    bad = []
+    for s in singles:
+        got = by_corr.get(s.id.encode(), [])
+        if not got or not all(is413(r, False) for r in got) or len({r.value for r in got}) > 1:
+            bad.append(f"too-big single {s.id}: {[(h(r).get(STATUS), r.value[:160]) for r in got][:2]}")
+        if not dead_lettered(s.id):
+            bad.append(f"too-big single {s.id}: no reply-too-large dead letter")
+    for st, k in streams:
+        per: dict[int, list] = {}
+        for r in by_corr.get(st.id.encode(), []):
+            per.setdefault(int(h(r)[SEQ]), []).append(r)
+        for seq in range(len(st.chunks)):
+            got = per.get(seq, [])
+            if seq < k:
+                ok = bool(got) and all(r.value == st.want[seq] and h(r).get(STATUS) == b"200" for r in got)
+            elif seq == k:
+                ok = bool(got) and all(is413(r, True) for r in got)
+            else:
+                ok = bool(got) and all(h(r).get(STATUS) == b"409" and b"already ended" in r.value for r in got)
+            if not ok or len({(r.value, h(r).get(STATUS), h(r).get(END)) for r in got}) > 1:
+                bad.append(f"too-big stream {st.id} seq {seq} (413 at {k}): "
+                           f"{[(h(r).get(STATUS), r.value[:160]) for r in got][:2]}")
+        if not dead_lettered(f"{st.id}#{k}"):
+            bad.append(f"too-big stream {st.id}: no reply-too-large dead letter for chunk {k}")
+    if dl_reason:
+        bad.append(f"{len(dl_reason)} other dead letter(s): {list(dl_reason.items())[:3]}")
+    assert not bad, f"{len(bad)} violation(s):\n" + "\n".join(bad[:10])
+    return {"too_big_singles": len(singles), "too_big_streams": len(streams)}
+
+
+def reply_too_big(size: str = "reduced") -> dict[str, Any]:
+    """Replies larger than ``--max-request-size`` (16 KB here) among valid traffic over two
+    workers, one kill -9'd once 40% of the records are answered (the survivor takes its partitions):
+    a too-big single request gets a small 413 reply to its address and its record is
+    dead-lettered in full; a stream whose chunk 2 is too big ends there with that 413 (later
+    chunks: the ended-stream 409); duplicates identical, every other record answered exactly
+    (``harness.Ledger``) and nothing else dead-lettered (issue 17, fault 2)."""
+    sz = SIZES[size]
+    rig = Rig("reply-too-big", partitions=sz["partitions"])
+    try:
+        extra = ["--max-request-size", str(TOO_BIG_LIMIT), "--dead-letter-max-bytes", str(8 * 1024)]
+        a, b = rig.worker(extra), rig.worker(extra)
+        rig.wait_ready([a, b])
+        big_singles, big_streams = _too_big_records(sz["too_big"], max(2, sz["too_big"] // 2), "tb")
+        ledger = Ledger(singles=make_singles(sz["outage_singles"], "tbs"), streams=make_streams(sz["streams"], "tbt"))
+        singles = ledger.single_records() + [(s.id.encode(), s.value, [(CORR, s.id.encode())]) for s in big_singles]
+        random.Random(17).shuffle(singles)  # the too-big ones spread out
+        rounds = stream_records(ledger.streams + [st for st, _ in big_streams])
+        recs, step = [], max(1, len(singles) // max(1, len(rounds)))
+        for i, rnd in enumerate(rounds):  # chunk rounds interleaved with the singles
+            recs += singles[i * step:(i + 1) * step] + rnd
+        recs += singles[len(rounds) * step:]
+        where = asyncio.run(produce(rig.bs, rig.inp, recs, pace=0.02))
+        rig.wait_answers(int(len(recs) * 0.4), 120)
+        a.kill9()  # mid-run: its answered but uncommitted records come again from the survivor
+        rig.phase("killed")
+        seq_of = {id(r): dict(r[2]).get(SEQ) for r in recs}
+        pos = {(r[0].decode() + (f"#{seq_of[id(r)].decode()}" if seq_of[id(r)] is not None else "")): p
+               for r, p in zip(recs, where, strict=True)}
+
+        def passes() -> bool:  # (a count would be reached early: the kill adds duplicates)
+            got = [r for _, r in list(rig.collector.records)]
+            try:
+                ledger.check(got, rig.dlq)
+                _check_too_big(got, rig.dlq, big_singles, big_streams, pos)
+                return True
+            except AssertionError:
+                return not any(w.alive for w in rig.workers)
+
+        rig.collector.wait(passes, 180)
+        figs = _finish(rig, ledger, 0, 0, records=len(recs))
+        figs.update(_check_too_big([r for _, r in rig.collector.records], rig.dlq, big_singles, big_streams, pos))
+        return figs
+    finally:
+        rig.close()
+
+
 SCENARIOS = {
     "kill9-batch": kill9_batch,
     "kill9-stream": kill9_stream,
@@ -711,4 +869,5 @@ SCENARIOS = {
     "broker-backlog-deadline": lambda size="reduced": broker_restart_backlog(size, "deadline"),
     "broker-backlog-sigterm": lambda size="reduced": broker_restart_backlog(size, "sigterm"),
     "broker-frozen-sigterm": lambda size="reduced": broker_restart_backlog(size, "frozen"),
+    "reply-too-big": reply_too_big,
 }

@@ -9,6 +9,7 @@
 | ``stream`` | ``worker.bench.stream`` | per-chunk streaming latency and state size (optionally through Redis) |
 | ``parsers`` | ``worker.bench.parsers`` | parse throughput of every parser family |
 | ``responses`` | ``worker.bench.responses`` | the Responses API paths next to chat (per record, per chunk) |
+| ``drain`` | ``worker.bench.drain`` | records/s draining a pre-filled topic through one worker vs ``batch`` on the same bodies, and their ratio |
 
 Each suite module has ``add_args(parser)`` (its flags) and ``run_suite(args) -> int`` (exit
 status); ``batch``, ``stream`` and ``parsers`` also run as ``python -m worker.bench.<suite>``
@@ -16,4 +17,4 @@ status); ``batch``, ``stream`` and ``parsers`` also run as ``python -m worker.be
 ``worker.cli.bench``.
 """
 
-SUITES = ("core", "kafka", "batch", "stream", "parsers", "responses")
+SUITES = ("core", "kafka", "batch", "stream", "parsers", "responses", "drain")

@@ -17,7 +17,11 @@ Rules, in the order they apply to one ``Outgoing`` reply:
    broker did not answer (``BROKER_TIMEOUT_ERRORS``: a frozen or unreachable broker past
    ``--request-timeout-ms``) is sent again, with backoff, for up to ``--broker-outage-deadline``
    seconds (the broker watch makes the worker give up by then), so a broker stall delays
-   replies instead of dead-lettering them;
+   replies instead of dead-lettering them; while the worker stops (SIGTERM drain, a give-up) such
+   a reply is sent again until the drain ends, whatever those deadlines: a broker timeout is
+   never the record's fault, so it is never dead-lettered for the stop; a reply still unacked
+   when the drain ends leaves its record uncommitted (the final commit stops below it) and the
+   next owner of the partition answers it (docs/delivery.md, Shutdown);
 4. a dead letter is retried until the broker acknowledges it (``dead_letter_until_acked``: the
    partition paused, the worker not ready meanwhile); never skipped, never a crash. Retrying
    stops only when the partition goes away or the worker stops (``DeadLetterError``: the record
@@ -187,7 +191,9 @@ class ReplyPublisher:
                      request_id: str | None = None) -> Outgoing:
         """Await the broker's ack of ``out`` (``delivery``) -> the record acknowledged (``out``,
         or the dead letter that replaced it). Rules 3-4; raises ``DeadLetterError`` when a dead
-        letter's retries stop, ``KafkaError`` never."""
+        letter's retries stop, ``KafkaError`` never. While the worker stops, a reply failing with
+        a transient or broker-timeout error is sent again until the caller's task is cancelled
+        (the end of the drain): it is not dead-lettered because the worker stops."""
         t_end = None
         delay = 0.1
         while True:
@@ -199,10 +205,12 @@ class ReplyPublisher:
                     break
                 retry_s = (TRANSIENT_RETRY_S if isinstance(e, TRANSIENT_ERRORS) else
                            self.settings.broker_outage_deadline_s if isinstance(e, BROKER_TIMEOUT_ERRORS) else None)
-                if retry_s is not None and not self._stopped():
+                if retry_s is not None:
                     now = time.monotonic()
                     t_end = t_end if t_end is not None else now + retry_s
-                    if now < t_end:
+                    # stopping: sent again while the drain lasts, never dead-lettered for it (the
+                    # drain's end cancels this; the record stays uncommitted and is redelivered)
+                    if now < t_end or self._stopped():
                         log.info("reply of %s[%d]@%d to %s: %s: %s; sending it again in %.1fs", msg.topic,
                                  msg.partition, msg.offset, out.topic, type(e).__name__, e, delay,
                                  extra=log_fields(msg, request_id))

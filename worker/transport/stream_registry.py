@@ -56,6 +56,7 @@ class LiveStream:
     end_offset: int = -1  # highest input offset handled after the stream ended
     gap_from: int = -1  # ended by a gap: the first missing seq (seqs from it on were never answered alone)
     deleted: bool = False
+    keep_tombstone: bool = False  # ended by an error reply: its stored tombstone is left to the TTL (``keeps_tombstone``)
     ended_at: float = 0.0
     loading: bool = False  # being read from the store: its queue waits
     last_used: float = field(default_factory=time.monotonic)  # last chunk handed to it (idle eviction)
@@ -96,8 +97,21 @@ def _unpark(s: LiveStream) -> None:
 _Stream = LiveStream  # (the name the router and the tests use)
 
 
-def end_stream(s: LiveStream) -> None:
-    """Mark ``s`` ended (its state and pieces dropped; later chunks get the ended-stream 409)."""
+def keeps_tombstone(status: int) -> bool:
+    """Whether a stream ended by a reply of ``status`` keeps its stored tombstone until the TTL:
+    an error reply (413, 500, a 4xx of the core) ends a stream whose client may still send
+    chunks, so any owner (after a crash, or once the stream is forgotten here) must answer them
+    with the same ended-stream 409 instead of the "lost or expired" one. Not a completed
+    request (200: nothing follows) nor a 409 (a gap or lost state: the tombstone does not carry
+    which chunks were missing, and a missing chunk arriving late must not be taken for an
+    answered one; without the tombstone it is answered as an unknown stream)."""
+    return status not in (200, 409)
+
+
+def end_stream(s: LiveStream, status: int = 200) -> None:
+    """Mark ``s`` ended by a reply of ``status`` (its state and pieces dropped; later chunks get
+    the ended-stream 409; ``keeps_tombstone``)."""
+    s.keep_tombstone = s.keep_tombstone or keeps_tombstone(status)
     s.ended = True
     s.known = True
     s.state = None
@@ -150,7 +164,7 @@ def trim_committed(streams: dict, offset: int, replay_window: int) -> list:
     """Offsets below ``offset`` are committed: trim the replay windows of ``streams`` to
     ``replay_window`` (keeping every reply whose input offset is not committed), repack idle ones,
     forget streams ended long ago; returns the fenced deletes (``StateWrite``, state None) of the
-    streams that ended before ``offset``."""
+    streams that ended before ``offset`` (not of those ended by an error: ``keeps_tombstone``)."""
     deletes = []
     now = time.monotonic()
     for rid, s in list(streams.items()):
@@ -167,7 +181,8 @@ def trim_committed(streams: dict, offset: int, replay_window: int) -> list:
         if s.ended and s.task is None and not s.held and s.end_offset < offset:
             if not s.deleted:
                 s.deleted = True
-                deletes.append(StateWrite(rid, None, s.next_seq - 1))
+                if not s.keep_tombstone:
+                    deletes.append(StateWrite(rid, None, s.next_seq - 1))
             elif now - s.ended_at > 60.0:
                 del streams[rid]  # forget it (its replies were committed long ago)
     return deletes

@@ -57,9 +57,12 @@ Design
   gap too and ends the same way, the 409 saying so.
 * **End of stream.** The reply of the chunk that completes the request (every choice finished,
   usage sent), and every error reply, carries ``derender-stream-end: 1``. Its checkpoint is a
-  tombstone (state None, window kept); once the offsets past it are committed the key is deleted
-  (fenced on the seq), otherwise its TTL removes it. Later chunks of an ended stream get a 409
-  error reply (duplicates are replayed/skipped as above).
+  tombstone (state None, window kept). A stream whose request completed has its key deleted once
+  the offsets past it are committed (fenced on the seq), otherwise its TTL removes it; a stream
+  ended by an error reply (413, 500, a 4xx; not the 409 of a gap or lost state), whose client may
+  still send chunks, keeps its tombstone until the TTL, so that every owner answers those chunks
+  alike (``stream_registry.keeps_tombstone``). Later chunks
+  of an ended stream get a 409 error reply (duplicates are replayed/skipped as above).
 """
 from __future__ import annotations
 
@@ -107,6 +110,7 @@ from worker.transport.stream_registry import (
     _unpark,
     drop_streams,
     end_stream,
+    keeps_tombstone,
     held_offsets,
     held_pieces,
     record_pieces,
@@ -142,7 +146,7 @@ async def _answer_too_large(ctx: StreamContext, st, s: _Stream | None, msg, plan
     chunks get the ended-stream 409, so no answer looks complete with a chunk missing."""
     small = await ctx.publisher.replace_too_large(st, msg, plan, err, s.rid if s else rid)
     if s is not None and write and not small.is_dead_letter:
-        end_stream(s)
+        end_stream(s, err.status)
         if not any(k == HDR_STREAM_END for k, _ in small.headers):
             small.headers.append((HDR_STREAM_END, b"1"))
         log.warning("stream %r: chunk %s %d answered 413 (%s); stream ended", s.rid, HDR_SEQ,
@@ -363,6 +367,8 @@ class StreamRouter:
                     s.ended = ck.state is None
                     if s.ended:
                         s.ended_at = time.monotonic()
+                        last = next((e for e in ck.replies if e.seq == got.seq), None)  # the ending reply
+                        s.keep_tombstone = last is not None and keeps_tombstone(last.status)
                     for e in ck.replies:
                         s.window[e.seq] = (e, -1)
                     log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
@@ -511,7 +517,7 @@ class StreamRouter:
         entry = ReplayEntry(last, 409, True, None, error_body(why, 409, s.rid))
         s.gap_from = s.next_seq  # a missing chunk arriving later is answered, not taken for a duplicate
         s.next_seq = last + 1
-        end_stream(s)
+        end_stream(s, 409)
         await self._publish(st, s, msgs[-1], entry, write=True, extra_offsets=[m.offset for m in msgs[:-1]])
         for m in dups:
             await self._old_or_ended(st, s, m, self.parse_seq(m))
@@ -551,7 +557,7 @@ class StreamRouter:
                           msg.partition, msg.offset)
             self.ctx.stats.crashes += 1
             s.next_seq = max(s.next_seq, seq + 1)
-            end_stream(s)
+            end_stream(s, 500)
             entry = ReplayEntry(seq, 500, True, None,
                                 error_body(f"internal error: {type(e).__name__}: {e}", 500, s.rid))
             await self._publish(st, s, msg, entry, write=True)
@@ -569,7 +575,7 @@ class StreamRouter:
         s.next_seq = seq + 1
         end = out.status != 200 or out.done
         if end:
-            end_stream(s)
+            end_stream(s, out.status)
         else:
             s.state = out.state
         self.ctx.stats.stream_chunks += 1
