@@ -145,7 +145,7 @@ from worker.core.detokenize import (
 )
 from worker.core.errors import BadRequest, Conflict
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
-from worker.core.responses.log import PieceLog
+from worker.core.responses.log import PieceLog, PiecesLost
 from worker.parsers.base import Delta
 from worker.parsers.stack import tool_call_id
 from worker.parsers.tagged import BodyNeeded
@@ -673,17 +673,26 @@ def _restore(rt: ModelRuntime, snap: bytes) -> ChoiceState:
 
 def _read_ranges(pieces: PieceLog, ranges: list[int]) -> str:
     data = b"".join(pieces.read(ranges[i], ranges[i] + ranges[i + 1]) for i in range(0, len(ranges), 2))
-    return data.decode("utf-8", "surrogatepass")
+    try:
+        return data.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as e:  # bytes the store holds are not what was spilled
+        raise PiecesLost(f"the stream's pieces are corrupted ({e.reason} at byte {e.start} of "
+                         f"{len(data)} read): they were lost or expired, or overwritten") from None
 
 
 def _unspill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
     """Bring the open call's spilled start (and its spilled sent XML entries) back from
-    ``pieces`` into its parser state."""
+    ``pieces`` into its parser state. Raises ``PiecesLost`` (the 409 "lost or expired") when
+    the stored bytes are too few, not UTF-8, or not as many characters as were spilled: the
+    pieces were lost, truncated or overwritten (a wrong reply is never built from them)."""
     tool = rt.stack.tool
-    if cs.spill:
-        tool.unspill(cs.parser.tool, _read_ranges(pieces, cs.spill))
-    if cs.spill_args or cs.parser.tool.args_spilled:
-        tool.unspill_args(cs.parser.tool, _read_ranges(pieces, cs.spill_args))
+    try:
+        if cs.spill:
+            tool.unspill(cs.parser.tool, _read_ranges(pieces, cs.spill))
+        if cs.spill_args or cs.parser.tool.args_spilled:
+            tool.unspill_args(cs.parser.tool, _read_ranges(pieces, cs.spill_args))
+    except ValueError as e:  # (unspill's character count check)
+        raise PiecesLost(f"the stream's pieces are corrupted ({e}): they were lost or expired, or overwritten") from None
     cs.spill = []
     cs.spill_args = []
 

@@ -52,8 +52,10 @@ class PiecesNeeded(Exception):
 
 
 class PiecesLost(Exception):
-    """The reader returned fewer bytes than the state records: the stream's log was lost
-    (expired or deleted); the stream cannot go on."""
+    """The reader returned fewer bytes than the state records, or bytes that do not decode as
+    what was written (a chat stream's spilled call body: not UTF-8 or not as many characters):
+    the stream's pieces were lost (expired, deleted, truncated, overwritten); the stream cannot
+    go on (the service answers the 409 "lost or expired")."""
 
 
 def memory_reader(data: bytes | bytearray) -> Reader:
