@@ -173,3 +173,38 @@ def test_corrupted_pieces_are_the_lost_409_never_a_500_or_a_wrong_reply(parser, 
         log[res.pieces_len - len(res.append):] = res.append
         state = new
     assert statuses[-1] == 409 and set(statuses[:-1]) == {200}
+
+
+_LIES = {
+    "pieces_len negative": lambda s: setattr(s, "pieces_len", -5),
+    "pieces_len huge": lambda s: setattr(s, "pieces_len", 2**62),
+    "range longer than the pieces": lambda s: s.choices[0].spill.__setitem__(1, 2**62),
+    "range offset negative": lambda s: s.choices[0].spill.__setitem__(0, -100),
+    "range length negative": lambda s: s.choices[0].spill.__setitem__(1, -100),
+    "half a range": lambda s: s.choices[0].spill.append(7),
+}
+
+
+@pytest.mark.parametrize("lie", list(_LIES))
+def test_a_state_lying_about_its_pieces_is_refused(lie):
+    """A stored state whose pieces numbers lie (negative, past Redis's largest string, ranges
+    outside the recorded length, an odd range list) is refused as unreadable (400) when decoded,
+    before any read or write at those offsets: not a 500 from ``len() < 0`` / an index error."""
+    svc = DerenderService([ServedModelConfig(name="m", tokenizer=str(_qwen3()), tool_parser="hermes",
+                                             enable_auto_tool_choice=True)])
+    rt = svc.runtime("m")
+    tok = rt.tokenizer
+    ids = tok.encode('<tool_call>\n{"name": "write_file", "arguments": {"content": "' + "abc " * 800)
+    b = {"model": "m", "stream": True, "prompt_token_ids": [1], "generate_chunk": {"request_id": "l", "choices": [
+        {"index": 0, "token_ids": ids, "finish_reason": None}]},
+        "chat_request": {"model": "m", "messages": [{"role": "user", "content": "w"}], "tools": _TOOL}}
+    res, state = svc.derender_stream(json.dumps(b).encode(), None, seq=0, pieces=True)
+    st = core_stream.decode_state(rt, state)
+    assert res.status == 200 and st.pieces_len > 0 and st.choices[0].spill  # (the case is real)
+    _LIES[lie](st)
+    nxt = {"model": "m", "stream": True, "generate_chunk": {"request_id": "l", "choices": [
+        {"index": 0, "token_ids": tok.encode('"}}\n</tool_call>'), "finish_reason": "stop"}]}}
+    res, _ = svc.derender_stream(json.dumps(nxt).encode(), core_stream.encode_state(st), seq=1, pieces=True,
+                                 reader=lambda a, z: b"x" * max(z - a, 0))
+    assert res.status == 400, res.body
+    assert "stored stream state is unreadable" in json.loads(res.body)["error"]["message"]

@@ -373,6 +373,7 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
             raise BadRequest(f"stored stream state is unreadable: {e}") from None
     if st.v != STATE_VERSION:
         raise _other_version(st.v)
+    _check_pieces(st)
     if rt.stack is not None:
         try:  # the parser sub-states are typed here (a corrupted or foreign state fails here)
             if st.seed_parser is not None:
@@ -383,6 +384,25 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
         except msgspec.ValidationError as e:
             raise BadRequest(f"stored stream state is unreadable: {e}") from None
     return st
+
+
+#: the largest pieces a state may record: Redis's largest string (``proto-max-bulk-len``, 512 MiB)
+MAX_PIECES_LEN = 512 * 1024 * 1024
+
+
+def _check_pieces(st: StreamState) -> None:
+    """Bound every pieces number a stored state records: ``pieces_len`` in [0,
+    ``MAX_PIECES_LEN``], each choice's ``spill`` / ``spill_args`` whole ``[offset, length]``
+    pairs inside it. Raises ``BadRequest`` ("unreadable", as for other damaged state bytes): a
+    state that lies about its pieces is never used to read, write or pad them."""
+    n = st.pieces_len
+    if not 0 <= n <= MAX_PIECES_LEN:
+        raise BadRequest(f"stored stream state is unreadable: pieces length {n} outside [0, {MAX_PIECES_LEN}]")
+    for c in st.choices.values():
+        for r in (c.spill, c.spill_args):
+            if len(r) % 2 or any(r[i] < 0 or r[i + 1] < 0 or r[i] + r[i + 1] > n for i in range(0, len(r), 2)):
+                raise BadRequest(f"stored stream state is unreadable: spilled ranges {r[:8]} do not lie in "
+                                 f"its {n} bytes of pieces")
 
 
 # ------------------------------------------------------------------------------ validation ---
