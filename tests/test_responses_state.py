@@ -158,3 +158,37 @@ def test_corrupted_log_is_the_lost_409_never_a_500_or_an_empty_answer(cid, how):
         log[res.log_len - len(res.log_append):] = res.log_append
         state = res.state
     assert statuses[-1] == 409 and set(statuses[:-1]) <= {200}, statuses
+
+
+_LOG_LIES = {
+    "log_len negative": lambda s: setattr(s, "log_len", -5),
+    "log_len huge": lambda s: setattr(s, "log_len", 2**62),
+    "pend_at past the log": lambda s: setattr(s, "pend_at", s.log_len + 1),
+    "open item before the log": lambda s: setattr(s.open, "log_start", -7),
+    "open item past the log": lambda s: setattr(s.open, "log_start", s.log_len + 9),
+}
+
+
+@pytest.mark.parametrize("lie", list(_LOG_LIES))
+def test_a_state_lying_about_its_log_is_refused(lie):
+    """A stored Responses state whose piece-log numbers lie (negative, past Redis's largest
+    string, offsets outside the recorded length) is refused as unreadable (400) when decoded:
+    not a 500 from ``len() < 0`` and never a read at those offsets."""
+    from worker.core.responses.derender import decode_state, encode_state
+    svc = DerenderService(load_config_file(str(MODELS)))
+    bodies = r2r.stream_bodies(BY_ID["qwen3-logprobs"])
+    rt = svc.runtime(bodies[0]["model"])
+    state, log, k = None, bytearray(), 0
+    while True:  # up to a chunk after which an item is open with some log behind it
+        res = svc.derender_responses_stream(msgspec.json.encode(bodies[k]), state, lambda a, z: bytes(log[a:z]), seq=k)
+        assert res.status == 200
+        log[res.log_len - len(res.log_append):] = res.log_append
+        state, k = res.state, k + 1
+        st = decode_state(rt, state)
+        if st.open is not None and st.log_len > 0:
+            break
+    _LOG_LIES[lie](st)
+    res = svc.derender_responses_stream(msgspec.json.encode(bodies[k]), encode_state(st),
+                                        lambda a, z: bytes(log[max(a, 0):max(z, 0)]), seq=k)
+    assert res.status == 400, res.body
+    assert "unreadable" in json.loads(res.body)["error"]["message"]

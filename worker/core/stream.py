@@ -145,7 +145,7 @@ from worker.core.detokenize import (
 )
 from worker.core.errors import BadRequest, Conflict
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
-from worker.core.responses.log import PieceLog, PiecesLost
+from worker.core.responses.log import MAX_PIECES_LEN, PieceLog, PiecesLost
 from worker.parsers.base import Delta
 from worker.parsers.stack import tool_call_id
 from worker.parsers.tagged import BodyNeeded
@@ -384,10 +384,6 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
         except msgspec.ValidationError as e:
             raise BadRequest(f"stored stream state is unreadable: {e}") from None
     return st
-
-
-#: the largest pieces a state may record: Redis's largest string (``proto-max-bulk-len``, 512 MiB)
-MAX_PIECES_LEN = 512 * 1024 * 1024
 
 
 def _check_pieces(st: StreamState) -> None:

@@ -31,9 +31,13 @@ import msgspec
 
 from schemas.responses import OutputItem, ResponseLogprob
 
-__all__ = ["PieceLog", "Reader", "memory_reader", "PiecesNeeded", "PiecesLost"]
+__all__ = ["PieceLog", "Reader", "memory_reader", "PiecesNeeded", "PiecesLost", "MAX_PIECES_LEN"]
 
 Reader = Callable[[int, int], bytes]
+
+#: the longest piece log (or chat pieces) a state may record: Redis's largest string
+#: (``proto-max-bulk-len``, 512 MiB); a stored state recording more is refused as unreadable
+MAX_PIECES_LEN = 512 * 1024 * 1024
 
 _enc = msgspec.json.Encoder()
 _item_dec = msgspec.json.Decoder(OutputItem)
