@@ -135,3 +135,58 @@ def test_big_call_state_stays_small_and_a_new_owner_reads_the_pieces(kafka_boots
     assert seen["left"] == 0
     # the first worker never read the pieces (it held what it wrote); the second read the first's
     assert seen["reads_before"] == 0 and reads and reads[0][0] == 0 and reads[0][1] >= seen["pieces"] - 4096, reads
+
+
+def test_pieces_lost_between_owners_end_the_stream_with_the_409(kafka_bootstrap, kafka_broker_kind,
+                                                                 qwen3_models, redis_prefix):
+    """The pieces key is deleted (as by an eviction or an operator) after the first worker
+    stopped inside the spilled call, while the checkpoint survives. A second worker loads the
+    checkpoint, goes on writing piece bytes at the recorded offsets (which must not zero-pad the
+    lost start back in), and at the call's close cannot read the start: the stream ends with the
+    409 "lost or expired", never a reply with the lost bytes (NULs) in the arguments."""
+    tok = _tokenizer(qwen3_models)
+    n = _names()
+    rid = f"lost-{uuid.uuid4().hex[:6]}"
+    _, chunks = big_call_stream(tok, rid, 1200)
+    N = len(chunks)
+    cut = N - 400  # (the second worker spills more of the call: writes past the lost bytes)
+    rs = RedisSettings(url=REDIS_URL, prefix=redis_prefix, ttl_s=120)
+    settings = _settings(kafka_bootstrap, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
+                         dead_letter_topic=n.dlq, group_id=n.group, redis=rs)
+    recs = [(rid.encode(), chunks[k], [(SEQ, str(k).encode())]) for k in range(N)]
+    sync = redis.Redis.from_url(REDIS_URL)
+    key = f"{redis_prefix}{{{rid}}}"
+
+    async def go():
+        await ensure_topics(kafka_bootstrap, {n.inp: 1, n.reply: 1, n.dlq: 1})
+        async with KafkaDerenderWorker(settings, qwen3_models) as w:
+            await w.wait_assigned(30)
+            await _produce(kafka_bootstrap, n.inp, recs[:cut])
+            await _collect(kafka_bootstrap, [n.reply], cut, timeout=120)
+            for _ in range(100):
+                raw = sync.get(key)
+                if raw is not None and int(raw[:20]) == cut - 1:
+                    break
+                await asyncio.sleep(0.05)
+        assert sync.strlen(key + ":pieces") > 4000
+        sync.delete(key + ":pieces")
+        async with KafkaDerenderWorker(settings, qwen3_models) as w2:
+            await w2.wait_assigned(30)
+            await _produce(kafka_bootstrap, n.inp, recs[cut:])
+
+            def ended(got):
+                return any(dict(r.headers).get("derender-stream-end") == b"1" for r in got[n.reply])
+            got = await _collect(kafka_bootstrap, [n.reply], 0, timeout=120, settle=0.5, until=ended)
+        return got[n.reply]
+
+    replies = asyncio.run(go())
+    ends = [i for i, r in enumerate(replies) if dict(r.headers).get("derender-stream-end") == b"1"]
+    first = replies[ends[0]]  # (chunks after it get the ended-stream 409, each marked as an end too)
+    h = dict(first.headers)
+    assert h["derender-status"] == b"409", (h, first.value[:300])
+    assert b"lost or expired" in first.value, first.value[:300]
+    assert int(h["derender-seq"]) >= cut
+    for r in replies:  # no reply carries a lost byte
+        assert b"\\u0000" not in r.value
+    assert all(dict(r.headers)["derender-status"] == b"200" for r in replies[:ends[0]])
+    assert all(dict(r.headers)["derender-status"] == b"409" for r in replies[ends[0]:])

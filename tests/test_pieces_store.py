@@ -81,3 +81,83 @@ def test_redis_store_pieces_one_fenced_write():
                 sync.delete(*keys)
 
     assert asyncio.run(go()) == WANT
+
+
+async def _lost_then_written(store, rid: str, lose) -> list:
+    """Pieces lost (deleted / expired / truncated) between chunks while the checkpoint survives,
+    then the next chunk writes its bytes at the offset its state recorded: the bytes before that
+    offset are gone, so a reader must get ``StoreReadError`` (the "lost or expired" 409), never
+    zero bytes padded in by ``SETRANGE`` (a wrong reply); a write at offset 0 starts them anew."""
+    seen = []
+    await store.commit([StateWrite(rid, b"s0", 0, 0, b"abc", touch=True)])
+    await lose(rid)
+    seen.append(await store.commit([StateWrite(rid, b"s1", 1, 3, b"de", touch=True)]))
+    with pytest.raises(StoreReadError):
+        await store.read_pieces(rid, 0, 5)
+    with pytest.raises(StoreReadError):
+        await store.read_pieces(rid, 3, 5)
+    seen.append(await store.commit([StateWrite(rid, b"s2", 2, 0, b"xy", touch=True)]))
+    seen.append(await store.read_pieces(rid, 0, 2))
+    return seen
+
+
+LOST_WANT = [[True], [True], b"xy"]
+
+
+def test_memory_store_lost_pieces_not_zero_padded():
+    store = MemoryStateStore()
+
+    async def lose(rid):
+        store.pieces.pop(rid, None)
+
+    assert asyncio.run(_lost_then_written(store, "m", lose)) == LOST_WANT
+
+
+def test_memory_piece_store_lost_pieces_not_zero_padded():
+    from worker.state.pieces import MemoryPieceStore
+    store = MemoryPieceStore()
+
+    async def go():
+        await store.commit("m", b"s0", 0, 0, b"abc")
+        store.pieces["m"] = bytearray(b"a")  # truncated
+        await store.commit("m", b"s1", 1, 3, b"de")
+        with pytest.raises(StoreReadError):
+            await store.read("m", 0, 5)
+
+    asyncio.run(go())
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("how", ["delete", "truncate", "expire"])
+def test_redis_store_lost_pieces_not_zero_padded(how):
+    prefix = f"derender:test:{uuid.uuid4().hex[:10]}:"
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_timeout=2).ping()
+    except redis.exceptions.ConnectionError as e:
+        pytest.skip(f"no Redis answers at {REDIS_URL}: {e}")
+    sync = redis.Redis.from_url(REDIS_URL)
+
+    async def go():
+        store = RedisStateStore.from_settings(RedisSettings(url=REDIS_URL, prefix=prefix, ttl_s=60))
+
+        async def lose(rid):
+            pk = store.key(rid) + ":pieces"
+            if how == "delete":
+                sync.delete(pk)
+            elif how == "truncate":
+                sync.set(pk, b"a", keepttl=True)
+            else:
+                sync.pexpire(pk, 1)
+                while sync.exists(pk):
+                    await asyncio.sleep(0.005)
+            assert sync.exists(store.key(rid))  # the checkpoint survives
+
+        try:
+            return await _lost_then_written(store, "r", lose)
+        finally:
+            await store.close()
+            keys = list(sync.scan_iter(match=prefix + "*"))
+            if keys:
+                sync.delete(*keys)
+
+    assert asyncio.run(go()) == LOST_WANT

@@ -125,3 +125,70 @@ def test_redis_piece_store_unreachable_is_typed():
             await RedisPieceStore(store).commit("a", b"s", 0, 0, b"x")
         await store.close()
     asyncio.run(go())
+
+
+_CORRUPT = {
+    "not utf-8": lambda log: b"\xff" * len(log),
+    "other bytes": lambda log: b"Z" * len(log),
+    "zero bytes": lambda log: b"\0" * len(log),
+    "empty records": lambda log: b"\n" * len(log),
+    "records of no kind": lambda log: b"i{}\n" * (len(log) // 4) + b"\n" * (len(log) % 4),
+    "short": lambda log: log[:-1],
+}
+
+
+@pytest.mark.parametrize("how", list(_CORRUPT))
+@pytest.mark.parametrize("cid", ["qwen3-logprobs", "qwen3-coder-reasoning-text-call", "qwen3-text-incomplete"])
+def test_corrupted_log_is_the_lost_409_never_a_500_or_an_empty_answer(cid, how):
+    """A Responses stream's piece log overwritten in the store (garbage of the recorded length:
+    no record tag, no record end, empty or undecodable records) or truncated: the chunk that
+    reads it is the 409 "lost or expired", never an internal-error 500 and never a 200 that
+    read the garbage as no records (an empty text / arguments / item list)."""
+    svc = DerenderService(load_config_file(str(MODELS)))
+    bodies = r2r.stream_bodies(BY_ID[cid])
+    state, log, statuses = None, bytearray(), []
+    for k, b in enumerate(bodies):
+        bad = _CORRUPT[how](bytes(log))
+        res = svc.derender_responses_stream(msgspec.json.encode(b), state, lambda a, z: bad[a:z], seq=k)
+        statuses.append(res.status)
+        if res.status != 200:
+            err = json.loads(res.body)["error"]
+            assert err["type"] == "ConflictError" and "lost or expired" in err["message"], err
+            break
+        log[res.log_len - len(res.log_append):] = res.log_append
+        state = res.state
+    assert statuses[-1] == 409 and set(statuses[:-1]) <= {200}, statuses
+
+
+_LOG_LIES = {
+    "log_len negative": lambda s: setattr(s, "log_len", -5),
+    "log_len huge": lambda s: setattr(s, "log_len", 2**62),
+    "pend_at past the log": lambda s: setattr(s, "pend_at", s.log_len + 1),
+    "open item before the log": lambda s: setattr(s.open, "log_start", -7),
+    "open item past the log": lambda s: setattr(s.open, "log_start", s.log_len + 9),
+}
+
+
+@pytest.mark.parametrize("lie", list(_LOG_LIES))
+def test_a_state_lying_about_its_log_is_refused(lie):
+    """A stored Responses state whose piece-log numbers lie (negative, past Redis's largest
+    string, offsets outside the recorded length) is refused as unreadable (400) when decoded:
+    not a 500 from ``len() < 0`` and never a read at those offsets."""
+    from worker.core.responses.derender import decode_state, encode_state
+    svc = DerenderService(load_config_file(str(MODELS)))
+    bodies = r2r.stream_bodies(BY_ID["qwen3-logprobs"])
+    rt = svc.runtime(bodies[0]["model"])
+    state, log, k = None, bytearray(), 0
+    while True:  # up to a chunk after which an item is open with some log behind it
+        res = svc.derender_responses_stream(msgspec.json.encode(bodies[k]), state, lambda a, z: bytes(log[a:z]), seq=k)
+        assert res.status == 200
+        log[res.log_len - len(res.log_append):] = res.log_append
+        state, k = res.state, k + 1
+        st = decode_state(rt, state)
+        if st.open is not None and st.log_len > 0:
+            break
+    _LOG_LIES[lie](st)
+    res = svc.derender_responses_stream(msgspec.json.encode(bodies[k]), encode_state(st),
+                                        lambda a, z: bytes(log[max(a, 0):max(z, 0)]), seq=k)
+    assert res.status == 400, res.body
+    assert "unreadable" in json.loads(res.body)["error"]["message"]

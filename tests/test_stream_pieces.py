@@ -125,3 +125,86 @@ def test_a_huge_call_keeps_the_state_under_4_kib(parser, mode, closed):
 def _qwen3():
     from pathlib import Path
     return Path(__file__).resolve().parent / "data" / "tokenizers" / "qwen3"
+
+
+_CORRUPT = {
+    "not utf-8": lambda log: b"\xff" * len(log),
+    "utf-8 cut in a character": lambda log: log[:len(log) // 2] + b"\xc3" + log[len(log) // 2 + 1:],
+    "same bytes, other characters": lambda log: b"Z" * len(log),
+    "zero bytes": lambda log: b"\0" * len(log),
+    "short": lambda log: log[:-1],
+}
+
+
+@pytest.mark.parametrize("parser", ["hermes", "qwen3_coder"])
+@pytest.mark.parametrize("how", list(_CORRUPT))
+def test_corrupted_pieces_are_the_lost_409_never_a_500_or_a_wrong_reply(parser, how):
+    """Pieces overwritten in the store (garbage of the recorded length, a cut UTF-8 character,
+    zero bytes) or truncated, read back when the call closes: the chunk is the 409 "lost or
+    expired" (``PiecesLost``), not an internal-error 500 from decoding them and never a reply
+    built from them. (A body with 2-byte characters: same-length garbage has other characters.)"""
+    svc = DerenderService([ServedModelConfig(name="m", tokenizer=str(_qwen3()), tool_parser=parser,
+                                             enable_auto_tool_choice=True)])
+    tok = svc.runtime("m").tokenizer
+    words = " ".join("abc déf ghi" for _ in range(300))
+    if parser == "hermes":
+        text = 'W.\n<tool_call>\n{"name": "write_file", "arguments": {"content": "' + words + '"}}\n</tool_call>'
+    else:
+        text = "W.\n<tool_call>\n<function=write_file>\n<parameter=content>\n" + words + \
+            "\n</parameter>\n</function>\n</tool_call>"
+    ids = tok.encode(text) + [tok.token_to_id("<|im_end|>")]
+    state, log, statuses = None, bytearray(), []
+    for seq, i in enumerate(range(0, len(ids), 7)):
+        b = {"model": "m", "stream": True, "generate_chunk": {"request_id": "c", "choices": [
+            {"index": 0, "token_ids": ids[i:i + 7], "finish_reason": "stop" if i + 7 >= len(ids) else None}]}}
+        if seq == 0:
+            b |= {"prompt_token_ids": tok.encode("<|im_start|>assistant\n"), "chat_request": {
+                "model": "m", "messages": [{"role": "user", "content": "write it"}], "tools": _TOOL}}
+        raw = json.dumps(b).encode()
+        res, new = svc.derender_stream(raw, state, seq=seq, pieces=True)
+        if res.needs_pieces is not None:
+            bad = _CORRUPT[how](bytes(log))
+            res, new = svc.derender_stream(raw, state, seq=seq, pieces=True, reader=lambda a, z: bad[a:z])
+        statuses.append(res.status)
+        if res.status != 200:
+            err = json.loads(res.body)["error"]
+            assert err["type"] == "ConflictError" and "lost or expired" in err["message"], err
+            break
+        log[res.pieces_len - len(res.append):] = res.append
+        state = new
+    assert statuses[-1] == 409 and set(statuses[:-1]) == {200}
+
+
+_LIES = {
+    "pieces_len negative": lambda s: setattr(s, "pieces_len", -5),
+    "pieces_len huge": lambda s: setattr(s, "pieces_len", 2**62),
+    "range longer than the pieces": lambda s: s.choices[0].spill.__setitem__(1, 2**62),
+    "range offset negative": lambda s: s.choices[0].spill.__setitem__(0, -100),
+    "range length negative": lambda s: s.choices[0].spill.__setitem__(1, -100),
+    "half a range": lambda s: s.choices[0].spill.append(7),
+}
+
+
+@pytest.mark.parametrize("lie", list(_LIES))
+def test_a_state_lying_about_its_pieces_is_refused(lie):
+    """A stored state whose pieces numbers lie (negative, past Redis's largest string, ranges
+    outside the recorded length, an odd range list) is refused as unreadable (400) when decoded,
+    before any read or write at those offsets: not a 500 from ``len() < 0`` / an index error."""
+    svc = DerenderService([ServedModelConfig(name="m", tokenizer=str(_qwen3()), tool_parser="hermes",
+                                             enable_auto_tool_choice=True)])
+    rt = svc.runtime("m")
+    tok = rt.tokenizer
+    ids = tok.encode('<tool_call>\n{"name": "write_file", "arguments": {"content": "' + "abc " * 800)
+    b = {"model": "m", "stream": True, "prompt_token_ids": [1], "generate_chunk": {"request_id": "l", "choices": [
+        {"index": 0, "token_ids": ids, "finish_reason": None}]},
+        "chat_request": {"model": "m", "messages": [{"role": "user", "content": "w"}], "tools": _TOOL}}
+    res, state = svc.derender_stream(json.dumps(b).encode(), None, seq=0, pieces=True)
+    st = core_stream.decode_state(rt, state)
+    assert res.status == 200 and st.pieces_len > 0 and st.choices[0].spill  # (the case is real)
+    _LIES[lie](st)
+    nxt = {"model": "m", "stream": True, "generate_chunk": {"request_id": "l", "choices": [
+        {"index": 0, "token_ids": tok.encode('"}}\n</tool_call>'), "finish_reason": "stop"}]}}
+    res, _ = svc.derender_stream(json.dumps(nxt).encode(), core_stream.encode_state(st), seq=1, pieces=True,
+                                 reader=lambda a, z: b"x" * max(z - a, 0))
+    assert res.status == 400, res.body
+    assert "stored stream state is unreadable" in json.loads(res.body)["error"]["message"]

@@ -145,7 +145,7 @@ from worker.core.detokenize import (
 )
 from worker.core.errors import BadRequest, Conflict
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
-from worker.core.responses.log import PieceLog
+from worker.core.responses.log import MAX_PIECES_LEN, PieceLog, PiecesLost
 from worker.parsers.base import Delta
 from worker.parsers.stack import tool_call_id
 from worker.parsers.tagged import BodyNeeded
@@ -373,6 +373,7 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
             raise BadRequest(f"stored stream state is unreadable: {e}") from None
     if st.v != STATE_VERSION:
         raise _other_version(st.v)
+    _check_pieces(st)
     if rt.stack is not None:
         try:  # the parser sub-states are typed here (a corrupted or foreign state fails here)
             if st.seed_parser is not None:
@@ -383,6 +384,21 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
         except msgspec.ValidationError as e:
             raise BadRequest(f"stored stream state is unreadable: {e}") from None
     return st
+
+
+def _check_pieces(st: StreamState) -> None:
+    """Bound every pieces number a stored state records: ``pieces_len`` in [0,
+    ``MAX_PIECES_LEN``], each choice's ``spill`` / ``spill_args`` whole ``[offset, length]``
+    pairs inside it. Raises ``BadRequest`` ("unreadable", as for other damaged state bytes): a
+    state that lies about its pieces is never used to read, write or pad them."""
+    n = st.pieces_len
+    if not 0 <= n <= MAX_PIECES_LEN:
+        raise BadRequest(f"stored stream state is unreadable: pieces length {n} outside [0, {MAX_PIECES_LEN}]")
+    for c in st.choices.values():
+        for r in (c.spill, c.spill_args):
+            if len(r) % 2 or any(r[i] < 0 or r[i + 1] < 0 or r[i] + r[i + 1] > n for i in range(0, len(r), 2)):
+                raise BadRequest(f"stored stream state is unreadable: spilled ranges {r[:8]} do not lie in "
+                                 f"its {n} bytes of pieces")
 
 
 # ------------------------------------------------------------------------------ validation ---
@@ -673,17 +689,26 @@ def _restore(rt: ModelRuntime, snap: bytes) -> ChoiceState:
 
 def _read_ranges(pieces: PieceLog, ranges: list[int]) -> str:
     data = b"".join(pieces.read(ranges[i], ranges[i] + ranges[i + 1]) for i in range(0, len(ranges), 2))
-    return data.decode("utf-8", "surrogatepass")
+    try:
+        return data.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as e:  # bytes the store holds are not what was spilled
+        raise PiecesLost(f"the stream's pieces are corrupted ({e.reason} at byte {e.start} of "
+                         f"{len(data)} read): they were lost or expired, or overwritten") from None
 
 
 def _unspill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
     """Bring the open call's spilled start (and its spilled sent XML entries) back from
-    ``pieces`` into its parser state."""
+    ``pieces`` into its parser state. Raises ``PiecesLost`` (the 409 "lost or expired") when
+    the stored bytes are too few, not UTF-8, or not as many characters as were spilled: the
+    pieces were lost, truncated or overwritten (a wrong reply is never built from them)."""
     tool = rt.stack.tool
-    if cs.spill:
-        tool.unspill(cs.parser.tool, _read_ranges(pieces, cs.spill))
-    if cs.spill_args or cs.parser.tool.args_spilled:
-        tool.unspill_args(cs.parser.tool, _read_ranges(pieces, cs.spill_args))
+    try:
+        if cs.spill:
+            tool.unspill(cs.parser.tool, _read_ranges(pieces, cs.spill))
+        if cs.spill_args or cs.parser.tool.args_spilled:
+            tool.unspill_args(cs.parser.tool, _read_ranges(pieces, cs.spill_args))
+    except ValueError as e:  # (unspill's character count check)
+        raise PiecesLost(f"the stream's pieces are corrupted ({e}): they were lost or expired, or overwritten") from None
     cs.spill = []
     cs.spill_args = []
 

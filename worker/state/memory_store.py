@@ -91,9 +91,8 @@ class MemoryStateStore:
                 self._touch(w.request_id, now)
                 if w.at >= 0 and w.data:  # at the recorded offset: a redelivered chunk rewrites
                     buf = self.pieces.setdefault(w.request_id, bytearray())
-                    if len(buf) < w.at:
-                        buf.extend(b"\0" * (w.at - len(buf)))  # (as SETRANGE pads)
-                    buf[w.at:w.at + len(w.data)] = w.data
+                    if len(buf) >= w.at:  # (shorter: lost; left short, as the Redis store does)
+                        buf[w.at:w.at + len(w.data)] = w.data
                 res.append(True)
         while len(self.data) > self.max_entries:
             self._drop(next(iter(self.data)))

@@ -7,7 +7,8 @@ chat stream's open tool-call body beyond what its parser still reads (``worker.c
 
 * ``commit(request_id, state, seq, at, data)``: ONE fenced write of the checkpoint and the
   piece bytes of the same chunk: the bytes go to offset ``at`` (the length the previous state
-  recorded), so a redelivered chunk rewrites the same bytes instead of appending twice; refused
+  recorded), so a redelivered chunk rewrites the same bytes instead of appending twice (pieces
+  shorter than ``at`` were lost: the bytes are not written, so readers see the loss); refused
   (False) when a checkpoint with ``seq`` >= this one is stored. The Redis store runs it in its
   batched commit (``RedisStateStore.commit`` with ``StateWrite.at`` / ``data``: the Kafka
   worker's checkpoint writer puts every waiting stream's checkpoint and pieces in one EVALSHA);
@@ -73,9 +74,7 @@ class MemoryPieceStore:
         if cur is not None and cur[1] >= seq:
             return False
         buf = self.pieces.setdefault(request_id, bytearray())
-        if data:
-            if len(buf) < at:
-                buf.extend(b"\0" * (at - len(buf)))  # SETRANGE pads with zero bytes
+        if data and len(buf) >= at:  # (shorter: lost; left short, as the Redis store does)
             buf[at:at + len(data)] = data
         self.checkpoints[request_id] = (state, seq)
         return True

@@ -17,7 +17,9 @@ read, fenced on their ``q`` and replaced by the first write.
   ``commit`` carries a whole flush's writes in one EVALSHA (per ``COMMIT_BATCH_MAX`` writes),
   which runs one ``MGET`` and one command per write: counted as ``INFO commandstats`` counts
   them (the EVALSHA and each ``redis.call``), a flush of n writes costs n + 2 commands, plus a
-  ``SETRANGE`` per write carrying piece bytes and a ``PEXPIRE`` per write asking for the pieces'
+  ``SETRANGE`` per write carrying piece bytes (and a ``STRLEN`` before it when they do not
+  start the pieces: pieces shorter than the offset were lost and stay short, never zero-padded)
+  and a ``PEXPIRE`` per write asking for the pieces'
   TTL (``StateWrite.at`` / ``data`` / ``touch``: the stream's append-only pieces,
   ``worker.state.pieces``, key ``{prefix}{<request_id>}:pieces``, written in the same fenced
   step as the checkpoint and deleted with it). ``read_pieces`` reads them (one ``GETRANGE``).
@@ -85,7 +87,9 @@ COMMIT_BATCH_MAX = 1000
 # over a stored value), SET ... PX NX (a put of an absent key: a stream's first write), DEL (a
 # delete of a stored value, its pieces with it), TYPE (a delete of an absent key). A put of a
 # stream that keeps pieces adds SETRANGE (its bytes, at the offset the previous state recorded:
-# a redelivered chunk rewrites, never appends twice) when it has bytes, and PEXPIRE when the write
+# a redelivered chunk rewrites, never appends twice) when it has bytes (after a STRLEN when that
+# offset is not 0: pieces shorter than it were lost, expired or truncated, and are left short, never
+# zero-padded, so a reader gets the "lost or expired" 409, not NUL bytes), and PEXPIRE when the write
 # asks for it (``StateWrite.touch``: the pieces' first bytes, then often enough that they outlive
 # the checkpoint's TTL: the Kafka worker asks every quarter TTL). A key left by the older hash layout
 # (fields s/q: MGET reads it as nil) costs HGET + SET/DEL more, and is fenced on its q.
@@ -126,7 +130,10 @@ for i = 1, #KEYS do
   end
   if ok == 1 and kind == 'p' and at ~= '' then
     local pk = k .. PIECES_SUFFIX
-    if string.len(data) > 0 then redis.call('SETRANGE', pk, tonumber(at), data) end
+    local o = tonumber(at)
+    if string.len(data) > 0 and (o == 0 or redis.call('STRLEN', pk) >= o) then
+      redis.call('SETRANGE', pk, o, data)
+    end
     if touch == '1' then redis.call('PEXPIRE', pk, ttl) end
   end
   out[i] = ok

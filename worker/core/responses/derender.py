@@ -47,7 +47,7 @@ from worker.core.responses.echo import (
     wants_logprobs,
 )
 from worker.core.responses.events import STATE_VERSION, EventBuilder, ResponsesStreamState
-from worker.core.responses.log import PieceLog, PiecesNeeded, Reader
+from worker.core.responses.log import MAX_PIECES_LEN, PieceLog, PiecesNeeded, Reader
 from worker.parsers.base import Delta
 
 __all__ = ["StreamBody", "derender_responses", "derender_responses_chunk", "encode_state", "decode_state",
@@ -93,7 +93,21 @@ def decode_state(rt: ModelRuntime, data: bytes) -> ResponsesStreamState:
             st.parser = rt.stack.load_state(st.parser)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise BadRequest(f"stored Responses stream state is unreadable: {e}") from None
+    _check_log_offsets(st)
     return st
+
+
+def _check_log_offsets(st: ResponsesStreamState) -> None:
+    """Bound the piece-log numbers a stored state records: ``log_len`` in [0,
+    ``MAX_PIECES_LEN``] (Redis's largest string), the open item's ``log_start`` / ``held`` and
+    ``pend_at`` inside it (-1: none). Raises ``BadRequest`` ("unreadable"): a state lying about
+    its log is never used to read or write it."""
+    n = st.log_len
+    o = st.open
+    if not 0 <= n <= MAX_PIECES_LEN or not -1 <= st.pend_at <= n or (
+            o is not None and (not 0 <= o.log_start <= n or not -1 <= o.held <= n)):
+        raise BadRequest(f"stored Responses stream state is unreadable: its piece log offsets do not lie in "
+                         f"[0, {n}] (log length {n}, at most {MAX_PIECES_LEN})")
 
 
 # ------------------------------------------------------------------------------ shared step ---

@@ -31,9 +31,13 @@ import msgspec
 
 from schemas.responses import OutputItem, ResponseLogprob
 
-__all__ = ["PieceLog", "Reader", "memory_reader", "PiecesNeeded", "PiecesLost"]
+__all__ = ["PieceLog", "Reader", "memory_reader", "PiecesNeeded", "PiecesLost", "MAX_PIECES_LEN"]
 
 Reader = Callable[[int, int], bytes]
+
+#: the longest piece log (or chat pieces) a state may record: Redis's largest string
+#: (``proto-max-bulk-len``, 512 MiB); a stored state recording more is refused as unreadable
+MAX_PIECES_LEN = 512 * 1024 * 1024
 
 _enc = msgspec.json.Encoder()
 _item_dec = msgspec.json.Decoder(OutputItem)
@@ -52,8 +56,32 @@ class PiecesNeeded(Exception):
 
 
 class PiecesLost(Exception):
-    """The reader returned fewer bytes than the state records: the stream's log was lost
-    (expired or deleted); the stream cannot go on."""
+    """The reader returned fewer bytes than the state records, or bytes that do not decode as
+    what was written (a chat stream's spilled call body: not UTF-8 or not as many characters):
+    the stream's pieces were lost (expired, deleted, truncated, overwritten); the stream cannot
+    go on (the service answers the 409 "lost or expired")."""
+
+
+_TAGS = frozenset(b"tlip")
+
+
+def _corrupted(why: object) -> PiecesLost:
+    return PiecesLost(f"the stream's piece log is corrupted ({why}): it was lost or expired, or overwritten")
+
+
+def _records(data: bytes) -> list[bytes]:
+    """The records of log bytes read from a record boundary to one (``\\n``-terminated, each
+    starting with a known tag). Raises ``PiecesLost`` for bytes that are not such records: the
+    store's log was overwritten or damaged (its garbage is never read as an empty log)."""
+    if not data:
+        return []
+    if data[-1] != 0x0A:
+        raise _corrupted("it does not end at a record boundary")
+    lines = data[:-1].split(b"\n")
+    for line in lines:
+        if not line or line[0] not in _TAGS:
+            raise _corrupted(f"a record starts with {line[:1]!r}")
+    return lines
 
 
 def memory_reader(data: bytes | bytearray) -> Reader:
@@ -93,9 +121,12 @@ class PieceLog:
     def pending(self, start: int) -> list[ResponseLogprob]:
         """The waiting entries recorded from ``start`` on (``p`` records), in order."""
         out: list[ResponseLogprob] = []
-        for line in self.read(start).splitlines():
-            if line[:1] == b"p":
-                out.extend(_lp_dec.decode(line[1:]))
+        try:
+            for line in _records(self.read(start)):
+                if line[:1] == b"p":
+                    out.extend(_lp_dec.decode(line[1:]))
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise _corrupted(e) from None
         return out
 
     def append_item(self, item: OutputItem) -> None:
@@ -126,15 +157,21 @@ class PieceLog:
         """The open item's text and logprob entries (records from ``start`` on)."""
         texts: list[str] = []
         entries: list[ResponseLogprob] = []
-        for line in self.read(start).splitlines():
-            if line[:1] == b"t":
-                texts.append(_str_dec.decode(line[1:]))
-            elif line[:1] == b"l":
-                entries.extend(_lp_dec.decode(line[1:]))
+        try:
+            for line in _records(self.read(start)):
+                if line[:1] == b"t":
+                    texts.append(_str_dec.decode(line[1:]))
+                elif line[:1] == b"l":
+                    entries.extend(_lp_dec.decode(line[1:]))
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise _corrupted(e) from None
         return "".join(texts), entries
 
     def items(self) -> list[OutputItem]:
         """Every closed item, in output order (reads the persisted log: once, for the terminal
         event; items closed in this chunk are taken as they are)."""
         old = self.read(0, self.base_len) if self.base_len else b""
-        return [_item_dec.decode(line[1:]) for line in old.splitlines() if line[:1] == b"i"] + self._new_items
+        try:
+            return [_item_dec.decode(line[1:]) for line in _records(old) if line[:1] == b"i"] + self._new_items
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise _corrupted(e) from None
