@@ -434,7 +434,8 @@ def _gauge(port: int, name: str = "derender_live_streams") -> float | None:
 def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, Any]:
     """``SIZES[size]["abandoned"]`` streams that send their first chunk(s) and never finish, to one
     worker (``state``: redis or memory): every chunk answered; the live-streams gauge returns to 0
-    after the idle timeout and the worker's RSS ends within 5 MB of where it started; a later chunk of
+    after the idle timeout and the worker's RSS grows by at most 5 MB over a round (the smaller of
+    two measured rounds: a leak grows every round, the allocator's steps once); a later chunk of
     an evicted stream continues from Redis, or (memory mode) gets the 409 "lost or expired".
 
     Warm-up: 20 complete streams, then one round of as many abandoned streams, evicted, before
@@ -506,7 +507,25 @@ def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, 
                     rss_peak_mb=round(rss_peak / 1024, 1), rss_end_mb=round(rss1 / 1024, 1),
                     after_eviction="continued from Redis" if state == "redis" else "409 state lost or expired")
         assert live_end == 0, f"live-streams gauge {live_end} after the idle timeout: {figs}"
-        assert rss1 - rss0 <= 5 * 1024, f"RSS grew by {(rss1 - rss0) / 1024:.1f} MB: {figs}"
+        # A leak grows the RSS on EVERY round; the allocator's one-time steps (docstring) land on
+        # one round only: the figure is the smaller growth of two measured rounds.
+        rss2a = rss_kb(w.p.pid)
+        again = make_streams(sz["abandoned"], "ab2")
+        for s in again:
+            s.chunks = s.chunks[:2 if len(s.chunks) > 2 else 1]
+        recs2 = [r for rnd in stream_records(again) for r in rnd]
+        n2 = rig.collector.count()
+        asyncio.run(produce(rig.bs, rig.inp, recs2))
+        rig.wait_answers(n2 + len(recs2), 300)
+        deadline = time.monotonic() + idle + 30
+        while time.monotonic() < deadline and _gauge(port) != 0:
+            time.sleep(0.5)
+        time.sleep(1.0)
+        rss2 = rss_kb(w.p.pid)
+        growth = [round((rss1 - rss0) / 1024, 1), round((rss2 - rss2a) / 1024, 1)]
+        figs.update(rss_growth_per_round_mb=growth)
+        assert _gauge(port) == 0, f"live-streams gauge after the second round's idle timeout: {figs}"
+        assert min(growth) <= 5, f"RSS grew by {growth} MB over two rounds of abandoned streams: {figs}"
         return figs
     finally:
         rig.close()
