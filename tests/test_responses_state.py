@@ -149,7 +149,7 @@ def test_corrupted_log_is_the_lost_409_never_a_500_or_an_empty_answer(cid, how):
     state, log, statuses = None, bytearray(), []
     for k, b in enumerate(bodies):
         bad = _CORRUPT[how](bytes(log))
-        res = svc.derender_responses_stream(msgspec.json.encode(b), state, lambda a, z: bad[a:z], seq=k)
+        res = svc.derender_responses_stream(msgspec.json.encode(b), state, lambda a, z, bad=bad: bad[a:z], seq=k)
         statuses.append(res.status)
         if res.status != 200:
             err = json.loads(res.body)["error"]

@@ -164,7 +164,7 @@ def test_corrupted_pieces_are_the_lost_409_never_a_500_or_a_wrong_reply(parser, 
         res, new = svc.derender_stream(raw, state, seq=seq, pieces=True)
         if res.needs_pieces is not None:
             bad = _CORRUPT[how](bytes(log))
-            res, new = svc.derender_stream(raw, state, seq=seq, pieces=True, reader=lambda a, z: bad[a:z])
+            res, new = svc.derender_stream(raw, state, seq=seq, pieces=True, reader=lambda a, z, bad=bad: bad[a:z])
         statuses.append(res.status)
         if res.status != 200:
             err = json.loads(res.body)["error"]

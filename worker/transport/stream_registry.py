@@ -16,7 +16,7 @@ import msgspec
 from worker.state import StateWrite
 from worker.transport.checkpoints import ReplayEntry
 
-__all__ = ["LiveStream", "end_stream", "held_offsets", "trim_committed", "drop_streams", "record_pieces",
+__all__ = ["LiveStream", "end_stream", "keeps_tombstone", "resume_stream", "held_offsets", "trim_committed", "drop_streams", "record_pieces",
            "held_pieces"]
 
 _GAP = object()  # queue marker: the gap timer fired
@@ -117,6 +117,23 @@ def end_stream(s: LiveStream, status: int = 200) -> None:
     s.state = None
     s.pieces, s.pieces_at = None, -1
     s.ended_at = time.monotonic()
+
+
+def resume_stream(s: LiveStream, seq: int, ck) -> None:
+    """Restore ``s`` from its stored checkpoint ``ck`` (``Checkpoint``: state, replay window) whose
+    seq is ``seq``: the next expected seq, the state (None: a tombstone, the stream ended), the
+    replay window, and whether an ended stream's tombstone stays until the TTL (its ending reply's
+    status, ``keeps_tombstone``)."""
+    s.known = True
+    s.next_seq = seq + 1
+    s.state = ck.state
+    s.ended = ck.state is None
+    if s.ended:
+        s.ended_at = time.monotonic()
+        last = next((e for e in ck.replies if e.seq == seq), None)  # the ending reply
+        s.keep_tombstone = last is not None and keeps_tombstone(last.status)
+    for e in ck.replies:
+        s.window[e.seq] = (e, -1)
 
 
 def record_pieces(s: LiveStream, at: int, data: bytes) -> None:

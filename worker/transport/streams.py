@@ -110,10 +110,10 @@ from worker.transport.stream_registry import (
     _unpark,
     drop_streams,
     end_stream,
-    keeps_tombstone,
     held_offsets,
     held_pieces,
     record_pieces,
+    resume_stream,
     trim_committed,
 )
 
@@ -361,16 +361,7 @@ class StreamRouter:
                     log.error("stream %r: unreadable checkpoint in the store (%s); treating as unknown", rid, e)
                     ck = None
                 if ck is not None:
-                    s.known = True
-                    s.next_seq = got.seq + 1
-                    s.state = ck.state
-                    s.ended = ck.state is None
-                    if s.ended:
-                        s.ended_at = time.monotonic()
-                        last = next((e for e in ck.replies if e.seq == got.seq), None)  # the ending reply
-                        s.keep_tombstone = last is not None and keeps_tombstone(last.status)
-                    for e in ck.replies:
-                        s.window[e.seq] = (e, -1)
+                    resume_stream(s, got.seq, ck)
                     log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
             s.loading = False
             st.store_done([m.offset for m in s.queue if m is not _GAP])
