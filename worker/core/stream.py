@@ -12,7 +12,8 @@ API
   ``request_raw``: the raw bytes of the body's request (its digest is stored on the first chunk,
   compared on later ones: ``check_request_digest``); ``pieces``: "Bounded state" below.
 * ``encode_state(state) -> bytes`` / ``decode_state(rt, data) -> StreamState`` (msgspec
-  msgpack; ``decode_state`` retypes the parser sub-states with ``ParserStack.load_state``).
+  msgpack; ``decode_state`` retypes the parser sub-states with ``ParserStack.load_state``): the
+  state types and their codec live in ``worker.core.stream_state`` (re-exported here).
 * ``DerenderService.derender_stream(body, state_bytes, seq=None)`` (worker/core/service.py) wraps
   this for bytes in / bytes out; see its docstring for the transport contract.
 
@@ -98,18 +99,14 @@ first chunk's (compared by ``request_digest``; later chunks' requests are never 
 """
 from __future__ import annotations
 
-import hashlib
-import weakref
 from typing import Any
 
 import msgspec
 
 from schemas import (
-    ChatCompletionRequest,
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     ChatLogprobs,
-    CompletionRequest,
     CompletionStreamChoice,
     CompletionStreamResponse,
     CompletionTokensDetails,
@@ -118,10 +115,7 @@ from schemas import (
     DeltaToolCall,
     DerenderChatStreamRequest,
     DerenderCompletionStreamRequest,
-    DerenderStreamState,
     GenerateTokensStreamChoice,
-    GenerateTokensStreamResponse,
-    Int64,
     UsageInfo,
 )
 from worker.core.answer import step_answer
@@ -143,263 +137,29 @@ from worker.core.detokenize import (
     stop_strings,
     stop_token_trimmed,
 )
-from worker.core.errors import BadRequest, Conflict
+from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
-from worker.core.responses.log import MAX_PIECES_LEN, PieceLog, PiecesLost
+from worker.core.responses.log import PieceLog, PiecesLost
+from worker.core.stream_state import (
+    STATE_VERSION,
+    ChoiceState,
+    LaterChunkBody,
+    StreamOpts,
+    StreamState,
+    _choice_decoders,
+    _state_encoder,
+    _typed_decoder,
+    check_request_digest,
+    decode_state,
+    encode_state,
+    request_digest,
+)
 from worker.parsers.base import Delta
 from worker.parsers.stack import tool_call_id
 from worker.parsers.tagged import BodyNeeded
 
 __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "derender_completion_chunk",
            "encode_state", "decode_state", "STATE_VERSION", "request_digest", "check_request_digest", "LaterChunkBody"]
-
-#: 2: parser states gained fields (tagged ``after_end``, think ``ws``, Harmony id scanning); a state
-#: stored by an older build is refused (a 400 for that stream), never misread.
-#: 3: tagged / jsontail states gained the incremental tool-call streamer (``inc``, ``calls``).
-#: 4: tagged states gained the bare-call fields (``bare``, ``fence``, ``inline``: qwen3_coder /
-#: seed_oss calls without their wrapper); gpt-oss's Harmony state became one Struct with enum
-#: phase / route and a typed header (``worker.parsers.harmony.HarmonyState``).
-#: 5: ``req_digest`` (blake2b-128 of the first chunk's raw request bytes: later chunks that carry
-#: the request are compared with it, never decoded). A state of another version is refused with
-#: the 409 "lost or expired" (``decode_state``), never misread.
-STATE_VERSION = 5
-
-
-class StreamOpts(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
-    """The request fields read after the first chunk (compact copy of chat_request /
-    completion_request): detokenization flags, logprob settings, echo, usage, expected choices."""
-
-    skip_special: bool = True
-    spaces: bool = True
-    include_stop: bool = False
-    logprobs: bool = False
-    top_logprobs: int = 0
-    return_token_ids: bool = False
-    include_usage: bool = True
-    echo: bool = False
-    n: int = 1
-    expected_choices: int | None = 1
-    tool_mode: str = "off"
-    #: the request's stop strings (``stop_strings``) and ``min_tokens``
-    stop: list[str] = msgspec.field(default_factory=list)
-    min_tokens: int = 0
-
-
-class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
-    """Per-choice stream state (see module docstring)."""
-
-    detok: DetokState | None = None
-    parser: Any = None
-    lp_ctx: list[int] = msgspec.field(default_factory=list)
-    text_offset: int = 0
-    role_sent: bool = False
-    tool_ids: list[str] = msgspec.field(default_factory=list)
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-    prompt_tokens: int = 0
-    finished: bool = False
-    #: text held back while it may be the start of a stop string (< the longest stop string)
-    held: str = ""
-    #: a stop string matched: the OpenAI stream of this choice has ended; the engine's later
-    #: tokens are only counted (``finished`` comes with the engine's own finish_reason)
-    stopped: bool = False
-    #: where the open tool call's spilled start lives in the stream's pieces: flat
-    #: ``[offset, length, ...]`` byte ranges, in order (one range unless choices interleave)
-    spill: list[int] = msgspec.field(default_factory=list)
-    #: the same for the open XML call's spilled sent entries (``TaggedToolParser.spill_args``)
-    spill_args: list[int] = msgspec.field(default_factory=list)
-
-
-class StreamState(msgspec.Struct, kw_only=True, array_like=True):
-    """Per-request stream state: options, prompt seed, per-choice states (keys: choice index)."""
-
-    v: int = STATE_VERSION
-    kind: str = "chat"
-    request_id: str = ""
-    model: str = ""
-    opts: StreamOpts = msgspec.field(default_factory=StreamOpts)
-    seed_detok: DetokState | None = None
-    seed_parser: Any = None
-    seed_prompt_tokens: int = 0
-    choices: dict[int, ChoiceState] = msgspec.field(default_factory=dict)
-    next_seq: int = 0
-    usage_sent: bool = False
-    created: int = 0  # every chunk's ``created``: fixed by the request's first chunk
-    #: ``request_digest`` of the first chunk's raw ``chat_request`` / ``completion_request`` bytes
-    #: (empty when it carried none); a later chunk's request must have the same digest
-    req_digest: bytes = b""
-    #: length of the stream's append-only pieces after this chunk (readers truncate to it)
-    pieces_len: int = 0
-
-    @property
-    def done(self) -> bool:
-        """Every expected choice has finished (the stream's state can be deleted)."""
-        exp = self.opts.expected_choices
-        if not self.choices:
-            return False
-        fin = all(c.finished for c in self.choices.values())
-        if exp is None:
-            return fin
-        return fin and len(self.choices) >= exp
-
-
-_state_encoder = msgspec.msgpack.Encoder()
-_state_decoder = msgspec.msgpack.Decoder(StreamState)
-
-
-class LaterChunkBody(msgspec.Struct, kw_only=True):
-    """A chat or completion chunk body after the stream's first chunk, as the service decodes it:
-    ``generate_chunk`` typed, the request kept raw (``chat_request_raw`` / ``completion_request_raw``,
-    JSON keys ``chat_request`` / ``completion_request``): its digest is compared with the stored
-    one (``check_request_digest``), it is not decoded. ``chat_request`` / ``completion_request``
-    decode it only when read: a later chunk opening a new choice with its own prompt ids
-    (``_reseed``), once its digest matched the first chunk's."""
-
-    model: str
-    generate_chunk: GenerateTokensStreamResponse
-    stream: bool = True
-    stream_state: DerenderStreamState | None = None
-    prompt_tokens: Int64 | None = None
-    prompt_token_ids: list[Int64] | None = None
-    chat_request_raw: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="chat_request")
-    completion_request_raw: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="completion_request")
-
-    def request_raw(self, kind: str) -> bytes:
-        """The raw bytes of the ``kind`` (``chat``/``completion``) request (``b""``: absent)."""
-        return bytes(self.chat_request_raw if kind == "chat" else self.completion_request_raw)
-
-    @property
-    def chat_request(self) -> ChatCompletionRequest | None:
-        """The chat request, decoded on demand (None when absent or ``null``)."""
-        raw = bytes(self.chat_request_raw)
-        return msgspec.json.decode(raw, type=ChatCompletionRequest | None) if raw else None
-
-    @property
-    def completion_request(self) -> CompletionRequest | None:
-        """The completion request, decoded on demand (None when absent or ``null``)."""
-        raw = bytes(self.completion_request_raw)
-        return msgspec.json.decode(raw, type=CompletionRequest | None) if raw else None
-
-
-def encode_state(state: StreamState) -> bytes:
-    """msgpack bytes of ``state`` (what the store keeps)."""
-    return _state_encoder.encode(state)
-
-
-_typed_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _typed_decoder(stack) -> msgspec.msgpack.Decoder:
-    """A msgpack decoder of ``StreamState`` whose parser sub-states are ``stack``'s own Struct
-    types (``ParserStack.typed_state``): one decode, nothing rebuilt. Built once per stack."""
-    dec = _typed_decoders.get(stack)
-    if dec is None:
-        sst = stack.typed_state
-        cst = msgspec.defstruct("TypedChoiceState", [("parser", sst | None, None)], bases=(ChoiceState,),
-                                kw_only=True, array_like=True)
-        tst = msgspec.defstruct("TypedStreamState", [("seed_parser", sst | None, None),
-                                                     ("choices", dict[int, cst], msgspec.field(default_factory=dict))],
-                                bases=(StreamState,), kw_only=True, array_like=True)
-        dec = msgspec.msgpack.Decoder(tst)
-        _typed_decoders[stack] = dec
-        _choice_decoders[stack] = msgspec.msgpack.Decoder(cst)
-    return dec
-
-
-_choice_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _other_version(v: int) -> Conflict:
-    return Conflict(f"stored stream state has version {v}, expected {STATE_VERSION} (written by another "
-                    "release): the stream state was lost or expired; stream ended", param="stream_state")
-
-
-class _Version(msgspec.Struct, array_like=True):
-    v: int
-
-
-_version_decoder = msgspec.msgpack.Decoder(_Version)
-
-
-def _refuse_other_version(data: bytes) -> None:
-    """Raise the 409 of ``_other_version`` when ``data`` (which the state decoders refused) is a
-    msgpack array whose first item, the version, is an int other than ``STATE_VERSION`` (a state
-    of another release whose layout changed); return otherwise (the caller's 400 names it)."""
-    try:
-        v = _version_decoder.decode(data).v
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return
-    if v != STATE_VERSION:
-        raise _other_version(v)
-
-
-def request_digest(raw: bytes) -> bytes:
-    """blake2b-128 of a stream request's raw JSON bytes (``chat_request`` / ``completion_request``
-    as the first chunk carried them); later chunks' requests are compared by it, never decoded.
-    ``b""`` for an absent request (no bytes, or ``null``)."""
-    if not raw or raw == b"null":
-        return b""
-    return hashlib.blake2b(raw, digest_size=16).digest()
-
-
-def check_request_digest(state: StreamState, raw: bytes | None, kind: str) -> None:
-    """A later chunk's raw request (``raw``: its JSON bytes, None/empty/``null`` when absent)
-    must be byte-identical to the first chunk's (digest compared, the bytes never decoded).
-    Raises ``BadRequest`` (400) on a mismatch, also when the first chunk carried none."""
-    d = request_digest(raw or b"")
-    if d and d != state.req_digest:
-        field = "chat_request" if kind == "chat" else "completion_request"
-        raise BadRequest(f"{field} differs from the one the stream started with (a later chunk may omit it; "
-                         "when present it must be the first chunk's bytes)", param=field)
-
-
-def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
-    """Decode ``encode_state`` bytes; parser sub-states come out typed for ``rt``'s parser stack
-    (one typed decode; bytes it refuses go through the untyped decoder, so the error names what
-    it always named: the version or the unreadable part). Raises ``Conflict`` (409, the "lost or
-    expired" path) for a state of another ``STATE_VERSION`` (another release wrote it), and
-    ``BadRequest`` for bytes that are not a stream state."""
-    st = None
-    if rt.stack is not None:
-        try:
-            st = _typed_decoder(rt.stack).decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            st = None
-    if st is None:
-        try:
-            st = _state_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            _refuse_other_version(data)
-            raise BadRequest(f"stored stream state is unreadable: {e}") from None
-    if st.v != STATE_VERSION:
-        raise _other_version(st.v)
-    _check_pieces(st)
-    if rt.stack is not None:
-        try:  # the parser sub-states are typed here (a corrupted or foreign state fails here)
-            if st.seed_parser is not None:
-                st.seed_parser = rt.stack.load_state(st.seed_parser)
-            for c in st.choices.values():
-                if c.parser is not None:
-                    c.parser = rt.stack.load_state(c.parser)
-        except msgspec.ValidationError as e:
-            raise BadRequest(f"stored stream state is unreadable: {e}") from None
-    return st
-
-
-def _check_pieces(st: StreamState) -> None:
-    """Bound every pieces number a stored state records: ``pieces_len`` in [0,
-    ``MAX_PIECES_LEN``], each choice's ``spill`` / ``spill_args`` whole ``[offset, length]``
-    pairs inside it. Raises ``BadRequest`` ("unreadable", as for other damaged state bytes): a
-    state that lies about its pieces is never used to read, write or pad them."""
-    n = st.pieces_len
-    if not 0 <= n <= MAX_PIECES_LEN:
-        raise BadRequest(f"stored stream state is unreadable: pieces length {n} outside [0, {MAX_PIECES_LEN}]")
-    for c in st.choices.values():
-        for r in (c.spill, c.spill_args):
-            if len(r) % 2 or any(r[i] < 0 or r[i + 1] < 0 or r[i] + r[i + 1] > n for i in range(0, len(r), 2)):
-                raise BadRequest(f"stored stream state is unreadable: spilled ranges {r[:8]} do not lie in "
-                                 f"its {n} bytes of pieces")
-
 
 # ------------------------------------------------------------------------------ validation ---
 def _check_stream_choice(rt: ModelRuntime, c: GenerateTokensStreamChoice, prior: int, where: str) -> None:
