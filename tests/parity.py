@@ -55,3 +55,10 @@ def check_case(case: dict) -> tuple[bool, str]:
     """(matched, reason) of compare.py's non-streaming comparison for this case."""
     ok, _exact, why = compare_mod.compare(case, derender_case(case))
     return ok, why
+
+
+#: corpus cases with an expected stream and engine inputs (the stream parity set; shared by
+#: ``test_stream_parity`` and ``test_stream_pieces``)
+STREAM_CASES = [c for c in corpus()
+                if (c.get("expected_vllm") or {}).get("inputs", {}).get("choices")
+                and (c.get("expected") or {}).get("stream") is not None]

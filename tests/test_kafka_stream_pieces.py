@@ -17,13 +17,13 @@ import pytest
 import redis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from tests.harness.kafka import REDIS_URL, TOOLS
+from tests.harness.kafka import REDIS_URL, qwen3_stream
 from tests.harness.kafka import collect as _collect
 from tests.harness.kafka import names as _names
 from tests.harness.kafka import produce as _produce
 from tests.harness.kafka import settings as _settings
 from tests.harness.kafka import tokenizer as _tokenizer
-from tests.test_kafka_stream import SEQ, assert_complete, expected_view
+from tests.harness.kafka_streams import SEQ, assert_complete, expected_view
 from worker.core.service import DerenderService
 from worker.state import RedisSettings, RedisStateStore
 from worker.transport.checkpoints import decode_checkpoint
@@ -41,24 +41,7 @@ def big_call_stream(tok, rid: str, words: int) -> tuple[bytes, list[bytes]]:
     arg = " ".join(_WORDS[i % len(_WORDS)] for i in range(words))
     text = ("<think>\nA long note is needed.\n</think>\n\nHere it is.\n<tool_call>\n"
             + json.dumps({"name": "get_weather", "arguments": {"city": "Oslo", "unit": arg}}) + "\n</tool_call>")
-    ids = tok.encode(text, add_special_tokens=False).ids + [tok.token_to_id("<|im_end|>")]
-    prompt = tok.encode("<|im_start|>user\nWeather in Oslo?<|im_end|>\n<|im_start|>assistant\n").ids
-    req = {"model": "qwen3", "messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": TOOLS}
-    full = {"model": "qwen3", "generate_response": {"request_id": rid, "choices": [
-        {"index": 0, "token_ids": ids, "finish_reason": "stop", "stop_reason": None}]},
-        "prompt_tokens": len(prompt), "prompt_token_ids": prompt, "chat_request": req}
-    chunks = []
-    for k, t in enumerate(ids):
-        last = k == len(ids) - 1
-        gc = {"request_id": rid, "choices": [{"index": 0, "token_ids": [t], "finish_reason": "stop" if last else None}]}
-        if last:
-            gc["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                           "total_tokens": len(prompt) + len(ids)}
-        b = {"model": "qwen3", "stream": True, "generate_chunk": gc}
-        if k == 0:
-            b.update(chat_request=req, prompt_token_ids=prompt, prompt_tokens=len(prompt))
-        chunks.append(json.dumps(b).encode())
-    return json.dumps(full).encode(), chunks
+    return qwen3_stream(tok, rid, text, "Oslo")
 
 
 def test_big_call_state_stays_small_and_a_new_owner_reads_the_pieces(kafka_bootstrap, kafka_broker_kind,

@@ -126,3 +126,16 @@ def test_bench_suites_and_the_kafka_alias():
         assert parse_args(["bench", suite])[0].suite == suite
     args, _ = parse_args(["bench", "--tokens", "99", "kafka", "--rate", "7"])  # flags before and after
     assert (args.tokens, args.rate) == (99, 7.0)
+
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in ``tests/harness`` (and ``tests/parity.py``); a test module
+    never imports another (its tests would be collected twice and its fixtures leak)."""
+    bad = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            bad += [f"{path.relative_to(REPO)}: {n}" for n in names
+                    if n.rsplit(".", 1)[-1].startswith("test_") and n.startswith("tests.")]
+    assert not bad, bad

@@ -22,13 +22,9 @@ import pytest
 from tests.harness.streams import nonstream_view as _nonstream_view
 from tests.harness.streams import run_stream, stream_bodies_from_nonstream
 from tests.harness.streams import stream_view as _stream_view
-from tests.parity import corpus, missing_parser, nonstream_cases, service
+from tests.parity import STREAM_CASES, missing_parser, nonstream_cases, service
 from tests.parity_tools import compare as compare_mod
 from tests.parity_tools import to_requests
-
-STREAM_CASES = [c for c in corpus()
-                if (c.get("expected_vllm") or {}).get("inputs", {}).get("choices")
-                and (c.get("expected") or {}).get("stream") is not None]
 
 
 @pytest.mark.parametrize("case", STREAM_CASES, ids=[c["id"] for c in STREAM_CASES])

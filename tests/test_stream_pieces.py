@@ -20,9 +20,8 @@ import msgspec
 import pytest
 
 from tests.harness.streams import run_stream, stream_bodies_from_nonstream
-from tests.parity import PARITY, missing_parser, nonstream_cases
+from tests.parity import PARITY, STREAM_CASES, missing_parser, nonstream_cases
 from tests.parity_tools import to_requests
-from tests.test_stream_parity import STREAM_CASES
 from worker.config import ServedModelConfig, load_config_file
 from worker.core import stream as core_stream
 from worker.core.service import DerenderService

@@ -141,6 +141,13 @@ def make_stream(tok, rid: str, i: int) -> tuple[bytes, list[bytes]]:
     text = (f"<think>\nRequest {i}: the user wants the weather in {city}. I will call the tool.\n</think>\n\n"
             f"Checking {city} now.\n<tool_call>\n"
             f'{{"name": "get_weather", "arguments": {{"city": "{city}", "unit": "celsius"}}}}\n</tool_call>')
+    return qwen3_stream(tok, rid, text, city)
+
+
+def qwen3_stream(tok, rid: str, text: str, city: str) -> tuple[bytes, list[bytes]]:
+    """(non-streaming body, 1-token chunk bodies) of the Qwen3 answer ``text`` (then EOS) to
+    "Weather in ``city``?" with the weather tool; chunk 0 carries chat_request and the prompt,
+    the last one the finish reason and usage."""
     ids = tok.encode(text, add_special_tokens=False).ids + [tok.token_to_id("<|im_end|>")]
     prompt = tok.encode(f"<|im_start|>user\nWeather in {city}?<|im_end|>\n<|im_start|>assistant\n").ids
     req = {"model": "qwen3", "messages": [{"role": "user", "content": f"Weather in {city}?"}], "tools": TOOLS}
