@@ -431,6 +431,24 @@ def _gauge(port: int, name: str = "derender_live_streams") -> float | None:
     return float(m.group(1)) if m else None
 
 
+def _abandon_round(rig, port: int, w, n: int, tag: str, idle: float) -> int:
+    """One round of ``n`` streams that send their first chunk(s) (two at most) and stop, to the
+    worker ``w``: every chunk answered, then the idle timeout evicts them (the live-streams gauge
+    on ``port`` back to 0). Returns the worker's RSS (KiB) a second after."""
+    streams = make_streams(n, tag)
+    for s in streams:
+        s.chunks = s.chunks[:2 if len(s.chunks) > 2 else 1]
+    recs = [r for rnd in stream_records(streams) for r in rnd]
+    n0 = rig.collector.count()
+    asyncio.run(produce(rig.bs, rig.inp, recs))
+    rig.wait_answers(n0 + len(recs), 300)
+    deadline = time.monotonic() + idle + 30
+    while time.monotonic() < deadline and _gauge(port) != 0:
+        time.sleep(0.5)
+    time.sleep(1.0)
+    return rss_kb(w.p.pid)
+
+
 def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, Any]:
     """``SIZES[size]["abandoned"]`` streams that send their first chunk(s) and never finish, to one
     worker (``state``: redis or memory): every chunk answered; the live-streams gauge returns to 0
@@ -457,18 +475,7 @@ def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, 
         rig.wait_answers(sum(len(s.chunks) for s in warm), 60)
         time.sleep(idle + 3)
         rss_warm = rss_kb(w.p.pid)
-        first = make_streams(sz["abandoned"], "ab0")  # the warm-up round (docstring)
-        for s in first:
-            s.chunks = s.chunks[:2 if len(s.chunks) > 2 else 1]
-        recs0 = [r for rnd in stream_records(first) for r in rnd]
-        n0 = rig.collector.count()
-        asyncio.run(produce(rig.bs, rig.inp, recs0))
-        rig.wait_answers(n0 + len(recs0), 300)
-        deadline = time.monotonic() + idle + 30
-        while time.monotonic() < deadline and _gauge(port) != 0:
-            time.sleep(0.5)
-        time.sleep(1.0)
-        rss0 = rss_kb(w.p.pid)
+        rss0 = _abandon_round(rig, port, w, sz["abandoned"], "ab0", idle)  # the warm-up round (docstring)
         streams = make_streams(sz["abandoned"], "ab")
         later = []  # (stream id, chunk 2 record, the core's reply to it) of some long streams
         for s in streams:  # the first two chunks only (or one when the stream ends at chunk 1)
@@ -510,18 +517,7 @@ def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, 
         # A leak grows the RSS on EVERY round; the allocator's one-time steps (docstring) land on
         # one round only: the figure is the smaller growth of two measured rounds.
         rss2a = rss_kb(w.p.pid)
-        again = make_streams(sz["abandoned"], "ab2")
-        for s in again:
-            s.chunks = s.chunks[:2 if len(s.chunks) > 2 else 1]
-        recs2 = [r for rnd in stream_records(again) for r in rnd]
-        n2 = rig.collector.count()
-        asyncio.run(produce(rig.bs, rig.inp, recs2))
-        rig.wait_answers(n2 + len(recs2), 300)
-        deadline = time.monotonic() + idle + 30
-        while time.monotonic() < deadline and _gauge(port) != 0:
-            time.sleep(0.5)
-        time.sleep(1.0)
-        rss2 = rss_kb(w.p.pid)
+        rss2 = _abandon_round(rig, port, w, sz["abandoned"], "ab2", idle)
         growth = [round((rss1 - rss0) / 1024, 1), round((rss2 - rss2a) / 1024, 1)]
         figs.update(rss_growth_per_round_mb=growth)
         assert _gauge(port) == 0, f"live-streams gauge after the second round's idle timeout: {figs}"
