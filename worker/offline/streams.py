@@ -131,19 +131,19 @@ def stream_list(service: DerenderService, line: bytes) -> tuple[bytes, int]:
         streams = ResponsesStreams(service)
         for raw in bodies:
             body, st = streams.chunk("", bytes(raw))
-            status = status if status != 200 or st == 200 else st
             body = bytes(body).strip()
-            if st != 200:
+            if st != 200:  # an error reply ends the stream: the later bodies are not derendered
                 parts.append(body)
-            elif body != b"[]":
+                return b"[" + b",".join(parts) + b"]", st
+            if body != b"[]":
                 parts.append(body[1:-1])
         return b"[" + b",".join(parts) + b"]", status
     log = bytearray()
     for raw in bodies:
         res, new_state = chat_chunk(service, bytes(raw), state, log)
-        if res.is_error:
-            status = status if status != 200 else res.status
+        if res.is_error:  # an error reply ends the stream (as the Kafka worker's): the rest is not derendered
             parts.append(res.body)
+            return b"[" + b",".join(parts) + b"]", res.status
         else:
             body = bytes(res.body).strip()
             if body != b"[]":
@@ -161,6 +161,9 @@ class StreamLines:
         self.states: dict[str, bytes] = {}
         self.logs: dict[str, bytearray] = {}  # request id -> its pieces (chat/completion streams)
         self.responses = ResponsesStreams(service)
+        #: request ids whose stream an error reply ended (later chunks: the ended-stream 409, as the
+        #: Kafka worker answers them; never derendered on top of the state before the refused chunk)
+        self.ended: set[str] = set()
 
     def route(self, item: bytes | tuple[bytes, int]) -> bytes | tuple[bytes, int]:
         """A finished result ``(body, status)`` for blank, stream-chunk and stream-list records
@@ -185,10 +188,22 @@ class StreamLines:
                 self._chunk(rid, item)
 
     def _chunk(self, rid: str, item: bytes) -> tuple[bytes, int]:
+        if rid in self.ended:
+            why = f"stream {rid!r} already ended with an error reply; chunk ignored"
+            return error_body(why, 409, rid), 409
         if rid in self.responses or (rid not in self.states and is_responses_chunk(item)):
-            return self.responses.chunk(rid, item)
+            body, status = self.responses.chunk(rid, item)
+            if status != 200 and rid:
+                self.responses.streams.pop(rid, None)
+                self.ended.add(rid)
+            return body, status
         log = self.logs.setdefault(rid, bytearray())
         res, new_state = chat_chunk(self.service, item, self.states.get(rid), log)
+        if res.is_error and rid:  # an error reply ends the stream (as the Kafka worker's)
+            self.states.pop(rid, None)
+            self.logs.pop(rid, None)
+            self.ended.add(rid)
+            return res.body, res.status
         if new_state is not None:
             if res.done:
                 self.states.pop(rid, None)
