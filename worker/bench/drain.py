@@ -49,7 +49,7 @@ __all__ = ["add_args", "run_drain_bench", "run_suite"]
 def add_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``bench drain``."""
     ap.add_argument("--requests", type=int, default=20_000, help="records pre-filled and drained")
-    ap.add_argument("--tokens", type=int, default=256, help="output tokens per record")
+    ap.add_argument("--tokens", type=int, default=256, help="output tokens per record (at least 64)")
     ap.add_argument("--distinct", type=int, default=64, help="distinct bodies cycled through")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of the input topic")
     ap.add_argument("--num-threads", type=int, default=1,

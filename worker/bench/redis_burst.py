@@ -186,7 +186,8 @@ async def run_burst(bootstrap: str, redis_url: str, models: list, tok, streams: 
                 await watcher.start()
                 try:
                     while time.monotonic() < deadline:
-                        done = all([await watcher.committed(tp) == ends[tp] for tp in tps])
+                        # None: a partition no stream landed on is never committed
+                        done = all([(await watcher.committed(tp) or 0) == ends[tp] for tp in tps])
                         if done and got >= total and await r.dbsize() == 0:
                             break
                         await asyncio.sleep(0.2)
