@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.harness.cli import REPO
+from tests.harness.syntax import parse_all
 
 PACKAGES = ("worker", "schemas")
 #: function-level imports in modules another branch is rewriting (issue 17's Kafka half); they
@@ -24,11 +25,11 @@ PENDING = {
 
 
 def _modules() -> dict[str, ast.Module]:
+    paths = [p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))]
     out = {}
-    for pkg in PACKAGES:
-        for p in sorted((REPO / pkg).rglob("*.py")):
-            name = ".".join(p.relative_to(REPO).with_suffix("").parts)
-            out[name.removesuffix(".__init__")] = (p, ast.parse(p.read_text(encoding="utf-8")))
+    for p, tree in zip(paths, parse_all(paths), strict=True):
+        name = ".".join(p.relative_to(REPO).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = (p, tree)
     return out
 
 
@@ -132,8 +133,9 @@ def test_no_test_module_imports_another():
     """Shared test code lives in ``tests/harness`` (and ``tests/parity.py``); a test module
     never imports another (its tests would be collected twice and its fixtures leak)."""
     bad = []
-    for path in sorted((REPO / "tests").rglob("test_*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    paths = sorted((REPO / "tests").rglob("test_*.py"))
+    for path, tree in zip(paths, parse_all(paths), strict=True):
+        for node in ast.walk(tree):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             bad += [f"{path.relative_to(REPO)}: {n}" for n in names

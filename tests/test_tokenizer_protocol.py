@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import worker.core.tokenizer as facade
+from tests.harness.syntax import parse_all
 from worker.core import tokenizers
 from worker.core.tokenizers import FastTokenizer, MistralTokenizer, SlowTokenizer, Tokenizer, load_tokenizer
 
@@ -72,8 +73,9 @@ def test_bad_directories_and_modes_are_value_errors(tmp_path):
 def _private_members() -> set[str]:
     """Private attributes the backend classes set on ``self`` and their private methods."""
     names = set()
-    for p in PACKAGE.glob("*.py"):
-        for cls in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+    paths = sorted(PACKAGE.glob("*.py"))
+    for tree in parse_all(paths):
+        for cls in ast.walk(tree):
             if not isinstance(cls, ast.ClassDef):
                 continue
             for n in ast.walk(cls):
@@ -89,12 +91,11 @@ def test_no_module_reads_a_backends_private_members():
     names = _private_members()
     assert {"_fast", "_mc", "_hf", "_space_marker"} <= names
     bad = []
-    for root in ("worker", "schemas", "tests"):
-        for p in sorted((REPO / root).rglob("*.py")):
-            if PACKAGE in p.parents or "parity_tools" in p.parts:
-                continue
-            for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-                if isinstance(n, ast.Attribute) and n.attr in names \
-                        and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
-                    bad.append(f"{p.relative_to(REPO)}:{n.lineno}: .{n.attr}")
+    paths = [p for root in ("worker", "schemas", "tests") for p in sorted((REPO / root).rglob("*.py"))
+             if PACKAGE not in p.parents and "parity_tools" not in p.parts]
+    for p, tree in zip(paths, parse_all(paths), strict=True):
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and n.attr in names \
+                    and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
+                bad.append(f"{p.relative_to(REPO)}:{n.lineno}: .{n.attr}")
     assert not bad, "private tokenizer members read outside worker/core/tokenizers:\n" + "\n".join(bad)

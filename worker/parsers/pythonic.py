@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import threading
 from typing import Any, ClassVar
 
 from worker.parsers.marker import MarkerToolParser
@@ -54,11 +55,19 @@ def _value(node: ast.AST, json_literals: bool) -> Any:
     return v
 
 
+#: CPython 3.11's AST constructor keeps its recursion counter in per-interpreter state: two
+#: threads in ``ast.parse`` at once (the worker's thread executor) can make one of them raise
+#: SystemError "AST constructor recursion depth mismatch" (cpython gh-106905), which would turn a
+#: valid call list into text; one parse at a time per process.
+_AST_LOCK = threading.Lock()
+
+
 def parse_pythonic_list(src: str, json_literals: bool = False) -> list[tuple[str, str]] | None:
     """``[f(a=1), g(b="x")]`` -> ``[("f", '{"a": 1}'), ("g", '{"b": "x"}')]``; None when ``src``
     is not exactly such a list. Never raises."""
     try:
-        tree = ast.parse(src.strip(), mode="eval")
+        with _AST_LOCK:
+            tree = ast.parse(src.strip(), mode="eval")
         lst = tree.body
         if not isinstance(lst, ast.List) or not lst.elts:
             return None
