@@ -214,6 +214,9 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
     streams = StreamLines(service)
     pending: collections.deque[tuple[int, str | None]] = collections.deque()
     window = threading.Semaphore(max_in_flight)
+    #: set when the run is aborted (Ctrl-C, SIGTERM, an error): the pool's task thread, which runs
+    #: ``feed`` and may wait on a full window, stops instead, so ``pool.terminate()`` can join it
+    aborted = threading.Event()
     n_read = 0
 
     def feed() -> Iterator[bytes | tuple[bytes, int]]:
@@ -227,6 +230,8 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
             routed = streams.route(item)
             if workers > 1:
                 window.acquire()
+                if aborted.is_set():
+                    return
             pending.append((idx, cid))
             yield routed
 
@@ -273,6 +278,8 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
         sink.finish(n_parts)
     except BaseException as e:
         if pool is not None:
+            aborted.set()
+            window.release(max_in_flight + 1)  # wake a task thread waiting on the full window
             pool.terminate()
         sink.abort(e)
         raise
