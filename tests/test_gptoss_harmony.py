@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from worker.config import ServedModelConfig
+from worker.core import stream as core_stream
 from worker.core.service import DerenderService
 from worker.core.tiktoken_vocab import HARMONY_SPECIAL_TOKENS, _packaged_ranks
 
@@ -195,8 +196,11 @@ def chunked(ids: list[int], how: str, seed: int = 0) -> list[list[int]]:
     return out or [[]]
 
 
-def streamed(svc, enc, ids, finish, with_tools, chunks):
+def streamed(svc, enc, ids, finish, with_tools, chunks, pieces=False):
+    """The streamed answer; ``pieces``: with the stream's append-only pieces kept in memory
+    (an open call's body leaves the state: ``worker.core.stream``, "Bounded state")."""
     state = None
+    log = bytearray()
     reasoning, content = [], []
     args: dict[int, list[str]] = {}
     names: dict[int, str] = {}
@@ -209,7 +213,13 @@ def streamed(svc, enc, ids, finish, with_tools, chunks):
         body = {"model": MODEL, "stream": True, "generate_chunk": {"request_id": "r1", "choices": [ch]}}
         if k == 0:
             body.update(chat_request=_chat_request(with_tools, True), prompt_token_ids=_prompt(enc))
-        res, state = svc.derender_stream(json.dumps(body).encode(), state, seq=k)
+        raw = json.dumps(body).encode()
+        res, new = svc.derender_stream(raw, state, seq=k, pieces=pieces)
+        if res.needs_pieces is not None:
+            res, new = svc.derender_stream(raw, state, seq=k, pieces=True, reader=lambda a, z: bytes(log[a:z]))
+        if pieces and new is not None:
+            log[res.pieces_len - len(res.append):] = res.append
+        state = new
         out = json.loads(res.body)
         assert not res.is_error, out
         for c in out:
@@ -332,7 +342,10 @@ def _random_output(rng: random.Random, enc) -> tuple[list[int], str]:
 
 
 @pytest.mark.parametrize("seed", range(75))
-def test_random_outputs_agree_with_openai_harmony(svc, enc, seed) -> None:
+def test_random_outputs_agree_with_openai_harmony(svc, enc, seed, monkeypatch) -> None:
+    """Also with append-only pieces and a spill threshold of a few characters (random chunks):
+    every call body spills and comes back."""
+    monkeypatch.setattr(core_stream, "SPILL_CHARS", 4)
     rng = random.Random(1000 + seed)
     for _ in range(2):
         ids, finish = _random_output(rng, enc)
@@ -343,6 +356,8 @@ def test_random_outputs_agree_with_openai_harmony(svc, enc, seed) -> None:
             for how in ("1", "rand"):
                 s_got, s_fin = streamed(svc, enc, ids, finish, with_tools, chunked(ids, how, seed))
                 assert (s_got, s_fin) == (got, fin), how
+            p_got = streamed(svc, enc, ids, finish, with_tools, chunked(ids, "rand", seed), pieces=True)
+            assert p_got == (got, fin), "pieces"
 
 
 def test_tokenizer_by_name_and_by_folder(tmp_path) -> None:

@@ -33,12 +33,16 @@ call's first argument token (JSON: the arguments' ``{``; XML: the first paramete
 first argument delta the client gets, in tokens and in microseconds (wall time of the chunks in
 between, that one included), plus the number of argument deltas.
 
-The never-closed pass (``--call-words``, default 20,000; 0 skips it): a hermes call whose string
-argument never ends, in 1-token chunks in both modes, once with the state as one value (the open
-call's body inside it) and once with append-only pieces (``derender_stream(pieces=True)``: the
-body the parser no longer reads leaves the state; the pieces kept in memory as the piece stores
-keep them): thread CPU µs per chunk over the first and last 5% of the chunks, their ratio, and
-the state size at the end (issue 13's targets, pieces: ratio <= 1.3, state <= 4 KiB).
+The never-closed pass (``--call-words``, default 20,000; 0 skips it): a call whose string
+argument never ends, in 1-token chunks in both modes, for one representative of each engine kind
+that buffers an open call (hermes: tagged; mistral and llama3_json: jsontail; pythonic: marker;
+openai: Harmony, text mode; a hermes stream with ``tool_choice: required``, whose content is held
+for JSON parsing; a hermes stream with a stop string) with append-only pieces
+(``derender_stream(pieces=True)``: what the parsers no longer read leaves the state; the pieces
+kept in memory as the piece stores keep them), and for hermes also with the state as one value
+(the open call's body inside it): thread CPU µs per chunk over the first and last 5% of the
+chunks, their ratio, and the state size at the end (issue 13's targets, pieces: ratio <= 1.3,
+state <= 4 KiB).
 """
 from __future__ import annotations
 
@@ -332,49 +336,75 @@ def _tool_delay(tokenizer: str, call_tokens: int) -> None:
                   f"delay {at - first:4d} tokens, {us:9.1f} us; {pieces} argument delta(s) for {len(ids)} tokens")
 
 
+#: never-closed pass: one representative of each engine kind that buffers an open call (label,
+#: tool parser, request fields, the output's text up to the never-ending string argument)
+_OPEN_CALLS = [
+    ("hermes (tagged)", "hermes", {}, '<tool_call>\n{"name": "write_file", "arguments": {"content": "'),
+    ("mistral (jsontail)", "mistral", {}, '[TOOL_CALLS][{"name": "write_file", "arguments": {"content": "'),
+    ("llama3_json (jsontail)", "llama3_json", {}, '{"name": "write_file", "parameters": {"content": "'),
+    ("pythonic (marker)", "pythonic", {}, '[write_file(content="'),
+    ("openai (Harmony)", "openai", {}, "<|channel|>commentary to=functions.write_file <|constrain|>json"
+     '<|message|>{"content": "'),
+    ("hermes required", "hermes", {"tool_choice": "required"},
+     '[{"name": "write_file", "parameters": {"content": "'),
+    ("hermes + stop", "hermes", {"stop": ["NEVER_SAID"]},
+     '<tool_call>\n{"name": "write_file", "arguments": {"content": "'),
+]
+
+
 def _never_closed(tokenizer: str, words: int) -> None:
-    """Print per-chunk CPU µs over the first and last 5% of a hermes tool call that never closes
-    (an agent writing a ~``words``-word file: ``<tool_call>`` then ``{"name": "write_file",
-    "arguments": {"content": "...`` in 1-token chunks, no end), in both ``--tool-call-streaming``
-    modes, with their ratio and the state size at the end (what is decoded and re-encoded every
-    chunk; issue 13's target: ratio <= 1.3, state <= 4 KiB)."""
-    print(f"never-closed call: hermes write_file with a ~{words}-word content string, 1-token chunks, "
+    """Print per-chunk CPU µs over the first and last 5% of a tool call that never closes (an
+    agent writing a ~``words``-word file: e.g. ``<tool_call>`` then ``{"name": "write_file",
+    "arguments": {"content": "...`` in 1-token chunks, no end), in both
+    ``--tool-call-streaming`` modes, with their ratio and the state size at the end (what is
+    decoded and re-encoded every chunk; issue 13's target: ratio <= 1.3, state <= 4 KiB). One
+    representative per engine kind (``_OPEN_CALLS``: tagged, jsontail, marker, Harmony in text
+    mode, a required ``tool_choice``'s held content, a stream with stop strings), with pieces;
+    the hermes call also with the state as one value (the open call's body inside it)."""
+    print(f"never-closed call: write_file with a ~{words}-word content string, 1-token chunks, "
           "thread CPU time per chunk (state decode + derender + encode)")
-    for mode in ("whole", "incremental"):
-        svc = DerenderService([ServedModelConfig(name="m", tokenizer=tokenizer, tool_parser="hermes",
-                                                 enable_auto_tool_choice=True, tool_call_streaming=mode)])
-        svc.preload()
-        tok = svc.runtime("m").tokenizer
-        text = '<tool_call>\n{"name": "write_file", "arguments": {"content": "' + " ".join(
-            _CODE_LINE.split()[i % len(_CODE_LINE.split())] for i in range(words))
-        ids = tok.encode(text)
-        head = {"model": "m", "stream": True, "prompt_token_ids": tok.encode("<|im_start|>assistant\n"),
-                "chat_request": {"model": "m", "messages": [{"role": "user", "content": "write it"}],
-                                 "tools": _FILE_TOOL, "tool_choice": "auto"}}
-        bodies = []
-        for i, t in enumerate(ids):
-            b = dict(head) if i == 0 else {"model": "m", "stream": True}
-            b["generate_chunk"] = {"request_id": "bench-open", "choices": [{"index": 0, "token_ids": [t]}]}
-            bodies.append(json.dumps(b).encode())
-        for pieces in (False, True):
-            state = None
-            log = bytearray()  # the pieces, kept as the piece stores do (written at the recorded offset)
-            times = []
-            for body in bodies:
-                t0 = time.thread_time()
-                res, state = svc.derender_stream(body, state, pieces=pieces)
-                if pieces and res.needs_pieces is None and state is not None:
-                    log[res.pieces_len - len(res.append):] = res.append
-                times.append(time.thread_time() - t0)
-                if res.is_error or res.needs_pieces is not None:
-                    print(res.body.decode() or f"needs pieces {res.needs_pieces}", file=sys.stderr)
+    text = " ".join(_CODE_LINE.split()[i % len(_CODE_LINE.split())] for i in range(words))
+    for label, parser, extra, head_text in _OPEN_CALLS:
+        for mode in ("whole", "incremental"):
+            svc = DerenderService([ServedModelConfig(name="m", tokenizer=tokenizer, tool_parser=parser,
+                                                     enable_auto_tool_choice=True, tool_call_streaming=mode)])
+            svc.preload()
+            tok = svc.runtime("m").tokenizer
+            ids = tok.encode(head_text + text)
+            head = {"model": "m", "stream": True, "prompt_token_ids": tok.encode("<|im_start|>assistant\n"),
+                    "chat_request": {"model": "m", "messages": [{"role": "user", "content": "write it"}],
+                                     "tools": _FILE_TOOL, "tool_choice": "auto", **extra}}
+            bodies = []
+            for i, t in enumerate(ids):
+                b = dict(head) if i == 0 else {"model": "m", "stream": True}
+                b["generate_chunk"] = {"request_id": "bench-open", "choices": [{"index": 0, "token_ids": [t]}]}
+                bodies.append(json.dumps(b).encode())
+            for pieces in ((False, True) if label.startswith("hermes (") else (True,)):
+                if not _open_pass(svc, bodies, label, mode, pieces):
                     return
-            k = max(1, len(times) // 20)
-            first, last = statistics.median(times[:k]) * 1e6, statistics.median(times[-k:]) * 1e6
-            how = "pieces" if pieces else "one value"
-            print(f"  {mode:12s} {how:9s}: {len(ids)} chunks; first 5% {first:7.1f} us/chunk, last 5% "
-                  f"{last:7.1f} us/chunk, ratio {last / first:.2f}; state at the end {len(state)} B"
-                  + (f" (pieces {len(log)} B)" if pieces else "") + f"; whole call {sum(times):.1f} s")
+
+
+def _open_pass(svc: DerenderService, bodies: list[bytes], label: str, mode: str, pieces: bool) -> bool:
+    """One never-closed stream (``_never_closed``): print its figures; False when a chunk fails."""
+    state = None
+    log = bytearray()  # the pieces, kept as the piece stores do (written at the recorded offset)
+    times = []
+    for body in bodies:
+        t0 = time.thread_time()
+        res, state = svc.derender_stream(body, state, pieces=pieces)
+        if pieces and res.needs_pieces is None and state is not None:
+            log[res.pieces_len - len(res.append):] = res.append
+        times.append(time.thread_time() - t0)
+        if res.is_error or res.needs_pieces is not None:
+            print(res.body.decode() or f"needs pieces {res.needs_pieces}", file=sys.stderr)
+            return False
+    k = max(1, len(times) // 20)
+    first, last = statistics.median(times[:k]) * 1e6, statistics.median(times[-k:]) * 1e6
+    how = "pieces" if pieces else "one value"
+    print(f"  {label:22s} {mode:12s} {how:9s}: {len(bodies)} chunks; first 5% {first:7.1f} us/chunk, last 5% "
+          f"{last:7.1f} us/chunk, ratio {last / first:.2f}; state at the end {len(state)} B"
+          + (f" (pieces {len(log)} B)" if pieces else "") + f"; whole call {sum(times):.1f} s")
+    return True
 
 
 async def _redis_pass(svc: DerenderService, bodies: list[bytes], marks: list[int], url: str) -> int:

@@ -38,19 +38,33 @@ An open tool call buffers its body in the parser state until it closes (the non-
 of the whole body decides the answer), so a never-closed or huge call would make the state grow
 with it. With ``pieces`` (a ``PieceLog`` over the stream's append-only pieces,
 ``worker.state.pieces``; ``DerenderService.derender_stream(pieces=True)``), once ``SPILL_CHARS``
-of an open call's body are held, the part its parser no longer reads before the call closes
-(``TaggedToolParser.spill_point``: before the end-marker search, the JSON lexer and the
-incremental streamer's offsets; in ``incremental`` mode the arguments already sent are not kept in the state)
-is appended to the pieces (``ChoiceState.spill``: its byte ranges; ``StreamState.pieces_len``:
-the pieces' length, which readers truncate to) and leaves the state. When the call closes or the
-output ends, the parser raises ``BodyNeeded``; the choice's step is rerun from its state before
-the step (a snapshot, taken only while something is spilled) with the body read back
-(``PiecesNeeded`` when the caller gave no reader). Same reply bytes as without pieces, whatever
-the chunking. An open XML call's entries already sent in ``incremental`` mode (``ArgStream.args``,
-read again only at the block's close) leave the state the same way (``spill_args``,
-``ChoiceState.spill_args``). Engines without ``spill_point`` (jsontail, pythonic, Harmony, ...),
-required/named ``tool_choice`` (``StackState.held``) and streams with stop strings (the answer
-stepping of ``worker.core.answer``) keep today's growth.
+of an open call's body are held (``ToolParser.body_held``), the part its parser no longer reads
+before the call closes (``ToolParser.spill_point``) is appended to the pieces
+(``ChoiceState.spill``: its byte ranges; ``StreamState.pieces_len``: the pieces' length, which
+readers truncate to) and leaves the state. Every engine that buffers an open call does it:
+
+* tagged (``TaggedToolParser``: hermes, qwen3_coder, deepseek, kimi_k2, ...): everything before
+  the end-marker search, the JSON lexer and the incremental streamer's offsets; in
+  ``incremental`` mode the arguments already sent are not kept in the state, and an open XML
+  call's entries already sent (``ArgStream.args``, read again only at the block's close) leave
+  it the same way (``spill_args``, ``ChoiceState.spill_args``);
+* jsontail (``JsonTailToolParser``: mistral, llama3_json, phi4_mini_json, granite-20b-fc): the
+  whole body in ``whole`` mode (parsed only at the end), everything before the incremental
+  streamer's head match / JSON lexer offsets in ``incremental`` mode;
+* marker (``MarkerToolParser``: pythonic, llama4_pythonic, olmo3, granite, xlam) and Harmony
+  (gpt-oss's ``openai``, text and id modes): the whole body, read only when it is parsed
+  (``worker.parsers.base.AppendedBody``);
+* required / named ``tool_choice``: the content held for JSON parsing (``StackState.held``,
+  read only at the end) leaves too (``ParserStack.spill_held``, ``ChoiceState.spill_held``).
+
+When the call closes or the output ends, the parser raises ``BodyNeeded``; the choice's step is
+rerun from its state before the step (a snapshot, taken only while something is spilled) with
+the spilled text read back (``PiecesNeeded`` when the caller gave no reader). Same reply bytes as
+without pieces, whatever the chunking. Streams with stop strings spill the same way (the answer
+stepping of ``worker.core.answer`` is rerun as a whole; its held-back tail, ``ChoiceState.held``,
+is shorter than the longest stop string). What stays per choice: the detokenizer window, the
+parser's lexer positions and short tails (a held-back marker prefix, a call head up to
+``incremental.MAX_HEAD``), the ranges, a few ints.
 
 Output rules (same answer as non-streaming for the same tokens, whatever the chunking):
 
@@ -154,9 +168,8 @@ from worker.core.stream_state import (
     encode_state,
     request_digest,
 )
-from worker.parsers.base import Delta
+from worker.parsers.base import BodyNeeded, Delta
 from worker.parsers.stack import tool_call_id
-from worker.parsers.tagged import BodyNeeded
 
 __all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "derender_completion_chunk",
            "encode_state", "decode_state", "STATE_VERSION", "request_digest", "check_request_digest", "LaterChunkBody"]
@@ -390,6 +403,7 @@ def _end_choice(cs: ChoiceState, c: GenerateTokensStreamChoice) -> bool:
     cs.held = ""
     cs.spill = []
     cs.spill_args = []
+    cs.spill_held = []
     if c.finish_reason is None:
         cs.stopped = True
         return False
@@ -457,20 +471,26 @@ def _read_ranges(pieces: PieceLog, ranges: list[int]) -> str:
 
 
 def _unspill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
-    """Bring the open call's spilled start (and its spilled sent XML entries) back from
-    ``pieces`` into its parser state. Raises ``PiecesLost`` (the 409 "lost or expired") when
-    the stored bytes are too few, not UTF-8, or not as many characters as were spilled: the
-    pieces were lost, truncated or overwritten (a wrong reply is never built from them)."""
-    tool = rt.stack.tool
+    """Bring the open call's spilled start (and its spilled sent XML entries, and the
+    required/named content held for JSON parsing) back from ``pieces`` into its parser state.
+    Raises ``PiecesLost`` (the 409 "lost or expired") when the stored bytes are too few, not
+    UTF-8, or not as many characters as were spilled: the pieces were lost, truncated or
+    overwritten (a wrong reply is never built from them)."""
+    stack = rt.stack
+    tool = stack.tool
+    ps = cs.parser
     try:
         if cs.spill:
-            tool.unspill(cs.parser.tool, _read_ranges(pieces, cs.spill))
-        if cs.spill_args or cs.parser.tool.args_spilled:
-            tool.unspill_args(cs.parser.tool, _read_ranges(pieces, cs.spill_args))
-    except ValueError as e:  # (unspill's character count check)
+            tool.unspill(ps.tool, _read_ranges(pieces, cs.spill))
+        if cs.spill_args or (ps.tool is not None and tool.args_spilled(ps.tool)):
+            tool.unspill_args(ps.tool, _read_ranges(pieces, cs.spill_args))
+        if cs.spill_held or ps.held_spilled:
+            stack.unspill_held(ps, _read_ranges(pieces, cs.spill_held))
+    except ValueError as e:  # (the unspill character count checks)
         raise PiecesLost(f"the stream's pieces are corrupted ({e}): they were lost or expired, or overwritten") from None
     cs.spill = []
     cs.spill_args = []
+    cs.spill_held = []
 
 
 def _append(pieces: PieceLog, ranges: list[int], text: str) -> None:
@@ -486,22 +506,24 @@ def _append(pieces: PieceLog, ranges: list[int], text: str) -> None:
 
 
 def _spill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
-    """Move the start of an open tool call's body that the parser no longer reads (and the open
-    XML call's sent entries) out of the choice state, appended to ``pieces`` (once
-    ``SPILL_CHARS`` are held; tagged-engine tool parsers: ``TaggedToolParser.spill_point``)."""
+    """Move what the choice's parsers no longer read before a call closes or the output ends
+    out of the choice state, appended to ``pieces``: the start of an open tool call's body
+    (once ``SPILL_CHARS`` are held; ``ToolParser.body_held`` / ``spill_point`` / ``spill``),
+    the open XML call's sent entries (``ToolParser.spill_args``) and the required/named
+    content held for JSON parsing (``ParserStack.spill_held``)."""
     ps = cs.parser
-    if ps is None or ps.tool is None:
+    if ps is None:
+        return
+    if len(ps.held) >= SPILL_CHARS:
+        _append(pieces, cs.spill_held, rt.stack.spill_held(ps))
+    if ps.tool is None:
         return
     tool = rt.stack.tool
-    point = getattr(tool, "spill_point", None)
-    if point is None:
-        return
-    if len(ps.tool.buf) >= SPILL_CHARS:
-        k = point(ps.tool)
+    if tool.body_held(ps.tool) >= SPILL_CHARS:
+        k = tool.spill_point(ps.tool)
         if k >= SPILL_CHARS // 2:
             _append(pieces, cs.spill, tool.spill(ps.tool, k))
-    a = ps.tool.inc
-    if a is not None and (len(a.args) >= SPILL_CHARS or ps.tool.args_spilled):
+    if tool.spill_args_due(ps.tool, SPILL_CHARS):
         text, fresh = tool.spill_args(ps.tool, max(1, SPILL_CHARS // 4))
         if fresh:
             cs.spill_args = []
@@ -616,11 +638,11 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
     out: list[ChatCompletionStreamResponse] = []
     any_finished = False
     for c in body.generate_chunk.choices:
-        if pieces is None or st.opts.stop:  # (stop strings: the state is not spilled)
+        if pieces is None:
             any_finished |= _chat_choice(rt, st, c, out)
             continue
         cs = st.choices.get(c.index)
-        snap = _snapshot(cs) if cs is not None and (cs.spill or cs.spill_args) else None
+        snap = _snapshot(cs) if cs is not None and (cs.spill or cs.spill_args or cs.spill_held) else None
         mark = len(out)
         try:
             any_finished |= _chat_choice(rt, st, c, out)

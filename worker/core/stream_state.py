@@ -37,7 +37,10 @@ __all__ = ["StreamOpts", "ChoiceState", "StreamState", "LaterChunkBody", "encode
 #: 5: ``req_digest`` (blake2b-128 of the first chunk's raw request bytes: later chunks that carry
 #: the request are compared with it, never decoded). A state of another version is refused with
 #: the 409 "lost or expired" (``decode_state``), never misread.
-STATE_VERSION = 5
+#: 6: bounded state for every engine (``worker.core.stream``, "Bounded state"): jsontail, marker
+#: (pythonic, granite, xlam) and Harmony states gained ``spilled``, ``StackState`` gained
+#: ``held_spilled`` and ``ChoiceState`` ``spill_held`` (required/named content in the pieces).
+STATE_VERSION = 6
 
 
 class StreamOpts(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
@@ -83,6 +86,8 @@ class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
     spill: list[int] = msgspec.field(default_factory=list)
     #: the same for the open XML call's spilled sent entries (``TaggedToolParser.spill_args``)
     spill_args: list[int] = msgspec.field(default_factory=list)
+    #: the same for the required/named content held for JSON parsing (``ParserStack.spill_held``)
+    spill_held: list[int] = msgspec.field(default_factory=list)
 
 
 class StreamState(msgspec.Struct, kw_only=True, array_like=True):
@@ -263,14 +268,14 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
 
 def _check_pieces(st: StreamState) -> None:
     """Bound every pieces number a stored state records: ``pieces_len`` in [0,
-    ``MAX_PIECES_LEN``], each choice's ``spill`` / ``spill_args`` whole ``[offset, length]``
+    ``MAX_PIECES_LEN``], each choice's ``spill`` / ``spill_args`` / ``spill_held`` whole ``[offset, length]``
     pairs inside it. Raises ``BadRequest`` ("unreadable", as for other damaged state bytes): a
     state that lies about its pieces is never used to read, write or pad them."""
     n = st.pieces_len
     if not 0 <= n <= MAX_PIECES_LEN:
         raise BadRequest(f"stored stream state is unreadable: pieces length {n} outside [0, {MAX_PIECES_LEN}]")
     for c in st.choices.values():
-        for r in (c.spill, c.spill_args):
+        for r in (c.spill, c.spill_args, c.spill_held):
             if len(r) % 2 or any(r[i] < 0 or r[i + 1] < 0 or r[i] + r[i + 1] > n for i in range(0, len(r), 2)):
                 raise BadRequest(f"stored stream state is unreadable: spilled ranges {r[:8]} do not lie in "
                                  f"its {n} bytes of pieces")

@@ -130,6 +130,82 @@ class ToolParser(Parser):
         ``incremental`` is true). Raises ``NotImplementedError`` otherwise."""
         raise NotImplementedError
 
+    # -- bounded stream state (``worker.core.stream``, "Bounded state"; issue 13 item 5): an
+    # engine that buffers an open call's body lets the stream core move the part of it no step
+    # reads before the call closes out of its state, and back (``BodyNeeded``) when it closes.
+    # Defaults: nothing is ever spilled (the engine holds no unbounded body).
+    def body_held(self, state: Any) -> int:
+        """Characters of the open call's body held in ``state`` (0: none)."""
+        return 0
+
+    def spill_point(self, state: Any) -> int:
+        """How many characters at the start of the open body no step reads again until the
+        call closes or the output ends (0: none; never more than ``body_held``)."""
+        return 0
+
+    def spill(self, state: Any, k: int) -> str:
+        """Remove the first ``k`` (<= ``spill_point``) characters of the open body from
+        ``state`` and return them; the engine then raises ``BodyNeeded`` wherever it would read
+        them. Raises ``NotImplementedError`` for an engine whose ``spill_point`` is always 0."""
+        raise NotImplementedError
+
+    def unspill(self, state: Any, text: str) -> None:
+        """Put back all the characters ``spill`` removed (``text``, in order). Raises
+        ``ValueError`` when ``text`` is not as many characters as were removed."""
+        raise NotImplementedError
+
+    def spill_args_due(self, state: Any, threshold: int) -> bool:
+        """The open call's sent argument entries (``TaggedToolParser.spill_args``) should leave
+        the state: at least ``threshold`` characters of them, or some already left."""
+        return False
+
+    def spill_args(self, state: Any, keep: int) -> tuple[str, bool]:
+        """As ``TaggedToolParser.spill_args``; default: nothing to move (``("", False)``)."""
+        return "", False
+
+    def args_spilled(self, state: Any) -> bool:
+        """Some of the open call's sent argument entries left the state (``spill_args``)."""
+        return False
+
+    def unspill_args(self, state: Any, text: str) -> None:
+        """As ``TaggedToolParser.unspill_args``; default: nothing was moved."""
+
+
+class BodyNeeded(Exception):
+    """A parser step needs the part of a buffered body that was moved out of the state (an open
+    call that closes, or the output ends inside it; a required/named ``tool_choice``'s held
+    content at the end): the stream core restores it (``ToolParser.unspill`` /
+    ``ParserStack.unspill_held``) on the choice's state from before the step and runs the step
+    again (``worker.core.stream``, "Bounded state")."""
+
+
+class AppendedBody:
+    """``spill`` / ``unspill`` for engines whose open call body is a ``str`` field of their
+    state (``body_field``) that a step only appends to until the call closes, with a
+    ``spilled`` count field (characters cut from its start). ``shift_body(state, k)`` moves the
+    engine's offsets into the body by ``-k`` (default: it keeps none)."""
+
+    body_field: ClassVar[str] = "buf"
+
+    def shift_body(self, state: Any, k: int) -> None:
+        """Move the engine's offsets into the open body by ``-k`` (none by default)."""
+
+    def spill(self, state: Any, k: int) -> str:
+        """As ``ToolParser.spill``."""
+        body = getattr(state, self.body_field)
+        setattr(state, self.body_field, body[k:])
+        self.shift_body(state, k)
+        state.spilled += k
+        return body[:k]
+
+    def unspill(self, state: Any, text: str) -> None:
+        """As ``ToolParser.unspill``."""
+        if len(text) != state.spilled:
+            raise ValueError(f"unspill: {len(text)} characters given, {state.spilled} were spilled")
+        setattr(state, self.body_field, text + getattr(state, self.body_field))
+        self.shift_body(state, -len(text))
+        state.spilled = 0
+
 
 def names_ok(calls: list[tuple[str, str]] | None) -> bool:
     """True when every ``(name, arguments)`` of a parsed block has a usable function name: a

@@ -39,7 +39,7 @@ from typing import ClassVar
 
 import msgspec
 
-from worker.parsers.base import Delta, RequestContext, ToolCallDelta, find_first, hold_back
+from worker.parsers.base import AppendedBody, BodyNeeded, Delta, RequestContext, ToolCallDelta, find_first, hold_back
 
 __all__ = ["Header", "HarmonyParser", "HarmonyState", "Phase", "Role", "Route", "Seg", "Segment",
            "call_arguments", "call_name", "classify", "parse_header", "reads_harmony_ids", "scan", "scan_ids",
@@ -147,6 +147,9 @@ class HarmonyState(msgspec.Struct, kw_only=True, array_like=True):
     body: str = ""
     calls: int = 0
     parallel: bool = True
+    #: characters at the start of ``body`` moved out of the state (``spill``: to the stream's
+    #: append-only pieces, ``worker.core.stream``)
+    spilled: int = 0
 
 
 # ----------------------------------------------------------------------------- text mode ---
@@ -407,14 +410,20 @@ def call_arguments(body: str, ctype: str) -> str | None:
     return args if not ctype or "json" in ctype else body
 
 
-class HarmonyParser:
+class HarmonyParser(AppendedBody):
     """Engine base of a Harmony parser (mixed with ``ReasoningParser`` or ``ToolParser``): a
     family sets ``role``. ``feed``/``finish`` run the id scanner on gpt-oss's own vocabulary
     (:func:`reads_harmony_ids`) or the text scanner elsewhere and hand the segments to
     :meth:`apply`. In id mode the parser reads only the ids (``reads_ids``: the stack feeds it
     every step's ids) and wants the final stop token (``wants_stop_token``: ``<|call|>`` /
     ``<|return|>`` end gpt-oss's generation and decide whether a call is whole). The markers
-    are special tokens the parsers must see (``needs_special_tokens``)."""
+    are special tokens the parsers must see (``needs_special_tokens``).
+
+    Bounded stream state (tool role; ``worker.core.stream``, "Bounded state"): an open call's
+    ``body`` is only appended to until its message closes, so all of it may leave the state
+    (``spill_point``); closing the call raises ``BodyNeeded`` while some of it is out."""
+
+    body_field: ClassVar[str] = "body"
 
     role: ClassVar[Role] = Role.REASONING
     needs_special_tokens = True
@@ -440,6 +449,14 @@ class HarmonyParser:
         if self.reads_ids:
             return self.apply(state, scan_ids(state, [], True, self._tb))  # type: ignore[arg-type]
         return self.apply(state, scan(state, "", final=True))
+
+    def body_held(self, st: HarmonyState) -> int:
+        """Characters of the open call's body held (0 outside a call)."""
+        return len(st.body)
+
+    def spill_point(self, st: HarmonyState) -> int:
+        """The whole body: no step reads it before the call's message closes."""
+        return len(st.body)
 
     def _completes_call(self, stop: str) -> bool:
         return bool(stop) if self.reads_ids else stop in self.TEXT_CALL_STOPS
@@ -477,6 +494,8 @@ class HarmonyParser:
         return out
 
     def _close_call(self, st: HarmonyState, out: Delta, stop: str) -> None:
+        if st.spilled:
+            raise BodyNeeded
         header = st.header or Header("")
         body, st.body = st.body, ""
         args = call_arguments(body, header.ctype) if self._completes_call(stop) else None

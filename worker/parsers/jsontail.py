@@ -32,6 +32,8 @@ from typing import Any, ClassVar
 import msgspec
 
 from worker.parsers.base import (
+    AppendedBody,
+    BodyNeeded,
     Delta,
     RequestContext,
     ToolCallDelta,
@@ -54,6 +56,10 @@ class JsonTailState(msgspec.Struct, kw_only=True, array_like=True):
     #: incremental streaming: calls started, streamer state (None: whole)
     calls: int = 0
     inc: ArgStream | None = None
+    #: characters at the start of the body moved out of the state (``spill``: to the stream's
+    #: append-only pieces, ``worker.core.stream``); ``buf`` and ``inc``'s offsets count from
+    #: what is left
+    spilled: int = 0
 
 
 def call_of(obj: Any) -> tuple[str, str] | None:
@@ -74,8 +80,14 @@ def call_of(obj: Any) -> tuple[str, str] | None:
     return obj["name"], json.dumps(args, ensure_ascii=False)
 
 
-class JsonTailToolParser(ToolParser):
-    """Engine for marker-then-JSON tool calls (module docstring)."""
+class JsonTailToolParser(AppendedBody, ToolParser):
+    """Engine for marker-then-JSON tool calls (module docstring).
+
+    Bounded stream state (``worker.core.stream``, "Bounded state"): the body is only appended
+    to until ``finish``, and the incremental streamer reads it from its offsets on, so all of it
+    but what the streamer has not passed (``inc.pos`` / ``inc.vs``; nothing once it is ``off``
+    or in ``whole`` mode) may leave the state (``spill_point``); ``finish`` raises
+    ``BodyNeeded`` while some of it is out."""
 
     markers: ClassVar[tuple[str, ...]] = ()
     hold_all: ClassVar[bool] = False
@@ -102,6 +114,30 @@ class JsonTailToolParser(ToolParser):
         except ValueError:
             return None
         return v if isinstance(v, str) and v else None
+
+    # -- bounded stream state (AppendedBody's spill / unspill over ``buf``) ------------------
+    def body_held(self, st: JsonTailState) -> int:
+        """Characters of the body held (0 before the start marker)."""
+        return len(st.buf) if st.in_body else 0
+
+    def spill_point(self, st: JsonTailState) -> int:
+        """The whole body in ``whole`` mode or once the streamer is ``off``; else the body
+        before the streamer's offsets (``inc.pos``: the head match / JSON lexer; ``inc.vs``:
+        argument text held back by ``JsonArgs.hold_ws``)."""
+        if not st.in_body:
+            return 0
+        a = st.inc
+        if a is None or a.phase == "off":
+            return len(st.buf)
+        return max(0, min(a.pos, a.vs, len(st.buf)))
+
+    def shift_body(self, st: JsonTailState, k: int) -> None:
+        """Move the streamer's offsets into the body by ``-k``."""
+        a = st.inc
+        if a is not None:
+            a.pos -= k
+            a.scan -= k
+            a.vs -= k
 
     # -- family hooks -------------------------------------------------------------------------
     def parse_body(self, body: str) -> list[tuple[str, str]] | None:
@@ -139,6 +175,8 @@ class JsonTailToolParser(ToolParser):
         return out
 
     def finish(self, state: JsonTailState) -> Delta:
+        if state.spilled:
+            raise BodyNeeded
         out = Delta()
         body, state.buf = state.buf, ""
         if not state.in_body:

@@ -33,6 +33,8 @@ from typing import Any, ClassVar
 import msgspec
 
 from worker.parsers.base import (
+    AppendedBody,
+    BodyNeeded,
     Delta,
     RequestContext,
     ToolCallDelta,
@@ -150,6 +152,9 @@ class MarkerState(msgspec.Struct, kw_only=True, array_like=True):
     parallel: bool = True
     #: declared tool names (``after_text`` parsers only)
     names: list[str] = msgspec.field(default_factory=list)
+    #: characters at the start of the body moved out of the state (``spill``: to the stream's
+    #: append-only pieces, ``worker.core.stream``)
+    spilled: int = 0
 
 
 def declared_tool_names(tools: list[dict[str, Any]] | None) -> list[str]:
@@ -162,9 +167,13 @@ def declared_tool_names(tools: list[dict[str, Any]] | None) -> list[str]:
     return out
 
 
-class MarkerToolParser(ToolParser):
+class MarkerToolParser(AppendedBody, ToolParser):
     """Tool parser for ``MARKER <calls...>`` to the end of the output (module docstring).
-    Subclasses set ``markers``, ``at_start`` and ``parse_body`` (or override ``parse``)."""
+    Subclasses set ``markers``, ``at_start`` and ``parse_body`` (or override ``parse``).
+
+    Bounded stream state (``worker.core.stream``, "Bounded state"): the body is only appended
+    to until ``finish`` parses it, so all of it may leave the state (``spill_point``);
+    ``finish`` raises ``BodyNeeded`` while some of it is out."""
 
     markers: ClassVar[tuple[str, ...]] = ()
     at_start: ClassVar[bool] = False
@@ -181,6 +190,14 @@ class MarkerToolParser(ToolParser):
     def initial_state(self, ctx: RequestContext) -> MarkerState:
         return MarkerState(parallel=ctx.parallel_tool_calls is not False,
                            names=declared_tool_names(ctx.tools) if self.after_text else [])
+
+    def body_held(self, st: MarkerState) -> int:
+        """Characters of the body held (0 before the marker)."""
+        return len(st.buf) if st.phase == "body" else 0
+
+    def spill_point(self, st: MarkerState) -> int:
+        """The whole body: no step reads it before ``finish``."""
+        return self.body_held(st)
 
     def confirm_start(self, st: MarkerState, marker: str, rest: str) -> bool | None:
         """``after_text``: does ``marker`` followed by ``rest`` (the text after it so far) open
@@ -266,6 +283,8 @@ class MarkerToolParser(ToolParser):
         return out
 
     def finish(self, state: MarkerState) -> Delta:
+        if state.spilled:
+            raise BodyNeeded
         out = Delta()
         st = state
         rest, st.buf = st.buf, ""

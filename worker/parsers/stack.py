@@ -24,13 +24,14 @@ from typing import Any
 
 import msgspec
 
-from worker.parsers.base import Delta, ReasoningParser, RequestContext, ToolCallDelta, ToolParser
+from worker.parsers.base import BodyNeeded, Delta, ReasoningParser, RequestContext, ToolCallDelta, ToolParser
 
 
 class StackState(msgspec.Struct, kw_only=True):
     """State of one choice's parser stack: the two parsers' states (their own Struct types,
     see ``ParserStack.load_state``), the tool mode, and for required/named modes the content
-    kept back for JSON parsing (``held``) and whether any call was emitted."""
+    kept back for JSON parsing (``held``; ``held_spilled``: characters of it moved out of the
+    state, ``ParserStack.spill_held``) and whether any call was emitted."""
 
     mode: str = "off"
     named: str | None = None
@@ -39,6 +40,7 @@ class StackState(msgspec.Struct, kw_only=True):
     tool: Any = None
     held: str = ""
     calls: int = 0
+    held_spilled: int = 0
 
 
 def tool_call_id(request_id: str, choice_index: int, call_index: int, fmt: str = "chatcmpl-tool") -> str:
@@ -244,9 +246,30 @@ class ParserStack:
         parser / tool_choice mode. Returns content and tool-call deltas (no reasoning)."""
         return self._tools(st, content, token_ids, final=False)
 
+    # -- bounded stream state (worker.core.stream, "Bounded state"): the required/named content
+    # kept for JSON parsing is read only at ``finish_answer``, so all of it may leave the state
+    def spill_held(self, st: StackState) -> str:
+        """Remove the content held for required/named JSON parsing (``held``) from ``st`` and
+        return it (the caller keeps it, in order, until ``unspill_held``); ``finish_answer``
+        raises ``BodyNeeded`` while some of it is out."""
+        text, st.held = st.held, ""
+        st.held_spilled += len(text)
+        return text
+
+    def unspill_held(self, st: StackState, text: str) -> None:
+        """Put back all the characters ``spill_held`` removed (``text``, in order). Raises
+        ``ValueError`` when ``text`` is not as many characters as were removed."""
+        if len(text) != st.held_spilled:
+            raise ValueError(f"unspill_held: {len(text)} characters given, {st.held_spilled} were spilled")
+        st.held = text + st.held
+        st.held_spilled = 0
+
     def finish_answer(self, st: StackState, content: str = "") -> Delta:
         """Second half of ``finish``: the last answer text, then the tool parser's flush and
-        the required/named JSON resolution."""
+        the required/named JSON resolution. Raises ``BodyNeeded`` while held content is out
+        of the state (``spill_held``)."""
+        if st.held_spilled:
+            raise BodyNeeded
         out = self._tools(st, content, [], final=True)
         if st.mode in ("required", "named"):
             held, st.held = st.held, ""

@@ -53,6 +53,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from worker.parsers.base import (
+    BodyNeeded,
     Delta,
     RequestContext,
     ToolCallDelta,
@@ -135,12 +136,6 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     #: the state (``spill_args``), and which call (``inc.n``) they belong to
     args_spilled: int = 0
     args_call: int = 0
-
-
-class BodyNeeded(Exception):
-    """The open call's whole body is needed (its block closes, or the output ends inside it)
-    while its start was moved out of the state (``TaggedState.spilled``): the caller restores
-    it (``TaggedToolParser.unspill``) on the state it had before the step and runs the step again."""
 
 
 def _shift(st: TaggedState, k: int) -> None:
@@ -333,6 +328,18 @@ class TaggedToolParser(ToolParser):
             else:
                 k = min(k, a.pos, a.scan, a.vs) if a.phase == "value" else min(k, a.pos, a.scan)
         return max(0, min(k, len(st.buf)))
+
+    def body_held(self, st: TaggedState) -> int:
+        """Characters held in ``buf`` (the open call's body inside a call)."""
+        return len(st.buf)
+
+    def spill_args_due(self, st: TaggedState, threshold: int) -> bool:
+        """``threshold`` characters of the open call's sent XML entries are held, or some left."""
+        return st.inc is not None and (len(st.inc.args) >= threshold or bool(st.args_spilled))
+
+    def args_spilled(self, st: TaggedState) -> bool:
+        """Some of the open XML call's sent entries left the state (``spill_args``)."""
+        return bool(st.args_spilled)
 
     def spill_args(self, st: TaggedState, keep: int) -> tuple[str, bool]:
         """Move the open XML call's sent entries (``inc.args``, read again only when the block
