@@ -1,6 +1,7 @@
 """Issue 13 item 5 for every engine that buffers an open call (``worker.core.stream``, "Bounded
-state"): jsontail (mistral, llama3_json), marker (pythonic, granite), Harmony (gpt-oss's
-``openai``, text mode), the content a required / named ``tool_choice`` holds for JSON parsing
+state"): jsontail (mistral, llama3_json, phi4_mini_json, granite-20b-fc), marker (pythonic,
+llama4_pythonic, olmo3, granite, xlam), Harmony (gpt-oss's ``openai``, text mode; its id mode:
+``test_gptoss_harmony``), the content a required / named ``tool_choice`` holds for JSON parsing
 (``StackState.held``), and streams with stop strings.
 
 For each: a huge call (a ~3,000-word string argument) streamed in 1-token chunks in both
@@ -38,7 +39,7 @@ def _hermes(s: str) -> tuple[str, str]:
 
 
 #: engine case -> (tool parser, request extras, argument text -> (text up to and through it, the
-#: call's closing text)); granite's calls must open the output (``at_start``)
+#: call's closing text)); granite's, xlam's and llama4_pythonic's calls open the output
 CASES = {
     "mistral": ("mistral", {}, lambda s: ('Writing it.\n[TOOL_CALLS][{"name": "write_file", "arguments": {"content": "' + s,
                                           '"}}]')),
@@ -47,6 +48,15 @@ CASES = {
     "pythonic": ("pythonic", {}, lambda s: ('Writing it.\n[write_file(content="' + s, '")]')),
     "granite": ("granite", {}, lambda s: ('<|tool_call|>[{"name": "write_file", "arguments": {"content": "' + s,
                                           '"}}]')),
+    "phi4_mini_json": ("phi4_mini_json", {}, lambda s: (
+        'Writing it.\nfunctools[{"name": "write_file", "arguments": {"content": "' + s, '"}}]')),
+    "granite-20b-fc": ("granite-20b-fc", {}, lambda s: (
+        'Writing it.\n<function_call>{"name": "write_file", "arguments": {"content": "' + s, '"}}')),
+    "xlam": ("xlam", {}, lambda s: ('[{"name": "write_file", "arguments": {"content": "' + s, '"}}]')),
+    "llama4_pythonic": ("llama4_pythonic", {}, lambda s: ('<|python_start|>[write_file(content="' + s,
+                                                          '")]<|python_end|>')),
+    "olmo3": ("olmo3", {}, lambda s: ('Writing it.\n<function_calls>\nwrite_file(content="' + s,
+                                      '")\n</function_calls>')),
     "harmony": ("openai", {}, lambda s: ("Writing it.\n<|channel|>commentary to=functions.write_file <|constrain|>json"
                                          '<|message|>{"content": "' + s, '"}<|call|>')),
     "required": ("hermes", {"tool_choice": "required"},

@@ -39,7 +39,15 @@ from typing import ClassVar
 
 import msgspec
 
-from worker.parsers.base import AppendedBody, BodyNeeded, Delta, RequestContext, ToolCallDelta, find_first, hold_back
+from worker.parsers.base import (
+    AppendedBody,
+    BodyNeeded,
+    Delta,
+    RequestContext,
+    ToolCallDelta,
+    find_first,
+    hold_back,
+)
 
 __all__ = ["Header", "HarmonyParser", "HarmonyState", "Phase", "Role", "Route", "Seg", "Segment",
            "call_arguments", "call_name", "classify", "parse_header", "reads_harmony_ids", "scan", "scan_ids",
