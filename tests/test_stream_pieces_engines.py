@@ -223,3 +223,32 @@ def test_lost_or_corrupted_pieces_are_the_409(case, how, tiny_spill):
         bodies.append(b)
     _, statuses = _drive(svc, bodies, set(), _CORRUPT[how])
     assert statuses[-1] == 409 and set(statuses[:-1]) == {200}, statuses
+
+
+@pytest.mark.parametrize("case", ["required", "named", "stop strings", "mistral"])
+def test_a_stop_string_matching_inside_a_spilled_body(case, tiny_spill):
+    """A stop string that matches inside the spilled body (the choice ends there: the held
+    content / open call is resolved from the text before the cut): the same replies with
+    pieces as without, under 1-token and random chunks."""
+    parser, extra, build = CASES[case]
+    svc = _svc(parser, "whole")
+    tok = svc.runtime("m").tokenizer
+    head, tail = build(_words(60) + " CUT_HERE " + _words(20))
+    ids = tok.encode(head + tail) + [tok.token_to_id("<|im_end|>")]
+    for how in ("1", "random"):
+        rng = random.Random(3)
+        bodies, i = [], 0
+        while i < len(ids):
+            k = 1 if how == "1" else rng.choice([1, 2, 5, 11])
+            b = {"model": "m", "stream": True, "generate_chunk": {"request_id": "s", "choices": [
+                {"index": 0, "token_ids": ids[i:i + k], "finish_reason": "stop" if i + k >= len(ids) else None}]}}
+            if i == 0:
+                b |= {"prompt_token_ids": tok.encode("<|im_start|>assistant\n"), "chat_request": {
+                    "model": "m", "messages": [{"role": "user", "content": "w"}], "tools": _TOOL,
+                    **{**extra, "stop": ["CUT_HERE"]}}}
+            bodies.append(b)
+            i += k
+        off = run_stream(copy.deepcopy(bodies), svc=svc)
+        assert run_stream(copy.deepcopy(bodies), pieces=True, svc=svc) == off
+        assert [ch.get("stop_reason") for c in off for ch in c.get("choices") or [] if ch.get("finish_reason")] \
+            == ["CUT_HERE"]
