@@ -1,5 +1,6 @@
 """Issue 13 item 5 through the Kafka worker, a real Kafka-protocol broker and a real Redis: a
-stream whose Hermes tool call grows to ~20 KB (a ~2,500-word string argument) in 1-token chunks.
+stream whose Hermes tool call grows to ~20 KB (a ~2,500-word string argument) in 1-token chunks
+(also as the JSON content of a ``tool_choice: "required"`` answer, held for parsing at the end).
 The Redis checkpoint's state stays under 4 KiB while the call's body goes to the stream's
 append-only pieces (``{key}:pieces``, same TTL); a second worker that takes the stream over
 after a rewind (fresh memory: it must read the pieces the first worker wrote from Redis to close
@@ -35,17 +36,24 @@ pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 _WORDS = "the forecast for the coast says light rain then sun with a westerly breeze".split()
 
 
-def big_call_stream(tok, rid: str, words: int) -> tuple[bytes, list[bytes]]:
+def big_call_stream(tok, rid: str, words: int, required: bool = False) -> tuple[bytes, list[bytes]]:
     """(non-streaming body, 1-token chunk bodies) of an answer whose one hermes call carries a
-    ``words``-word ``unit`` argument."""
+    ``words``-word ``unit`` argument; ``required``: ``tool_choice: "required"`` and the call
+    written as the JSON list content that mode parses at the end (held for it, then spilled)."""
     arg = " ".join(_WORDS[i % len(_WORDS)] for i in range(words))
+    if required:
+        text = ("<think>\nA long note is needed.\n</think>\n\n"
+                + json.dumps([{"name": "get_weather", "parameters": {"city": "Oslo", "unit": arg}}]))
+        return qwen3_stream(tok, rid, text, "Oslo", tool_choice="required")
     text = ("<think>\nA long note is needed.\n</think>\n\nHere it is.\n<tool_call>\n"
             + json.dumps({"name": "get_weather", "arguments": {"city": "Oslo", "unit": arg}}) + "\n</tool_call>")
     return qwen3_stream(tok, rid, text, "Oslo")
 
 
+@pytest.mark.parametrize("required", [False, True], ids=["hermes call", "required tool_choice"])
 def test_big_call_state_stays_small_and_a_new_owner_reads_the_pieces(kafka_bootstrap, kafka_broker_kind,
-                                                                     qwen3_models, redis_prefix, monkeypatch):
+                                                                     qwen3_models, redis_prefix, monkeypatch,
+                                                                     required):
     reads: list[tuple[int, int]] = []
     real_read = RedisStateStore.read_pieces
 
@@ -58,8 +66,9 @@ def test_big_call_state_stays_small_and_a_new_owner_reads_the_pieces(kafka_boots
     svc = DerenderService(qwen3_models)
     n = _names()
     rid = f"big-{uuid.uuid4().hex[:6]}"
-    full, chunks = big_call_stream(tok, rid, 2500)
+    full, chunks = big_call_stream(tok, rid, 2500, required)
     want = expected_view(svc, full)
+    assert want["tool_calls"]  # (the answer is a call in both variants)
     N = len(chunks)
     cut = N - 40  # the first worker stops inside the call, long after it spilled
     rewind = cut - 5

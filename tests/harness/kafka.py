@@ -144,13 +144,15 @@ def make_stream(tok, rid: str, i: int) -> tuple[bytes, list[bytes]]:
     return qwen3_stream(tok, rid, text, city)
 
 
-def qwen3_stream(tok, rid: str, text: str, city: str) -> tuple[bytes, list[bytes]]:
+def qwen3_stream(tok, rid: str, text: str, city: str, tool_choice=None) -> tuple[bytes, list[bytes]]:
     """(non-streaming body, 1-token chunk bodies) of the Qwen3 answer ``text`` (then EOS) to
-    "Weather in ``city``?" with the weather tool; chunk 0 carries chat_request and the prompt,
-    the last one the finish reason and usage."""
+    "Weather in ``city``?" with the weather tool (and ``tool_choice`` when given); chunk 0
+    carries chat_request and the prompt, the last one the finish reason and usage."""
     ids = tok.encode(text, add_special_tokens=False).ids + [tok.token_to_id("<|im_end|>")]
     prompt = tok.encode(f"<|im_start|>user\nWeather in {city}?<|im_end|>\n<|im_start|>assistant\n").ids
     req = {"model": "qwen3", "messages": [{"role": "user", "content": f"Weather in {city}?"}], "tools": TOOLS}
+    if tool_choice is not None:
+        req["tool_choice"] = tool_choice
     full = {"model": "qwen3", "generate_response": {"request_id": rid, "choices": [
         {"index": 0, "token_ids": ids, "finish_reason": "stop", "stop_reason": None}]},
         "prompt_tokens": len(prompt), "prompt_token_ids": prompt, "chat_request": req}
