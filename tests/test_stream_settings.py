@@ -188,3 +188,57 @@ def test_redis_store_settings_one_fenced_write(redis_prefix):
     assert seen == WANT
     assert 0 < ttl <= 60_000 < sttl <= 75_000  # a quarter longer: refreshed every quarter TTL, they outlive it
     assert left == 0
+
+
+def test_the_transport_sends_its_held_settings_or_reads_them_on_a_pool_miss():
+    """``streams.submit_chunk`` against pool "processes" that never share a cache (a new service
+    per call): small settings go with every chunk (no miss), large ones (64 KiB of stop strings)
+    only when the process asks (``needs_settings``: one more call); a new owner that does not hold
+    them reads them from the store. Replies equal the one-value run."""
+    from types import SimpleNamespace
+
+    from worker.core.service import DerenderService
+    from worker.transport.jobs import derender_stream_job
+    from worker.transport.outage import OutageClock
+    from worker.transport.stream_registry import LiveStream
+    from worker.transport.streams import SETTINGS_SEND_MAX, submit_chunk
+
+    cfgs = [service().runtime("qwen3").config]
+    calls: list[bool] = []
+
+    async def submit(value, state, seq, kind, created, pieces=None, settings=None):
+        calls.append(settings is not None)
+        return derender_stream_job(DerenderService(cfgs), value, state, seq, kind, created, pieces, settings)
+
+    ctx = SimpleNamespace(submit=submit)
+    outage = OutageClock("test store", "state-store", 0.0)
+
+    async def go(bodies, owner_change_at: int):
+        store = MemoryStateStore()
+        s = LiveStream("st")
+        replies = []
+        for seq, b in enumerate(bodies):
+            if seq == owner_change_at:  # a new owner: the checkpoint from the store, no settings held
+                s = LiveStream("st", state=s.state, next_seq=seq)
+            out = await submit_chunk(ctx, store, outage, s, SimpleNamespace(value=b, timestamp=7000), seq, None)
+            assert out.status == 200, out.body
+            if out.settings:
+                s.settings = out.settings
+                assert await store.commit([StateWrite("st", out.state, seq, settings=out.settings,
+                                                      settings_kept=True)]) == [True]
+            s.state = out.state
+            replies.append(out.body)
+        return replies, s
+
+    for stop, big in ((None, False), (_STOPS, True)):
+        bodies = _bodies(stop=stop)
+        want = _run(service(), bodies, aside=False, created=7)[0]
+        calls.clear()
+        got, s = asyncio.run(go(bodies, owner_change_at=3))
+        assert got == want
+        assert (len(s.settings) > SETTINGS_SEND_MAX) == big
+        # chunk 0: one call; later chunks: small settings ride along (one call each), large ones
+        # are asked for (a miss, then the call with them); the new owner read them from the store
+        want_calls = [False] + ([False, True] * (len(bodies) - 1) if big else
+                                [True, True, False, True] + [True] * (len(bodies) - 4))
+        assert calls == want_calls, calls

@@ -229,15 +229,18 @@ class SettingsCache:
         return len(self._d)
 
     def get(self, rid: str, digest: bytes) -> core_stream.StreamSettings | None:
-        """The cached settings of ``(rid, digest)``, or None (counted in ``hits`` / ``misses``)."""
+        """The cached settings of ``(rid, digest)``, or None (counted in ``hits`` / ``misses``,
+        approximately under threads)."""
+        key = (rid, digest)
         with self._lock:
-            hit = self._d.get((rid, digest))
-            if hit is None:
-                self.misses += 1
-                return None
-            self._d.move_to_end((rid, digest))
-            self.hits += 1
-            return hit[0]
+            hit = self._d.get(key)
+            if hit is not None:
+                self._d.move_to_end(key)
+        if hit is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return hit[0]
 
     def put(self, rid: str, digest: bytes, settings: core_stream.StreamSettings, size: int) -> None:
         """Keep ``settings`` (``size``: their encoded bytes) under ``(rid, digest)``; settings

@@ -26,6 +26,11 @@ assigned so far (deterministic: ``tool_call_id(request_id, choice, call_index, f
 request fields used after the first chunk (``StreamOpts``), the detokenizer/parser seed built from
 the prompt (so a choice whose first chunk carries no ``prompt_token_ids`` starts right), prompt
 token counts, ``next_seq`` (chunks with a lower sequence number are stale) and ``usage_sent``.
+The request-wide part fixed by the first chunk (``StreamSettings``: ``StreamOpts``, the prompt
+seed, request id, model, ``created``, request digest) is written once: kept inside the state for
+a caller storing one value, or stored apart (``DerenderService.derender_stream(settings_aside=
+True)``: the state records its digest); a later chunk opening choices with its own prompt keeps
+their seed in ``StreamState.reseed``, never in the settings.
 A finished choice keeps only its counters. The size is bounded by the detokenizer window plus
 the parser's buffered markup (plus a few ints per choice), never by the stream length; work per
 chunk is O(delta). ``req_digest``: blake2b-128 of the first chunk's raw request (later chunks'

@@ -247,7 +247,11 @@ def encode_state(state: StreamState) -> bytes:
     """msgpack bytes of ``state`` (what the store keeps): its settings inside, or, when
     ``state.settings_digest`` is set (settings stored apart), without them."""
     if state.settings_digest:
-        return _state_encoder.encode(msgspec.structs.replace(state, settings=None))
+        settings, state.settings = state.settings, None
+        try:
+            return _state_encoder.encode(state)
+        finally:
+            state.settings = settings
     return _state_encoder.encode(state)
 
 

@@ -23,6 +23,13 @@ read, fenced on their ``q`` and replaced by the first write.
   TTL (``StateWrite.at`` / ``data`` / ``touch``: the stream's append-only pieces,
   ``worker.state.pieces``, key ``{prefix}{<request_id>}:pieces``, written in the same fenced
   step as the checkpoint and deleted with it). ``read_pieces`` reads them (one ``GETRANGE``).
+* A chat/completion stream's write-once settings (``StateWrite.settings``:
+  ``DerenderService.derender_stream(settings_aside=True)``, issue 13 item 4) live at
+  ``{prefix}{<request_id>}:settings``: written (``SET ... PX``) by the fenced write that carries
+  them (the stream's first checkpoint) in the same EVALSHA, never rewritten by later ones, their TTL
+  a quarter longer than the checkpoint's and refreshed with the write's ``touch``, deleted with the
+  checkpoint; ``read_settings`` reads them (``GETEX``). ``commit_codes`` tells a put that landed on
+  an absent checkpoint of a stream whose settings are missing (the store lost both: code 2).
 
 Typical transport loop (per polled batch of chunk messages, grouped by request id, in order)::
 

@@ -33,6 +33,13 @@ Design
   (``worker.transport.outage``); then one line and ``DependencyOutage`` (exit status 2). Streams
   held in memory keep being derendered and answered meanwhile (their offsets commit once their
   checkpoints are written); streams that must be loaded wait; non-streaming records never wait.
+* **Settings** (chat/completion streams): the core's write-once ``StreamSettings`` come with the
+  first chunk's outcome, are held in the stream (``LiveStream.settings``, packed with it when
+  parked) and written with its first checkpoint write (the store's ``:settings`` key; sent again
+  when that write was fenced off or the store reports them lost). A pool process whose settings
+  cache misses gets them from memory (at most ``SETTINGS_SEND_MAX`` bytes: with every chunk; more:
+  when it asks, ``needs_settings``); a new owner reads them from the store once
+  (``stored_settings``).
 * **Checkpoint** (the stored value, msgpack ``Checkpoint``): the state after chunk ``q`` (stored
   with seq ``q``; None once the stream ended) plus the *replay window*: the reply values of the
   stream's recent chunks (every chunk whose input offset is not known committed, and at least the
