@@ -271,13 +271,18 @@ def _settings_pass(svc: DerenderService, bodies: list[bytes], marks: list[int], 
 STOP_STRINGS = [f"{i:04d}" + "~" * 60 for i in range(1024)]
 
 
+def with_stop_strings(bodies: list[bytes]) -> list[bytes]:
+    """``bodies`` with ``STOP_STRINGS`` in the first chunk's ``chat_request``."""
+    first = json.loads(bodies[0])
+    first["chat_request"]["stop"] = STOP_STRINGS
+    return [json.dumps(first).encode(), *bodies[1:]]
+
+
 def _stop_strings(svc: DerenderService, bodies: list[bytes], marks: list[int], repeat: int) -> None:
     """The same stream with ``STOP_STRINGS`` in its request: per-chunk thread CPU and state size
     with the settings inside the state (every chunk decodes and re-encodes 64 KiB) and stored
     apart (issue 13 item 4: the per-chunk state stays <= 4 KiB)."""
-    first = json.loads(bodies[0])
-    first["chat_request"]["stop"] = STOP_STRINGS
-    bodies = [json.dumps(first).encode(), *bodies[1:]]
+    bodies = with_stop_strings(bodies)
     print(f"the same stream with {len(STOP_STRINGS)} stop strings ({sum(map(len, STOP_STRINGS))} characters), "
           "thread CPU per chunk")
     for aside in (False, True):
@@ -425,19 +430,19 @@ async def _redis_pass(svc: DerenderService, bodies: list[bytes], marks: list[int
     """Every chunk: get state from Redis, derender, put it back (fenced); print latency and the
     key's Redis memory at ``marks``, with the settings inside the state and stored apart (written
     once, with the first chunk's checkpoint: ``StateWrite.settings``; the settings cache of
-    ``svc`` has them, as a worker continuing its own stream). Returns 0, or 1 when Redis does
-    not answer."""
+    ``svc`` has them, as a worker continuing its own stream), without and with
+    ``STOP_STRINGS``. Returns 0, or 1 when Redis does not answer."""
 
     store = RedisStateStore.from_settings(RedisSettings(url=url))
     rid = "bench-stream-redis"
     try:
         await store.ping()
-        for aside in (False, True):
+        for stops, aside in ((False, False), (False, True), (True, False), (True, True)):
             await store.delete(rid)
             lat: list[float] = []
             mem: dict[int, int] = {}
             side = 0
-            for i, b in enumerate(bodies):
+            for i, b in enumerate(with_stop_strings(bodies) if stops else bodies):
                 t0 = time.perf_counter()
                 stored = await store.get(rid) if i else None
                 res, state = svc.derender_stream(b.replace(b'"bench-stream"', b'"bench-stream-redis"'),
@@ -452,6 +457,7 @@ async def _redis_pass(svc: DerenderService, bodies: list[bytes], marks: list[int
                 if i == 0 and aside:
                     side = int(await store.client.memory_usage(store.key(rid) + ":settings") or 0)
             how = f"settings apart (written once: redis key {side} B)" if aside else "settings inside the state"
+            how += f"; {len(STOP_STRINGS)} stop strings (64 KiB)" if stops else ""
             print(f"redis checkpoint per chunk ({url}): get + derender + fenced put; {how}")
             for m in marks:
                 window = lat[max(0, m - 8):m]

@@ -76,6 +76,9 @@ class LiveStream:
     #: None: not held here (a Responses stream has none)
     settings: bytes | None = None
     settings_stored: bool = False  # a checkpoint write carrying them was applied (else: send them)
+    #: the stream keeps settings in the store (a chat/completion stream; also when ``settings`` is
+    #: not held: a new owner whose pool process had them cached), so its writes refresh their TTL
+    settings_kept: bool = False
     settings_touched: float = 0.0  # time.monotonic() of this worker's last refresh of their TTL
 
 

@@ -193,6 +193,9 @@ def keep_pieces(store: Any, s: _Stream, out) -> PiecesWrite:
 #: only when a pool process asks (``needs_settings``: one more pool call, no per-chunk copy of up to
 #: 64 KiB of stop strings)
 SETTINGS_SEND_MAX = 2048
+#: the stream kinds whose write-once settings the store keeps (``jobs.derender_stream_job``:
+#: ``settings_aside=True``; a Responses stream keeps its own state)
+SETTINGS_KINDS = ("chat-stream", "completion-stream")
 
 
 async def submit_chunk(ctx: StreamContext, store: Any, outage: OutageClock, s: _Stream, msg, seq: int,
@@ -238,10 +241,10 @@ def settings_write(store: Any, s: _Stream) -> tuple[bytes, bool, bool]:
     writer clears ``settings_stored`` again when that one is fenced off, or when the store
     reports them lost), whether it keeps settings in the store, and whether their TTL is due
     for a refresh (every quarter TTL)."""
-    if s.settings is None or s.ended:
+    if s.ended or (s.settings is None and not s.settings_kept):
         return b"", False, False
     now = time.monotonic()
-    data = b"" if s.settings_stored else s.settings
+    data = b"" if s.settings_stored or s.settings is None else s.settings
     touch = not data and now - s.settings_touched > store_ttl_s(store) / 4
     if data or touch:
         s.settings_touched = now
@@ -622,6 +625,7 @@ class StreamRouter:
         s.known = s.known or seq == 0 or out.status == 200
         if out.settings:  # the stream's first chunk: its write-once settings, stored with its checkpoint
             s.settings, s.settings_stored = out.settings, False
+        s.settings_kept = s.settings_kept or (out.status == 200 and out.kind in SETTINGS_KINDS)
         s.next_seq = seq + 1
         end = out.status != 200 or out.done
         if end:
