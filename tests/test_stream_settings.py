@@ -242,3 +242,44 @@ def test_the_transport_sends_its_held_settings_or_reads_them_on_a_pool_miss():
         want_calls = [False] + ([False, True] * (len(bodies) - 1) if big else
                                 [True, True, False, True] + [True] * (len(bodies) - 4))
         assert calls == want_calls, calls
+
+
+def test_a_store_that_lost_the_stream_gets_its_settings_again_with_the_next_write():
+    """The owner keeps a stream in memory while the store loses everything (restart without
+    persistence, FLUSHALL): its next checkpoint write lands on an absent key without the settings
+    (sent once already), the store says so (code 2), and the write after carries them again, so
+    a later owner can still continue the stream."""
+    from types import SimpleNamespace
+
+    from worker.transport.checkpoints import CheckpointWrite, CheckpointWriter
+    from worker.transport.outage import OutageClock
+    from worker.transport.stream_registry import LiveStream
+    from worker.transport.streams import settings_write
+
+    async def go():
+        store = MemoryStateStore()
+        done: list[int] = []
+        writer = CheckpointWriter(store, OutageClock("test store", "state-store", 0.0),
+                                  on_done=lambda st, off: done.append(off), on_abandon=lambda st, off: None,
+                                  on_fatal=lambda e: None, stats=SimpleNamespace(state_writes=0))
+        task = asyncio.create_task(writer.run())
+        part = SimpleNamespace(failed=False)
+        s = LiveStream("lost", settings=b"SETTINGS")
+        sent = []
+        for seq in range(4):
+            if seq == 2:  # the store loses everything
+                store.data.clear()
+                store.settings.clear()
+            sv, kept, touch = settings_write(store, s)
+            sent.append(sv)
+            s.pending_writes += 1
+            writer.add(CheckpointWrite(part, "lost", seq, b"ck%d" % seq, [seq], s, touch=touch, settings=sv,
+                                       settings_kept=kept))
+            while len(done) <= seq:
+                await asyncio.sleep(0.001)
+        task.cancel()
+        return sent, await store.read_settings("lost")
+
+    sent, stored = asyncio.run(go())
+    assert sent == [b"SETTINGS", b"", b"", b"SETTINGS"]
+    assert stored == b"SETTINGS"
