@@ -1,8 +1,11 @@
 """Stream state of the chat/completion streaming derender (``worker.core.stream``): the typed
-checkpoint of one request (``StreamState``: per choice a ``ChoiceState``; the request's compact
-settings ``StreamOpts``), its msgpack codec (``encode_state`` / ``decode_state``, parser sub-states
-retyped per model), the version rule (another version: the 409 "lost or expired", never misread),
-the request digest of later chunks (``request_digest`` / ``check_request_digest``) and the bounds
+checkpoint of one request (``StreamState``: per choice a ``ChoiceState``; the request's write-once
+``StreamSettings``: its compact options ``StreamOpts``, the prompt seed ``StreamSeed``, request
+id, model, created, request digest, kept inside the state or stored once apart, the state then
+recording their digest), its msgpack codec (``encode_state`` / ``decode_state``,
+``encode_settings`` / ``decode_settings`` / ``settings_digest``, parser sub-states typed per
+model), the version rule (another version: the 409 "lost or expired", never misread), the
+request digest of later chunks (``request_digest`` / ``check_request_digest``) and the bounds
 on every number a stored state carries (its pieces' length and spilled ranges). Layout and rules:
 ``worker.core.stream``'s docstring ("State", "Bounded state"). No I/O."""
 from __future__ import annotations
