@@ -4,16 +4,20 @@
 [--repeat 5]`` (also ``python -m worker.bench.stream``) streams a Qwen3 output (``<think>`` reasoning, a short answer, then a Hermes
 ``<tool_call>`` and ``<|im_end|>``) in 1-token chunks through ``DerenderService.derender_stream``
 (qwen3 reasoning + hermes tools, ``logprobs`` off), decoding and re-encoding the msgpack state on
-every chunk as the Kafka worker does with Redis. Prints the median per-chunk latency around chunks
-16, 256, 1024 and 2048 (median over the chunk and the 7 before it, across repeats), the ratio
-last/first (should stay <= 1.5: work per chunk is O(delta), not O(stream)), and the encoded
-state size at those chunks and its maximum.
+every chunk as the Kafka worker does with Redis, twice: with the request's settings inside the
+state (one value), and with them stored apart, once (``derender_stream(settings_aside=True)``, as
+the Kafka worker and batch do; issue 13 item 4). Prints the median per-chunk thread CPU time
+around chunks 16, 256, 1024 and 2048 (median over the chunk and the 7 before it, across repeats),
+the ratio last/first (should stay <= 1.5: work per chunk is O(delta), not O(stream)), and the
+encoded state size at those chunks and its maximum; then the same stream with 1,024 stop strings
+(64 KiB of stop text) both ways (stored apart, the per-chunk state stays <= 4 KiB).
 
-``--redis URL`` adds a second pass that checkpoints through Redis on every chunk, as a worker
+``--redis URL`` adds a pass that checkpoints through Redis on every chunk, as a worker
 taking the stream over would: read the state (``RedisStateStore.get``), derender, write it back
-fenced on the sequence number (``put``); it prints the per-chunk latency of that loop and the
-Redis memory the stream's key uses (``MEMORY USAGE``) at the same chunks. (The Kafka worker adds
-its replay window of recent reply values to the stored record; that is transport, not core state.)
+fenced on the sequence number (``commit``; the settings, when apart, with the first chunk's
+write only); it prints the per-chunk latency of that loop and the Redis memory the stream's key
+uses (``MEMORY USAGE``) at the same chunks, both ways. (The Kafka worker adds its replay window
+of recent reply values to the stored record; that is transport, not core state.)
 
 ``--redis-burst N`` (``--burst-chunks``, default 3; ``--burst-call``: each stream one long hermes
 tool call whose body spills to the stream's pieces) runs only the burst pass
@@ -39,7 +43,8 @@ that buffers an open call (hermes: tagged; mistral and llama3_json: jsontail; py
 openai: Harmony, text mode; a hermes stream with ``tool_choice: required``, whose content is held
 for JSON parsing; a hermes stream with a stop string) with append-only pieces
 (``derender_stream(pieces=True)``: what the parsers no longer read leaves the state; the pieces
-kept in memory as the piece stores keep them), and for hermes also with the state as one value
+kept in memory as the piece stores keep them, and the request's settings stored apart, once, as
+the Kafka worker does), and for hermes also with the state as one value
 (the open call's body inside it): thread CPU µs per chunk over the first and last 5% of the
 chunks (per chunk the fastest of 3 passes), their ratio, and the state size at the end (issue
 13's targets, pieces: ratio <= 1.3, state <= 4 KiB).
@@ -57,7 +62,7 @@ from pathlib import Path
 from worker.config import ServedModelConfig
 from worker.core.responses import memory_reader
 from worker.core.service import DerenderService
-from worker.state.redis_store import RedisSettings, RedisStateStore, StateStoreError
+from worker.state.redis_store import RedisSettings, RedisStateStore, StateStoreError, StateWrite
 
 _DEMO_TOKENIZER = Path(__file__).resolve().parent.parent / "demo_data" / "qwen3"
 _TOOLS = [{"type": "function", "function": {
@@ -203,44 +208,29 @@ def run_suite(args: argparse.Namespace) -> int:
                                  "tools": _TOOLS, "tool_choice": "auto"}
         bodies.append(json.dumps(b).encode())
     n = len(bodies)
-    times = [[0.0] * args.repeat for _ in range(n)]
-    sizes = [0] * n
-    final = None
-    for r in range(args.repeat + 1):  # first pass warms caches
-        state = None
-        chunks = []
-        for i, b in enumerate(bodies):
-            t0 = time.perf_counter()
-            res, state = svc.derender_stream(b, state)
-            dt = time.perf_counter() - t0
-            if res.is_error:
-                print(res.body.decode(), file=sys.stderr)
-                return 1
-            if r > 0:
-                times[i][r - 1] = dt
-            sizes[i] = len(state)
-            chunks.extend(json.loads(res.body))
-        final = chunks
     marks = [m for m in (16, 256, 1024, 2048) if m <= n] or [n]
     if marks[-1] != n and n not in marks:
         marks.append(n)
-    lat = {}
-    for m in marks:
-        window = [x for i in range(max(0, m - 8), m) for x in times[i]]
-        lat[m] = statistics.median(window)
-    print(f"stream: {n} tokens in 1-token chunks, qwen3 reasoning + hermes tool call, state msgpack "
-          f"decode/encode per chunk, {args.repeat} repeats")
-    for m in marks:
-        print(f"  chunk {m:5d}: {lat[m] * 1e6:8.1f} us/chunk   state {sizes[m - 1]:6d} B")
-    ratio = lat[marks[-1]] / lat[marks[0]]
-    total = sum(statistics.median(t) for t in times)
-    print(f"  ratio last/first: {ratio:.2f}  (<= 1.5 expected)")
-    print(f"  state size: max {max(sizes)} B, mean {sum(sizes) // n} B; whole stream {total * 1e3:.1f} ms "
-          f"({n / total:.0f} chunks/s)")
+    final = None
+    for aside in (False, True):
+        got = _settings_pass(svc, bodies, marks, args.repeat, aside)
+        if got is None:
+            return 1
+        lat, sizes, final, stored = got
+        how = ("write-once settings stored apart (as the Kafka worker and batch: derender_stream("
+               f"settings_aside=True), {stored} B once)" if aside else "settings inside the state (one value)")
+        print(f"stream: {n} tokens in 1-token chunks, qwen3 reasoning + hermes tool call, state msgpack "
+              f"decode/encode per chunk, {args.repeat} repeats; {how}")
+        for m in marks:
+            print(f"  chunk {m:5d}: {lat[m] * 1e6:8.1f} us/chunk   state {sizes[m - 1]:6d} B")
+        ratio = lat[marks[-1]] / lat[marks[0]]
+        print(f"  ratio last/first: {ratio:.2f}  (<= 1.5 expected)")
+        print(f"  state size: max {max(sizes)} B, mean {sum(sizes) // n} B")
     calls = sum(len(c['choices'][0]['delta'].get('tool_calls') or []) for c in final if c['choices'])
     print(f"  check: {len(final)} OpenAI chunks out for {n} input chunks (an input chunk whose text is held "
           f"back, e.g. inside the tool call's body or a split marker, yields none), {calls} tool call "
           f"fragment(s), usage {final[-1].get('usage')}")
+    _stop_strings(svc, bodies, marks, args.repeat)
     _responses_next_to_chat(svc, prompt, out, args.repeat)
     _tool_delay(args.tokenizer, args.call_tokens)
     if args.call_words:
@@ -248,6 +238,66 @@ def run_suite(args: argparse.Namespace) -> int:
     if args.redis:
         return asyncio.run(_redis_pass(svc, bodies, marks, args.redis))
     return 0
+
+
+def _settings_pass(svc: DerenderService, bodies: list[bytes], marks: list[int], repeat: int, aside: bool):
+    """Stream ``bodies`` ``repeat`` + 1 times (the first warms caches) through ``derender_stream``
+    (``settings_aside``: the write-once settings stored apart, as the Kafka worker does; the
+    settings cache of ``svc`` has them), thread CPU time per chunk. Returns ``(lat, sizes, chunks,
+    settings bytes)``: ``lat`` {mark: median seconds over the mark's chunk and the 7 before it,
+    across repeats}, ``sizes`` the per-chunk state bytes, ``chunks`` the last run's OpenAI
+    chunks; None (printed) when a chunk is refused."""
+    n = len(bodies)
+    times = [[0.0] * repeat for _ in range(n)]
+    sizes = [0] * n
+    chunks: list = []
+    stored = b""
+    for r in range(repeat + 1):
+        state = None
+        chunks = []
+        for i, b in enumerate(bodies):
+            t0 = time.thread_time()
+            res, state = svc.derender_stream(b, state, settings_aside=aside)
+            dt = time.thread_time() - t0
+            if res.is_error or res.needs_settings:
+                print(res.body.decode() or "needs its settings", file=sys.stderr)
+                return None
+            stored = res.settings or stored
+            if r > 0:
+                times[i][r - 1] = dt
+            sizes[i] = len(state)
+            chunks.extend(json.loads(res.body))
+    lat = {m: statistics.median([x for i in range(max(0, m - 8), m) for x in times[i]]) for m in marks}
+    return lat, sizes, chunks, len(stored)
+
+
+#: the stop-strings pass: 1,024 stop strings of 64 characters (64 KiB of stop text: the most a
+#: request may carry, ``worker.core.derender.MAX_STOP_STRINGS`` / ``MAX_STOP_CHARS``), none in the output
+STOP_STRINGS = [f"{i:04d}" + "~" * 60 for i in range(1024)]
+
+
+def with_stop_strings(bodies: list[bytes]) -> list[bytes]:
+    """``bodies`` with ``STOP_STRINGS`` in the first chunk's ``chat_request``."""
+    first = json.loads(bodies[0])
+    first["chat_request"]["stop"] = STOP_STRINGS
+    return [json.dumps(first).encode(), *bodies[1:]]
+
+
+def _stop_strings(svc: DerenderService, bodies: list[bytes], marks: list[int], repeat: int) -> None:
+    """The same stream with ``STOP_STRINGS`` in its request: per-chunk thread CPU and state size
+    with the settings inside the state (every chunk decodes and re-encodes 64 KiB) and stored
+    apart (issue 13 item 4: the per-chunk state stays <= 4 KiB)."""
+    bodies = with_stop_strings(bodies)
+    print(f"the same stream with {len(STOP_STRINGS)} stop strings ({sum(map(len, STOP_STRINGS))} characters), "
+          "thread CPU per chunk")
+    for aside in (False, True):
+        got = _settings_pass(svc, bodies, marks, repeat, aside)
+        if got is None:
+            return
+        lat, sizes, _, stored = got
+        cells = "  ".join(f"#{m}: {lat[m] * 1e6:7.1f}" for m in marks)
+        how = f"settings apart ({stored} B once)" if aside else "settings inside"
+        print(f"  {how:28s}: us/chunk {cells}; state max {max(sizes)} B")
 
 
 def _burst(args: argparse.Namespace) -> int:
@@ -396,7 +446,7 @@ def _open_pass(svc: DerenderService, bodies: list[bytes], label: str, mode: str,
         times = []
         for body in bodies:
             t0 = time.thread_time()
-            res, state = svc.derender_stream(body, state, pieces=pieces)
+            res, state = svc.derender_stream(body, state, pieces=pieces, settings_aside=pieces)
             if pieces and res.needs_pieces is None and state is not None:
                 log[res.pieces_len - len(res.append):] = res.append
             times.append(time.thread_time() - t0)
@@ -415,34 +465,43 @@ def _open_pass(svc: DerenderService, bodies: list[bytes], label: str, mode: str,
 
 async def _redis_pass(svc: DerenderService, bodies: list[bytes], marks: list[int], url: str) -> int:
     """Every chunk: get state from Redis, derender, put it back (fenced); print latency and the
-    key's Redis memory at ``marks``. Returns 0, or 1 when Redis does not answer."""
+    key's Redis memory at ``marks``, with the settings inside the state and stored apart (written
+    once, with the first chunk's checkpoint: ``StateWrite.settings``; the settings cache of
+    ``svc`` has them, as a worker continuing its own stream), without and with
+    ``STOP_STRINGS``. Returns 0, or 1 when Redis does not answer."""
 
     store = RedisStateStore.from_settings(RedisSettings(url=url))
     rid = "bench-stream-redis"
     try:
         await store.ping()
-        await store.delete(rid)
-        lat: list[float] = []
-        mem: dict[int, int] = {}
-        for i, b in enumerate(bodies):
-            t0 = time.perf_counter()
-            stored = await store.get(rid) if i else None
-            res, state = svc.derender_stream(b.replace(b'"bench-stream"', b'"bench-stream-redis"'),
-                                             stored.state if stored else None)
-            if res.is_error or state is None:
-                print(res.body.decode(), file=sys.stderr)
-                return 1
-            await store.put(rid, state, i)
-            lat.append(time.perf_counter() - t0)
-            if i + 1 in marks:
-                mem[i + 1] = int(await store.client.memory_usage(store.key(rid)) or 0)
-        print(f"redis checkpoint per chunk ({url}): get + derender + fenced put")
-        for m in marks:
-            window = lat[max(0, m - 8):m]
-            print(f"  chunk {m:5d}: {statistics.median(window) * 1e6:8.1f} us/chunk   "
-                  f"redis key {mem.get(m, 0):6d} B")
-        print(f"  ratio last/first: {statistics.median(lat[-8:]) / statistics.median(lat[:8]):.2f}")
-        await store.delete(rid)
+        for stops, aside in ((False, False), (False, True), (True, False), (True, True)):
+            await store.delete(rid)
+            lat: list[float] = []
+            mem: dict[int, int] = {}
+            side = 0
+            for i, b in enumerate(with_stop_strings(bodies) if stops else bodies):
+                t0 = time.perf_counter()
+                stored = await store.get(rid) if i else None
+                res, state = svc.derender_stream(b.replace(b'"bench-stream"', b'"bench-stream-redis"'),
+                                                 stored.state if stored else None, settings_aside=aside)
+                if res.is_error or state is None:
+                    print(res.body.decode(), file=sys.stderr)
+                    return 1
+                await store.commit([StateWrite(rid, state, i, settings=res.settings, settings_kept=aside)])
+                lat.append(time.perf_counter() - t0)
+                if i + 1 in marks:
+                    mem[i + 1] = int(await store.client.memory_usage(store.key(rid)) or 0)
+                if i == 0 and aside:
+                    side = int(await store.client.memory_usage(store.key(rid) + ":settings") or 0)
+            how = f"settings apart (written once: redis key {side} B)" if aside else "settings inside the state"
+            how += f"; {len(STOP_STRINGS)} stop strings (64 KiB)" if stops else ""
+            print(f"redis checkpoint per chunk ({url}): get + derender + fenced put; {how}")
+            for m in marks:
+                window = lat[max(0, m - 8):m]
+                print(f"  chunk {m:5d}: {statistics.median(window) * 1e6:8.1f} us/chunk   "
+                      f"redis key {mem.get(m, 0):6d} B")
+            print(f"  ratio last/first: {statistics.median(lat[-8:]) / statistics.median(lat[:8]):.2f}")
+            await store.delete(rid)
     except StateStoreError as e:
         print(f"redis pass skipped: {e}", file=sys.stderr)
         return 1

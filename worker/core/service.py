@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 
 import msgspec
 
@@ -142,7 +143,7 @@ class StreamResult(DerenderResult):
     request finished: delete the stored state), ``seq`` (the sequence number this chunk was
     given; the store fences writes on it) and ``kind`` (``chat-stream``/``completion-stream``)."""
 
-    __slots__ = ("done", "seq", "append", "pieces_len", "needs_pieces")
+    __slots__ = ("done", "seq", "append", "pieces_len", "needs_pieces", "settings", "needs_settings")
 
     def __init__(self, body: bytes, status: int = 200, request_id: str | None = None, kind: str | None = None,
                  done: bool = False, seq: int | None = None):
@@ -157,6 +158,12 @@ class StreamResult(DerenderResult):
         #: ``(start, end)``: called with ``pieces=True`` and no reader, the chunk needs those
         #: stored piece bytes (nothing was derendered, ``body`` is empty: call again with a reader)
         self.needs_pieces: tuple[int, int] | None = None
+        #: with ``settings_aside=True``: the stream's write-once settings to store with this
+        #: chunk's state (its first chunk; ``b""`` otherwise), and whether the chunk needs the
+        #: stored ones (not in this service's cache and not given: nothing was derendered,
+        #: ``body`` is empty: call again with ``settings``)
+        self.settings = b""
+        self.needs_settings = False
 
 
 class _StreamProbe(msgspec.Struct):
@@ -191,6 +198,68 @@ class _RawRequests(msgspec.Struct):
 _raw_requests_decoder = msgspec.json.Decoder(_RawRequests)
 
 
+class _SettingsNeeded(Exception):
+    """A later chunk's stream settings are stored apart, neither cached nor given."""
+
+
+#: the stream settings cache of a ``DerenderService``: most entries, most bytes (their encoded size;
+#: decoded, a plain request's entry takes ~1.1 KB of Python objects, ~4.5 MB for 4,096 of them, and
+#: one with 64 KiB of stop strings ~1.85x its 68 KB: ~15 MB per process at most)
+SETTINGS_CACHE_ENTRIES = 4096
+SETTINGS_CACHE_BYTES = 8 << 20
+
+
+class SettingsCache:
+    """A small bounded LRU of decoded stream settings (issue 13 item 4), keyed by ``(request id,
+    settings digest)``: the digest is of the settings' stored bytes (``stream_state.
+    settings_digest``), so an entry is exactly what decoding those bytes gives, never a stale one
+    (a stream restarted under the same id has other settings bytes, hence another key: its
+    ``created``, prompt seed or request differ; same bytes decode the same). At most
+    ``entries`` entries and ``max_bytes`` of their encoded size (least recently used dropped
+    first). Thread-safe; read-only entries (a stream never mutates its settings)."""
+
+    def __init__(self, entries: int = SETTINGS_CACHE_ENTRIES, max_bytes: int = SETTINGS_CACHE_BYTES):
+        self.entries = max(1, entries)
+        self.max_bytes = max(1, max_bytes)
+        self._d: OrderedDict[tuple[str, bytes], tuple[core_stream.StreamSettings, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def get(self, rid: str, digest: bytes) -> core_stream.StreamSettings | None:
+        """The cached settings of ``(rid, digest)``, or None (counted in ``hits`` / ``misses``,
+        approximately under threads)."""
+        key = (rid, digest)
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is not None:
+                self._d.move_to_end(key)
+        if hit is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return hit[0]
+
+    def put(self, rid: str, digest: bytes, settings: core_stream.StreamSettings, size: int) -> None:
+        """Keep ``settings`` (``size``: their encoded bytes) under ``(rid, digest)``; settings
+        larger than the whole budget are not kept."""
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._d.pop((rid, digest), None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._d[(rid, digest)] = (settings, size)
+            self._bytes += size
+            while len(self._d) > self.entries or self._bytes > self.max_bytes:
+                _, (_, n) = self._d.popitem(last=False)
+                self._bytes -= n
+
+
 class DerenderService:
     """Derenders request bodies for a set of served models, routing by the body's ``model``.
 
@@ -208,6 +277,8 @@ class DerenderService:
                 self.models[name] = m
         self._runtimes: dict[str, ModelRuntime] = {}
         self._lock = threading.Lock()
+        #: decoded write-once stream settings of the streams this process derendered lately
+        self.settings_cache = SettingsCache()
 
     def preload(self) -> None:
         """Load every model's tokenizer and parsers now. Raises ``ValueError`` on a bad config."""
@@ -319,9 +390,48 @@ class DerenderService:
         res.append, res.pieces_len = rres.log_append, rres.log_len
         return res, magic + rres.state
 
+    def stream_settings(self, rt: ModelRuntime, request_id: str, digest: bytes,
+                        given: bytes | None) -> core_stream.StreamSettings:
+        """The write-once settings of a stream whose state records ``digest`` (settings stored
+        apart): from ``settings_cache`` (keyed by ``request_id`` and ``digest``: never another
+        stream's), else decoded from ``given`` (the stored settings bytes) and cached. Raises
+        ``_SettingsNeeded`` when neither (``given`` None), ``Conflict`` (409, the "lost or
+        expired" path) when ``given`` is not the settings the state was written with (lost,
+        expired or overwritten: empty or another digest), what ``decode_settings`` raises."""
+        got = self.settings_cache.get(request_id, digest)
+        if got is not None:
+            return got
+        if given is None:
+            raise _SettingsNeeded()
+        if not given or core_stream.settings_digest(given) != digest:
+            raise Conflict("the stream's settings (stored once, with its first chunk) are " +
+                           ("missing" if not given else "not the ones its state was written with") +
+                           ": the stream state was lost or expired, or overwritten; stream ended",
+                           param="stream_state")
+        got = core_stream.decode_settings(rt, given)
+        self.settings_cache.put(got.request_id, digest, got, len(given))
+        return got
+
+    def _settings_out(self, rt: ModelRuntime, state, res: StreamResult, aside: bool) -> None:
+        """Where the settings of ``state`` go after a chunk: with ``aside``, stored apart (on the
+        stream's first chunk, or a state that held them inside: ``res.settings`` carries their
+        bytes once, cached here); without it, inside the state again."""
+        if not aside:
+            state.settings_digest = b""
+            return
+        if state.settings_digest:
+            return
+        data = core_stream.encode_settings(state.settings)
+        state.settings_digest = core_stream.settings_digest(data)
+        res.settings = data
+        # (cached as decoded from its bytes: a hit and a miss give the same object)
+        self.settings_cache.put(state.request_id, state.settings_digest, core_stream.decode_settings(rt, data),
+                                len(data))
+
     def derender_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None = None,
                         kind: str | None = None, created: int | None = None, pieces: bool = False,
-                        reader=None) -> tuple[StreamResult, bytes | None]:
+                        reader=None, settings_aside: bool = False,
+                        settings: bytes | None = None) -> tuple[StreamResult, bytes | None]:
         """Derender one streaming chunk body (``generate_chunk``) against the request's stored state.
 
         ``state_bytes``: what the previous call returned for this request id (None/empty for the
@@ -348,7 +458,13 @@ class DerenderService:
         (``worker.core.stream``, "Bounded state"); ``result.append`` / ``result.pieces_len`` say
         what to write with the state; ``reader(start, end)`` reads the stored pieces (None: a
         chunk that needs them returns ``result.needs_pieces``; fewer bytes than recorded: 409).
-        Without ``pieces`` the state holds everything (a caller that stores one value)."""
+        Without ``pieces`` the state holds everything (a caller that stores one value).
+
+        ``settings_aside``: the caller stores a chat/completion stream's write-once settings apart
+        (issue 13 item 4): the first chunk returns them in ``result.settings`` (store them once,
+        with its state; states then hold only their digest); a later chunk takes them from
+        ``settings_cache``, else from ``settings`` (``stream_settings``), else returns
+        ``result.needs_settings`` (nothing derendered: call again with ``settings``)."""
         if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
             if pieces:
                 return self._responses_with_pieces(body, state_bytes, seq, created, reader)
@@ -368,19 +484,13 @@ class DerenderService:
                 has_completion_request = _Probe.present(typed.completion_request_raw) if later \
                     else typed.completion_request is not None
             else:
-                probe = _decode_or_400(_stream_probe_decoder, body)
-                if not _Probe.present(probe.generate_chunk):
-                    raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
-                try:
-                    request_id = _rid_decoder.decode(probe.generate_chunk).request_id
-                except _BAD_JSON:
-                    request_id = None
-                if probe.model is None:
+                request_id, model, has_completion_request = _probe_stream(body)
+                if model is None:
                     raise BadRequest("model is required", param="model")
-                model = probe.model
-                has_completion_request = _Probe.present(probe.completion_request)
             rt = self.runtime(model)
             state = core_stream.decode_state(rt, state_bytes) if state_bytes else None
+            if state is not None and state.settings is None:  # stored apart: cached, given or needed
+                state.settings = self.stream_settings(rt, request_id or "", state.settings_digest, settings)
             if kind is not None:
                 kind = kind.removesuffix("-stream")
                 if kind not in KINDS:
@@ -422,11 +532,12 @@ class DerenderService:
             if pieces:
                 res.append = bytes(log_.new) if log_ is not None else b""
                 res.pieces_len = state.pieces_len
+            self._settings_out(rt, state, res, settings_aside)
             return res, core_stream.encode_state(state)
+        except _SettingsNeeded:
+            return _needing(request_id, kind_used, None), None
         except PiecesNeeded as e:
-            res = StreamResult(b"", 0, request_id, kind_used)
-            res.needs_pieces = (e.start, e.end)
-            return res, None
+            return _needing(request_id, kind_used, (e.start, e.end)), None
         except PiecesLost as e:
             err = Conflict(f"{e}; stream ended", param="stream_state")
             return StreamResult(_encoder.encode(err.to_response(request_id)), 409, request_id, kind_used), None
@@ -436,6 +547,32 @@ class DerenderService:
             log.exception("derender_stream failed for request_id=%s", request_id)
             err = DerenderError(f"internal error: {type(e).__name__}: {e}", status=500)
             return StreamResult(_encoder.encode(err.to_response(request_id)), 500, request_id, kind_used), None
+
+
+def _needing(request_id: str | None, kind: str | None, pieces: tuple[int, int] | None) -> StreamResult:
+    """The result of a chunk that needs what the caller keeps before it can be derendered
+    (nothing derendered, empty body): the stored piece bytes ``pieces`` (``(start, end)``), or,
+    with None, the stream's stored settings."""
+    res = StreamResult(b"", 0, request_id, kind)
+    if pieces is None:
+        res.needs_settings = True
+    else:
+        res.needs_pieces = pieces
+    return res
+
+
+def _probe_stream(body: bytes) -> tuple[str | None, str | None, bool]:
+    """``(request id, model, has a completion_request)`` of a stream chunk body the typed decode
+    refused, by the probe (the error messages it always gave: 400 for bytes that are no JSON
+    object, or without ``generate_chunk``)."""
+    probe = _decode_or_400(_stream_probe_decoder, body)
+    if not _Probe.present(probe.generate_chunk):
+        raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
+    try:
+        request_id = _rid_decoder.decode(probe.generate_chunk).request_id
+    except _BAD_JSON:
+        request_id = None
+    return request_id, probe.model, _Probe.present(probe.completion_request)
 
 
 def _one_decode(body: bytes, kind: str | None):
@@ -481,4 +618,4 @@ def _request_id(probe: _Probe) -> str | None:
     return None
 
 
-__all__ = ["DerenderService", "DerenderResult", "StreamResult", "error_body", "ErrorResponse", "KINDS"]
+__all__ = ["DerenderService", "DerenderResult", "StreamResult", "SettingsCache", "error_body", "ErrorResponse", "KINDS"]

@@ -26,6 +26,11 @@ assigned so far (deterministic: ``tool_call_id(request_id, choice, call_index, f
 request fields used after the first chunk (``StreamOpts``), the detokenizer/parser seed built from
 the prompt (so a choice whose first chunk carries no ``prompt_token_ids`` starts right), prompt
 token counts, ``next_seq`` (chunks with a lower sequence number are stale) and ``usage_sent``.
+The request-wide part fixed by the first chunk (``StreamSettings``: ``StreamOpts``, the prompt
+seed, request id, model, ``created``, request digest) is written once: kept inside the state for
+a caller storing one value, or stored apart (``DerenderService.derender_stream(settings_aside=
+True)``: the state records its digest); a later chunk opening choices with its own prompt keeps
+their seed in ``StreamState.reseed``, never in the settings.
 A finished choice keeps only its counters. The size is bounded by the detokenizer window plus
 the parser's buffered markup (plus a few ints per choice), never by the stream length; work per
 chunk is O(delta). ``req_digest``: blake2b-128 of the first chunk's raw request (later chunks'
@@ -159,20 +164,25 @@ from worker.core.stream_state import (
     ChoiceState,
     LaterChunkBody,
     StreamOpts,
+    StreamSeed,
+    StreamSettings,
     StreamState,
-    _choice_decoders,
     _state_encoder,
-    _typed_decoder,
+    _typed,
     check_request_digest,
+    decode_settings,
     decode_state,
+    encode_settings,
     encode_state,
     request_digest,
+    settings_digest,
 )
 from worker.parsers.base import BodyNeeded, Delta
 from worker.parsers.stack import tool_call_id
 
-__all__ = ["StreamOpts", "ChoiceState", "StreamState", "derender_chat_chunk", "derender_completion_chunk",
-           "encode_state", "decode_state", "STATE_VERSION", "request_digest", "check_request_digest", "LaterChunkBody"]
+__all__ = ["StreamOpts", "ChoiceState", "StreamSeed", "StreamSettings", "StreamState", "derender_chat_chunk",
+           "derender_completion_chunk", "encode_state", "decode_state", "encode_settings", "decode_settings",
+           "settings_digest", "STATE_VERSION", "request_digest", "check_request_digest", "LaterChunkBody"]
 
 # ------------------------------------------------------------------------------ validation ---
 def _check_stream_choice(rt: ModelRuntime, c: GenerateTokensStreamChoice, prior: int, where: str) -> None:
@@ -278,36 +288,45 @@ def _new_chat_state(rt: ModelRuntime, body: DerenderChatStreamRequest) -> Stream
         include_usage=bool(so and so.include_usage), n=n, expected_choices=n, tool_mode=mode,
         stop=list(stop_strings(req.stop)), min_tokens=req.min_tokens or 0,
     )
-    st = StreamState(kind="chat", request_id=body.generate_chunk.request_id or "", model=body.model, opts=opts)
-    _reseed(rt, st, body, ctx)
+    st = StreamState(settings=StreamSettings(kind="chat", request_id=body.generate_chunk.request_id or "",
+                                             model=body.model, opts=opts))
+    st.settings.seed = _seed(rt, st, body, ctx)
     return st
 
 
-def _reseed(rt: ModelRuntime, st: StreamState, body, ctx=None) -> None:
+def _seed(rt: ModelRuntime, st: StreamState, body, ctx=None) -> StreamSeed:
     """Seed for new choices from this body's prompt (detokenizer window, parser initial state)."""
     pids = _prompt_ids(body)
     o = st.opts
-    st.seed_detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=o.skip_special,
-                                           spaces_between_special_tokens=o.spaces,
-                                           prompt_token_ids=pids).state()
+    seed = StreamSeed(detok=IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=o.skip_special,
+                                                   spaces_between_special_tokens=o.spaces,
+                                                   prompt_token_ids=pids).state())
     if st.kind == "chat":
         if ctx is None:
             req = body.chat_request or _DEFAULT_CHAT_REQUEST
             ctx = request_context(req, pids)
-        st.seed_parser = rt.stack.initial_state(ctx, streaming=True) if rt.has_parser else None
-    st.seed_prompt_tokens = body.prompt_tokens if body.prompt_tokens is not None else len(pids or [])
+        seed.parser = rt.stack.initial_state(ctx, streaming=True) if rt.has_parser else None
+    seed.prompt_tokens = body.prompt_tokens if body.prompt_tokens is not None else len(pids or [])
+    return seed
+
+
+def _reseed(rt: ModelRuntime, st: StreamState, body) -> None:
+    """A later chunk opening choices with its own prompt: their seed (``StreamState.reseed``;
+    the write-once settings are never changed)."""
+    st.reseed = _seed(rt, st, body)
 
 
 def _choice_state(rt: ModelRuntime, st: StreamState, index: int) -> ChoiceState:
     cs = st.choices.get(index)
     if cs is None:
         parser = None
-        if st.seed_parser is not None:
-            parser = msgspec.msgpack.decode(msgspec.msgpack.encode(st.seed_parser))  # deep copy
+        sd = st.seed
+        if sd.parser is not None:
+            parser = msgspec.msgpack.decode(msgspec.msgpack.encode(sd.parser))  # deep copy
             parser = rt.stack.load_state(parser)
-        seed = st.seed_detok or DetokState()
+        seed = sd.detok or DetokState()
         cs = ChoiceState(detok=msgspec.structs.replace(seed, ids=list(seed.ids), tokens=list(seed.tokens)),
-                         parser=parser, prompt_tokens=st.seed_prompt_tokens)
+                         parser=parser, prompt_tokens=sd.prompt_tokens)
         st.choices[index] = cs
     return cs
 
@@ -457,8 +476,7 @@ def _snapshot(cs: ChoiceState) -> bytes:
 
 
 def _restore(rt: ModelRuntime, snap: bytes) -> ChoiceState:
-    _typed_decoder(rt.stack)
-    return _choice_decoders[rt.stack].decode(snap)
+    return _typed(rt.stack).choice.decode(snap)
 
 
 def _read_ranges(pieces: PieceLog, ranges: list[int]) -> str:
@@ -629,8 +647,8 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
     _validate_common(rt, body, state, "chat", request_raw)
     if state is None:
         state = _new_chat_state(rt, body)
-        state.created = created or 0
-        state.req_digest = request_digest(request_raw or b"")
+        state.settings.created = created or 0
+        state.settings.req_digest = request_digest(request_raw or b"")
     elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
         _reseed(rt, state, body)
     st = state
@@ -679,9 +697,9 @@ def _new_completion_state(rt: ModelRuntime, body: DerenderCompletionStreamReques
         expected_choices=n * prompts if prompts is not None else None,
         stop=list(stop_strings(req.stop)), min_tokens=req.min_tokens or 0,
     )
-    st = StreamState(kind="completion", request_id=body.generate_chunk.request_id or "", model=body.model,
-                     opts=opts)
-    _reseed(rt, st, body)
+    st = StreamState(settings=StreamSettings(kind="completion", request_id=body.generate_chunk.request_id or "",
+                                             model=body.model, opts=opts))
+    st.settings.seed = _seed(rt, st, body)
     return st
 
 
@@ -695,8 +713,8 @@ def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRe
     new = state is None
     if new:
         state = _new_completion_state(rt, body)
-        state.created = created or 0
-        state.req_digest = request_digest(request_raw or b"")
+        state.settings.created = created or 0
+        state.settings.req_digest = request_digest(request_raw or b"")
     elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
         _reseed(rt, state, body)
     st = state

@@ -1,8 +1,11 @@
 """Stream state of the chat/completion streaming derender (``worker.core.stream``): the typed
-checkpoint of one request (``StreamState``: per choice a ``ChoiceState``; the request's compact
-settings ``StreamOpts``), its msgpack codec (``encode_state`` / ``decode_state``, parser sub-states
-retyped per model), the version rule (another version: the 409 "lost or expired", never misread),
-the request digest of later chunks (``request_digest`` / ``check_request_digest``) and the bounds
+checkpoint of one request (``StreamState``: per choice a ``ChoiceState``; the request's write-once
+``StreamSettings``: its compact options ``StreamOpts``, the prompt seed ``StreamSeed``, request
+id, model, created, request digest, kept inside the state or stored once apart, the state then
+recording their digest), its msgpack codec (``encode_state`` / ``decode_state``,
+``encode_settings`` / ``decode_settings`` / ``settings_digest``, parser sub-states typed per
+model), the version rule (another version: the 409 "lost or expired", never misread), the
+request digest of later chunks (``request_digest`` / ``check_request_digest``) and the bounds
 on every number a stored state carries (its pieces' length and spilled ranges). Layout and rules:
 ``worker.core.stream``'s docstring ("State", "Bounded state"). No I/O."""
 from __future__ import annotations
@@ -25,7 +28,8 @@ from worker.core.detokenize import DetokState
 from worker.core.errors import BadRequest, Conflict
 from worker.core.responses.log import MAX_PIECES_LEN
 
-__all__ = ["StreamOpts", "ChoiceState", "StreamState", "LaterChunkBody", "encode_state", "decode_state",
+__all__ = ["StreamOpts", "ChoiceState", "StreamSeed", "StreamSettings", "StreamState", "LaterChunkBody",
+           "encode_state", "decode_state", "encode_settings", "decode_settings", "settings_digest",
            "STATE_VERSION", "request_digest", "check_request_digest"]
 
 #: 2: parser states gained fields (tagged ``after_end``, think ``ws``, Harmony id scanning); a state
@@ -40,6 +44,9 @@ __all__ = ["StreamOpts", "ChoiceState", "StreamState", "LaterChunkBody", "encode
 #: 6: bounded state for every engine (``worker.core.stream``, "Bounded state"): jsontail, marker
 #: (pythonic, granite, xlam) and Harmony states gained ``spilled``, ``StackState`` gained
 #: ``held_spilled`` and ``ChoiceState`` ``spill_held`` (required/named content in the pieces).
+#:    and the request's settings (``StreamSettings``: kind, request id, model, created, request digest,
+#: ``StreamOpts``, the prompt seed) are one nested value, stored once apart from the per-chunk state
+#: when the caller keeps them (``settings_digest``); a later chunk's own prompt seed is ``reseed``.
 STATE_VERSION = 6
 
 
@@ -90,26 +97,109 @@ class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
     spill_held: list[int] = msgspec.field(default_factory=list)
 
 
-class StreamState(msgspec.Struct, kw_only=True, array_like=True):
-    """Per-request stream state: options, prompt seed, per-choice states (keys: choice index)."""
+class StreamSeed(msgspec.Struct, kw_only=True, array_like=True):
+    """What a new choice of the stream starts from, built from a prompt (the first chunk's, or a
+    later chunk's own ``prompt_token_ids`` for choices it opens): the detokenizer window over the
+    prompt tail, the parser stack's initial state, the prompt's token count."""
+
+    detok: DetokState | None = None
+    parser: Any = None
+    prompt_tokens: int = 0
+
+
+class StreamSettings(msgspec.Struct, kw_only=True, array_like=True):
+    """The stream's write-once settings (issue 13 item 4): everything fixed by its first chunk,
+    stored once beside the per-chunk state and never rewritten. ``kind`` (``chat`` /
+    ``completion``), ``request_id``, ``model``, ``created`` (every chunk's, Unix seconds),
+    ``req_digest`` (``request_digest`` of the first chunk's raw request; ``b""``: none), ``opts``
+    (the request's compact settings, stop strings included: up to ``MAX_STOP_STRINGS`` /
+    ``MAX_STOP_CHARS``), ``seed`` (the first chunk's prompt seed). ``v``: ``STATE_VERSION``."""
 
     v: int = STATE_VERSION
     kind: str = "chat"
     request_id: str = ""
     model: str = ""
+    created: int = 0
+    req_digest: bytes = b""
     opts: StreamOpts = msgspec.field(default_factory=StreamOpts)
-    seed_detok: DetokState | None = None
-    seed_parser: Any = None
-    seed_prompt_tokens: int = 0
+    seed: StreamSeed = msgspec.field(default_factory=StreamSeed)
+
+
+class StreamState(msgspec.Struct, kw_only=True, array_like=True):
+    """Per-request stream state: the write-once ``settings`` and what changes per chunk
+    (per-choice states keyed by choice index, ``next_seq``, ``usage_sent``, ``pieces_len``,
+    ``reseed``). Stored two ways (``encode_state``): with ``settings`` inside (a caller that
+    keeps one value per stream), or, when ``settings_digest`` is set (``DerenderService.
+    derender_stream(settings_aside=True)``), without them: they are stored once apart
+    (``encode_settings``) and the state records their digest (``settings_digest``; a reader
+    puts them back by that digest: ``decode_settings``, the service's settings cache).
+    ``kind``, ``request_id``, ``model``, ``created``, ``req_digest``, ``opts`` read the
+    settings; ``seed_detok`` / ``seed_parser`` / ``seed_prompt_tokens`` read ``seed``."""
+
+    v: int = STATE_VERSION
+    #: the write-once settings (None only in a stored state whose settings are kept apart)
+    settings: StreamSettings | None = None
+    #: blake2b-128 of ``encode_settings(settings)`` when the settings are stored apart, else ``b""``
+    settings_digest: bytes = b""
+    #: the seed of choices opened by a later chunk that carried its own prompt (``_reseed``);
+    #: None: the settings' seed
+    reseed: StreamSeed | None = None
     choices: dict[int, ChoiceState] = msgspec.field(default_factory=dict)
     next_seq: int = 0
     usage_sent: bool = False
-    created: int = 0  # every chunk's ``created``: fixed by the request's first chunk
-    #: ``request_digest`` of the first chunk's raw ``chat_request`` / ``completion_request`` bytes
-    #: (empty when it carried none); a later chunk's request must have the same digest
-    req_digest: bytes = b""
     #: length of the stream's append-only pieces after this chunk (readers truncate to it)
     pieces_len: int = 0
+
+    @property
+    def kind(self) -> str:
+        """``chat`` / ``completion`` (the settings')."""
+        return self.settings.kind
+
+    @property
+    def request_id(self) -> str:
+        """The stream's request id (the settings')."""
+        return self.settings.request_id
+
+    @property
+    def model(self) -> str:
+        """The model name the stream started with (the settings')."""
+        return self.settings.model
+
+    @property
+    def created(self) -> int:
+        """Every chunk's ``created`` (Unix seconds; fixed by the first chunk)."""
+        return self.settings.created
+
+    @property
+    def req_digest(self) -> bytes:
+        """``request_digest`` of the first chunk's raw request (``b""``: it carried none)."""
+        return self.settings.req_digest
+
+    @property
+    def opts(self) -> StreamOpts:
+        """The request's compact settings (the settings')."""
+        return self.settings.opts
+
+    @property
+    def seed(self) -> StreamSeed:
+        """The seed new choices start from: ``reseed`` when a later chunk set one, else the
+        settings'."""
+        return self.reseed if self.reseed is not None else self.settings.seed
+
+    @property
+    def seed_detok(self) -> DetokState | None:
+        """``seed.detok``."""
+        return self.seed.detok
+
+    @property
+    def seed_parser(self) -> Any:
+        """``seed.parser``."""
+        return self.seed.parser
+
+    @property
+    def seed_prompt_tokens(self) -> int:
+        """``seed.prompt_tokens``."""
+        return self.seed.prompt_tokens
 
     @property
     def done(self) -> bool:
@@ -162,31 +252,66 @@ class LaterChunkBody(msgspec.Struct, kw_only=True):
 
 
 def encode_state(state: StreamState) -> bytes:
-    """msgpack bytes of ``state`` (what the store keeps)."""
+    """msgpack bytes of ``state`` (what the store keeps): its settings inside, or, when
+    ``state.settings_digest`` is set (settings stored apart), without them."""
+    if state.settings_digest:
+        settings, state.settings = state.settings, None
+        try:
+            return _state_encoder.encode(state)
+        finally:
+            state.settings = settings
     return _state_encoder.encode(state)
+
+
+def encode_settings(settings: StreamSettings) -> bytes:
+    """msgpack bytes of a stream's write-once ``settings`` (stored once, on its first chunk)."""
+    return _state_encoder.encode(settings)
+
+
+def settings_digest(data: bytes) -> bytes:
+    """blake2b-128 of ``encode_settings`` bytes: what a state whose settings are stored apart
+    records (``StreamState.settings_digest``) and what the settings cache is keyed by."""
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 _typed_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _typed_decoder(stack) -> msgspec.msgpack.Decoder:
-    """A msgpack decoder of ``StreamState`` whose parser sub-states are ``stack``'s own Struct
-    types (``ParserStack.typed_state``): one decode, nothing rebuilt. Built once per stack."""
+class _Typed(msgspec.Struct):
+    """The typed decoders of one parser stack (``_typed``)."""
+
+    state: msgspec.msgpack.Decoder
+    choice: msgspec.msgpack.Decoder
+    settings: msgspec.msgpack.Decoder
+
+
+def _typed(stack) -> _Typed:
+    """msgpack decoders of ``StreamState`` / ``ChoiceState`` / ``StreamSettings`` whose parser
+    sub-states are ``stack``'s own Struct types (``ParserStack.typed_state``): one decode,
+    nothing rebuilt. Built once per stack."""
     dec = _typed_decoders.get(stack)
     if dec is None:
         sst = stack.typed_state
+        seed = msgspec.defstruct("TypedStreamSeed", [("parser", sst | None, None)], bases=(StreamSeed,),
+                                 kw_only=True, array_like=True)
+        sett = msgspec.defstruct("TypedStreamSettings", [("seed", seed, msgspec.field(default_factory=seed))],
+                                 bases=(StreamSettings,), kw_only=True, array_like=True)
         cst = msgspec.defstruct("TypedChoiceState", [("parser", sst | None, None)], bases=(ChoiceState,),
                                 kw_only=True, array_like=True)
-        tst = msgspec.defstruct("TypedStreamState", [("seed_parser", sst | None, None),
+        tst = msgspec.defstruct("TypedStreamState", [("settings", sett | None, None), ("reseed", seed | None, None),
                                                      ("choices", dict[int, cst], msgspec.field(default_factory=dict))],
                                 bases=(StreamState,), kw_only=True, array_like=True)
-        dec = msgspec.msgpack.Decoder(tst)
+        dec = _Typed(msgspec.msgpack.Decoder(tst), msgspec.msgpack.Decoder(cst), msgspec.msgpack.Decoder(sett))
         _typed_decoders[stack] = dec
-        _choice_decoders[stack] = msgspec.msgpack.Decoder(cst)
     return dec
 
 
-_choice_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _typed_decoder(stack) -> msgspec.msgpack.Decoder:
+    """The typed ``StreamState`` decoder of ``stack`` (``_typed``)."""
+    return _typed(stack).state
+
+
+_settings_decoder = msgspec.msgpack.Decoder(StreamSettings)
 
 
 def _other_version(v: int) -> Conflict:
@@ -238,7 +363,8 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
     (one typed decode; bytes it refuses go through the untyped decoder, so the error names what
     it always named: the version or the unreadable part). Raises ``Conflict`` (409, the "lost or
     expired" path) for a state of another ``STATE_VERSION`` (another release wrote it), and
-    ``BadRequest`` for bytes that are not a stream state."""
+    ``BadRequest`` for bytes that are not a stream state. A state whose settings are stored apart
+    comes out with ``settings`` None (``settings_digest`` says which: the caller puts them back)."""
     st = None
     if rt.stack is not None:
         try:
@@ -253,17 +379,50 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
             raise BadRequest(f"stored stream state is unreadable: {e}") from None
     if st.v != STATE_VERSION:
         raise _other_version(st.v)
+    if (st.settings is None) == (not st.settings_digest):
+        raise BadRequest("stored stream state is unreadable: it holds its settings and a settings digest, or "
+                         "neither")
+    if st.settings is not None and st.settings.v != STATE_VERSION:
+        raise _other_version(st.settings.v)
     _check_pieces(st)
     if rt.stack is not None:
         try:  # the parser sub-states are typed here (a corrupted or foreign state fails here)
-            if st.seed_parser is not None:
-                st.seed_parser = rt.stack.load_state(st.seed_parser)
+            for seed in (st.settings.seed if st.settings is not None else None, st.reseed):
+                if seed is not None and seed.parser is not None:
+                    seed.parser = rt.stack.load_state(seed.parser)
             for c in st.choices.values():
                 if c.parser is not None:
                     c.parser = rt.stack.load_state(c.parser)
         except msgspec.ValidationError as e:
             raise BadRequest(f"stored stream state is unreadable: {e}") from None
     return st
+
+
+def decode_settings(rt: ModelRuntime, data: bytes) -> StreamSettings:
+    """Decode ``encode_settings`` bytes (the seed's parser state typed for ``rt``'s stack).
+    Raises ``Conflict`` (the 409 "lost or expired") for settings of another ``STATE_VERSION``,
+    ``BadRequest`` for bytes that are not stream settings. (The caller checks first that
+    ``settings_digest(data)`` is the one its state records.)"""
+    s = None
+    if rt.stack is not None:
+        try:
+            s = _typed(rt.stack).settings.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            s = None
+    if s is None:
+        try:
+            s = _settings_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            _refuse_other_version(data)
+            raise BadRequest(f"stored stream settings are unreadable: {e}") from None
+    if s.v != STATE_VERSION:
+        raise _other_version(s.v)
+    if rt.stack is not None and s.seed.parser is not None:
+        try:
+            s.seed.parser = rt.stack.load_state(s.seed.parser)
+        except msgspec.ValidationError as e:
+            raise BadRequest(f"stored stream settings are unreadable: {e}") from None
+    return s
 
 
 def _check_pieces(st: StreamState) -> None:

@@ -76,13 +76,33 @@ class ResponsesStreams:
         return res.body, res.status
 
 
-def chat_chunk(service: DerenderService, item: bytes, state: bytes | None, log: bytearray):
-    """One chat/completion chunk with the stream's append-only pieces in memory (``log``: the
-    store's rules, written at the recorded offset, so the state read and rewritten per chunk stays
-    small for a tool call of any size): ``(result, new state or None)``."""
-    res, new_state = service.derender_stream(item, state, pieces=True, reader=memory_reader(log))
+class SideValues:
+    """What a chat/completion stream keeps in memory beside its per-chunk state in batch mode, as
+    the state stores keep it: ``log``, its append-only pieces (written at the recorded offset),
+    and ``settings``, its write-once settings (``derender_stream(settings_aside=True)``: stored
+    once, from its first chunk; ``b""`` before)."""
+
+    __slots__ = ("log", "settings")
+
+    def __init__(self) -> None:
+        self.log = bytearray()
+        self.settings = b""
+
+
+def chat_chunk(service: DerenderService, item: bytes, state: bytes | None, side: SideValues):
+    """One chat/completion chunk with the stream's side values in memory (``side``: the state
+    stores' rules, so the state read and rewritten per chunk stays small for a tool call of any
+    size and holds no request settings): ``(result, new state or None)``. The service's settings
+    cache normally has the settings; on a miss they are given from ``side``."""
+    res, new_state = service.derender_stream(item, state, pieces=True, reader=memory_reader(side.log),
+                                             settings_aside=True)
+    if res.needs_settings:
+        res, new_state = service.derender_stream(item, state, pieces=True, reader=memory_reader(side.log),
+                                                 settings_aside=True, settings=side.settings)
     if new_state is not None:
-        log[res.pieces_len - len(res.append):] = res.append
+        side.log[res.pieces_len - len(res.append):] = res.append
+        if res.settings:
+            side.settings = res.settings
     return res, new_state
 
 
@@ -138,9 +158,9 @@ def stream_list(service: DerenderService, line: bytes) -> tuple[bytes, int]:
             if body != b"[]":
                 parts.append(body[1:-1])
         return b"[" + b",".join(parts) + b"]", status
-    log = bytearray()
+    side = SideValues()
     for raw in bodies:
-        res, new_state = chat_chunk(service, bytes(raw), state, log)
+        res, new_state = chat_chunk(service, bytes(raw), state, side)
         if res.is_error:  # an error reply ends the stream (as the Kafka worker's): the rest is not derendered
             parts.append(res.body)
             return b"[" + b",".join(parts) + b"]", res.status
@@ -159,7 +179,7 @@ class StreamLines:
     def __init__(self, service: DerenderService):
         self.service = service
         self.states: dict[str, bytes] = {}
-        self.logs: dict[str, bytearray] = {}  # request id -> its pieces (chat/completion streams)
+        self.logs: dict[str, SideValues] = {}  # request id -> its pieces and settings (chat/completion streams)
         self.responses = ResponsesStreams(service)
         #: request ids whose stream an error reply ended (later chunks: the ended-stream 409, as the
         #: Kafka worker answers them; never derendered on top of the state before the refused chunk)
@@ -197,8 +217,10 @@ class StreamLines:
                 self.responses.streams.pop(rid, None)
                 self.ended.add(rid)
             return body, status
-        log = self.logs.setdefault(rid, bytearray())
-        res, new_state = chat_chunk(self.service, item, self.states.get(rid), log)
+        side = self.logs.get(rid)
+        if side is None:
+            side = self.logs[rid] = SideValues()
+        res, new_state = chat_chunk(self.service, item, self.states.get(rid), side)
         if res.is_error and rid:  # an error reply ends the stream (as the Kafka worker's)
             self.states.pop(rid, None)
             self.logs.pop(rid, None)

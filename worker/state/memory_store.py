@@ -18,12 +18,14 @@ class MemoryStateStore:
     """In-process stand-in for ``RedisStateStore`` (same async API, same fencing): one worker only,
     state lost with the process. ``data``: request id -> (checkpoint bytes, seq), least recently
     used first; ``pieces``: request id -> its append-only pieces (``worker.state.pieces``: written
-    with the checkpoint at the recorded offset, dropped with it). ``ttl_s``: seconds an entry lives
-    without use; ``max_entries``: most entries kept."""
+    with the checkpoint at the recorded offset, dropped with it); ``settings``: request id -> its
+    write-once settings (``StateWrite.settings``, dropped with it). ``ttl_s``: seconds an entry
+    lives without use; ``max_entries``: most entries kept."""
 
     def __init__(self, ttl_s: float = DEFAULT_TTL_S, max_entries: int = 20000) -> None:
         self.data: OrderedDict[str, tuple[bytes, int]] = OrderedDict()
         self.pieces: dict[str, bytearray] = {}
+        self.settings: dict[str, bytes] = {}
         self._used: dict[str, float] = {}  # request id -> time.monotonic() of the last use
         self.ttl_s = float(ttl_s)
         self.max_entries = max(1, int(max_entries))
@@ -44,6 +46,7 @@ class MemoryStateStore:
         self.data.pop(rid, None)
         self._used.pop(rid, None)
         self.pieces.pop(rid, None)
+        self.settings.pop(rid, None)
 
     def expire(self, now: float | None = None) -> int:
         """Drop the entries unused for ``ttl_s`` seconds; returns how many."""
@@ -73,6 +76,11 @@ class MemoryStateStore:
     async def commit(self, writes: list) -> list[bool]:
         """Apply ``StateWrite``s fenced on seq (a write older than the stored seq is refused:
         False); ``state`` None deletes. Same rules as ``RedisStateStore.commit``."""
+        return [c != 0 for c in await self.commit_codes(writes)]
+
+    async def commit_codes(self, writes: list) -> list[int]:
+        """``commit`` with ``RedisStateStore.commit_codes``'s codes (2: applied, the stream's
+        settings missing)."""
         now = time.monotonic()
         self.expire(now)
         res = []
@@ -80,12 +88,12 @@ class MemoryStateStore:
             cur = self.data.get(w.request_id)
             if w.state is None:
                 if cur and cur[1] > w.seq:
-                    res.append(False)
+                    res.append(0)
                 else:
                     self._drop(w.request_id)
-                    res.append(True)
+                    res.append(1)
             elif cur and cur[1] >= w.seq:
-                res.append(False)
+                res.append(0)
             else:
                 self.data[w.request_id] = (w.state, w.seq)
                 self._touch(w.request_id, now)
@@ -93,10 +101,19 @@ class MemoryStateStore:
                     buf = self.pieces.setdefault(w.request_id, bytearray())
                     if len(buf) >= w.at:  # (shorter: lost; left short, as the Redis store does)
                         buf[w.at:w.at + len(w.data)] = w.data
-                res.append(True)
+                code = 1
+                if w.settings:
+                    self.settings[w.request_id] = w.settings
+                elif w.settings_kept and cur is None and w.request_id not in self.settings:
+                    code = 2
+                res.append(code)
         while len(self.data) > self.max_entries:
             self._drop(next(iter(self.data)))
         return res
+
+    async def read_settings(self, request_id: str) -> bytes | None:
+        """As ``RedisStateStore.read_settings``."""
+        return self.settings.get(request_id)
 
     async def read_pieces(self, request_id: str, start: int, end: int) -> bytes:
         """As ``RedisStateStore.read_pieces`` (``StoreReadError`` when fewer bytes are kept)."""

@@ -23,6 +23,13 @@ read, fenced on their ``q`` and replaced by the first write.
   TTL (``StateWrite.at`` / ``data`` / ``touch``: the stream's append-only pieces,
   ``worker.state.pieces``, key ``{prefix}{<request_id>}:pieces``, written in the same fenced
   step as the checkpoint and deleted with it). ``read_pieces`` reads them (one ``GETRANGE``).
+* A chat/completion stream's write-once settings (``StateWrite.settings``:
+  ``DerenderService.derender_stream(settings_aside=True)``, issue 13 item 4) live at
+  ``{prefix}{<request_id>}:settings``: written (``SET ... PX``) by the fenced write that carries
+  them (the stream's first checkpoint) in the same EVALSHA, never rewritten by later ones, their TTL
+  a quarter longer than the checkpoint's and refreshed with the write's ``touch``, deleted with the
+  checkpoint; ``read_settings`` reads them (``GETEX``). ``commit_codes`` tells a put that landed on
+  an absent checkpoint of a stream whose settings are missing (the store lost both: code 2).
 
 Typical transport loop (per polled batch of chunk messages, grouped by request id, in order)::
 
@@ -73,35 +80,48 @@ DEFAULT_TTL_S = 900.0
 SEQ_DIGITS = 20
 #: the stream's append-only pieces live at ``key(request_id) + PIECES_SUFFIX`` (``worker.state.pieces``)
 PIECES_SUFFIX = ":pieces"
+#: a chat/completion stream's write-once settings live at ``key(request_id) + SETTINGS_SUFFIX``
+#: (``DerenderService.derender_stream(settings_aside=True)``; issue 13 item 4)
+SETTINGS_SUFFIX = ":settings"
 #: most writes carried by one EVALSHA (Lua's ``unpack`` of the MGET keys is bounded by its C stack)
 COMMIT_BATCH_MAX = 1000
 
 # One flush of fenced writes. KEYS: the keys, one per write (a key may repeat: applied in order).
-# ARGV[1] ttl_ms; per write i, from ARGV[6i-4]: 'p' (put) / 'd' (delete), its seq (SEQ_DIGITS
+# ARGV[1] ttl_ms, ARGV[2] the settings' ttl_ms; per write i, from ARGV[8i-5]: 'p' (put) / 'd' (delete), its seq (SEQ_DIGITS
 # digits), the stored value (seq digits + state; '' for a delete), the offset of its piece bytes
 # in the stream's pieces (``{key}:pieces``, ``worker.state.pieces``; '' when the stream keeps none),
-# those bytes, and '1' to refresh the pieces' TTL (else '').
-# Returns per write 1 = applied, 0 = fenced off (put: stored seq >= seq; delete: stored seq > seq).
+# those bytes, '1' to refresh the side keys' TTL (else ''), the stream's write-once settings
+# (``{key}:settings``, written once: its first chunk's write; else ''), and '1' when the stream keeps
+# settings there (else '').
+# Returns per write 1 = applied, 0 = fenced off (put: stored seq >= seq; delete: stored seq > seq),
+# 2 = applied, but the stream's settings are missing (a put over an absent checkpoint, the stream
+# keeping settings that this write does not carry: the store lost them; send them again).
 # Redis commands run (``INFO commandstats`` counts each ``redis.call`` as a call of that command,
 # besides the one EVALSHA): one MGET for the whole flush, then per write ONE of: SET ... PX (a put
 # over a stored value), SET ... PX NX (a put of an absent key: a stream's first write), DEL (a
-# delete of a stored value, its pieces with it), TYPE (a delete of an absent key). A put of a
+# delete of a stored value, its pieces and settings with it), TYPE (a delete of an absent key). A put of a
 # stream that keeps pieces adds SETRANGE (its bytes, at the offset the previous state recorded:
 # a redelivered chunk rewrites, never appends twice) when it has bytes (after a STRLEN when that
 # offset is not 0: pieces shorter than it were lost, expired or truncated, and are left short, never
 # zero-padded, so a reader gets the "lost or expired" 409, not NUL bytes), and PEXPIRE when the write
 # asks for it (``StateWrite.touch``: the pieces' first bytes, then often enough that they outlive
-# the checkpoint's TTL: the Kafka worker asks every quarter TTL). A key left by the older hash layout
+# the checkpoint's TTL: the Kafka worker asks every quarter TTL). A put carrying settings adds a SET
+# ... PX of them (the stream's first write; their TTL is a quarter longer than the checkpoint's, so
+# that, refreshed every quarter TTL, they outlive it); one of a stream keeping settings adds a
+# PEXPIRE of them when it asks for the refresh, and an EXISTS when it lands on an absent checkpoint.
+# A key left by the older hash layout
 # (fields s/q: MGET reads it as nil) costs HGET + SET/DEL more, and is fenced on its q.
 _COMMIT = """
 local ttl = ARGV[1]
+local sttl = ARGV[2]
 local cur = redis.call('MGET', unpack(KEYS))
 local seen = {}
 local out = {}
 for i = 1, #KEYS do
   local k = KEYS[i]
-  local b = 6 * i - 4
+  local b = 8 * i - 5
   local kind, q, v, at, data, touch = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
+  local sv, sx = ARGV[b + 6], ARGV[b + 7]
   local c = seen[k]
   if c == nil then
     c = cur[i]
@@ -111,7 +131,7 @@ for i = 1, #KEYS do
   if c then
     if kind == 'p' then
       if c < q then redis.call('SET', k, v, 'PX', ttl); ok = 1; seen[k] = q end
-    elseif c <= q then redis.call('DEL', k, k .. PIECES_SUFFIX); ok = 1; seen[k] = false end
+    elseif c <= q then redis.call('DEL', k, k .. PIECES_SUFFIX, k .. SETTINGS_SUFFIX); ok = 1; seen[k] = false end
   elseif kind == 'p' then
     if redis.call('SET', k, v, 'PX', ttl, 'NX') then
       ok = 1
@@ -125,7 +145,9 @@ for i = 1, #KEYS do
       ok = 1
     else
       local h = redis.call('HGET', k, 'q')
-      if not (h and tonumber(h) > tonumber(q)) then redis.call('DEL', k, k .. PIECES_SUFFIX); ok = 1; seen[k] = false end
+      if not (h and tonumber(h) > tonumber(q)) then
+        redis.call('DEL', k, k .. PIECES_SUFFIX, k .. SETTINGS_SUFFIX); ok = 1; seen[k] = false
+      end
     end
   end
   if ok == 1 and kind == 'p' and at ~= '' then
@@ -136,10 +158,23 @@ for i = 1, #KEYS do
     end
     if touch == '1' then redis.call('PEXPIRE', pk, ttl) end
   end
+  if ok == 1 and kind == 'p' then
+    local sk = k .. SETTINGS_SUFFIX
+    if sv ~= '' then
+      redis.call('SET', sk, sv, 'PX', sttl)
+    elseif sx == '1' then
+      if not c and redis.call('EXISTS', sk) == 0 then
+        ok = 2
+      elseif touch == '1' then
+        redis.call('PEXPIRE', sk, sttl)
+      end
+    end
+  end
   out[i] = ok
 end
 return out
-""".replace("SEQ_DIGITS_N", str(SEQ_DIGITS)).replace("PIECES_SUFFIX", f"'{PIECES_SUFFIX}'")
+""".replace("SEQ_DIGITS_N", str(SEQ_DIGITS)).replace("PIECES_SUFFIX", f"'{PIECES_SUFFIX}'").replace(
+    "SETTINGS_SUFFIX", f"'{SETTINGS_SUFFIX}'")
 
 
 def seq_digits(seq: int) -> bytes:
@@ -234,9 +269,16 @@ class StateWrite:
     seq: int
     at: int = -1
     data: bytes = b""
-    #: refresh the pieces' TTL to the checkpoint's (their first write, and at least once per
-    #: TTL: the checkpoint's own TTL is refreshed by every write)
+    #: refresh the side keys' TTL (pieces: to the checkpoint's; settings: a quarter more) (the
+    #: pieces' first write, and at least every quarter TTL: the checkpoint's own TTL is refreshed
+    #: by every write)
     touch: bool = False
+    #: the stream's write-once settings, written with this checkpoint (its first write; ``b""``:
+    #: none carried)
+    settings: bytes = b""
+    #: the stream keeps write-once settings in the store (a put landing on an absent checkpoint
+    #: without them then reports them missing: ``commit_codes`` 2)
+    settings_kept: bool = False
 
 
 @dataclass
@@ -313,6 +355,9 @@ class RedisStateStore:
     def __init__(self, client: aioredis.Redis, *, ttl_s: float = DEFAULT_TTL_S, prefix: str = DEFAULT_PREFIX):
         self.client = client
         self.ttl_ms = max(1, int(ttl_s * 1000))
+        #: the settings' TTL: a quarter more than the checkpoint's (refreshed every quarter TTL,
+        #: they outlive it)
+        self.settings_ttl_ms = self.ttl_ms + self.ttl_ms // 4
         self.prefix = prefix
         self._commit = client.register_script(_COMMIT)
 
@@ -401,6 +446,18 @@ class RedisStateStore:
                                  f"records {end}", request_id)
         return got
 
+    async def read_settings(self, request_id: str) -> bytes | None:
+        """A stream's write-once settings (``GETEX ... PX``: their TTL refreshed), or None when
+        none are stored. Raises ``StoreReadError`` (``StoreConnectError`` when Redis cannot be
+        reached)."""
+        try:
+            got = await self.client.getex(self.key(request_id) + SETTINGS_SUFFIX, px=self.settings_ttl_ms)
+        except _CONN_ERRORS as e:
+            raise StoreConnectError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
+        except RedisError as e:
+            raise StoreReadError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
+        return bytes(got) if got is not None else None
+
     async def _get_legacy(self, rids: list[str]) -> dict[str, StoredState | None]:
         """Read keys of the older hash layout (fields ``s``/``q``; TTLs refreshed)."""
         async with self.client.pipeline(transaction=False) as pipe:
@@ -433,32 +490,33 @@ class RedisStateStore:
         state is stored). Raises ``StoreDeleteError``."""
         try:
             if seq is None:
-                await self.client.delete(self.key(request_id))
+                k = self.key(request_id)
+                await self.client.delete(k, k + PIECES_SUFFIX, k + SETTINGS_SUFFIX)
                 return True
-            return (await self._flush([StateWrite(request_id, None, seq)]))[0]
+            return bool((await self._flush([StateWrite(request_id, None, seq)]))[0])
         except _CONN_ERRORS as e:
             raise StoreConnectError(f"redis delete failed: {type(e).__name__}: {e}", request_id) from e
         except RedisError as e:
             raise StoreDeleteError(f"redis delete failed: {type(e).__name__}: {e}", request_id) from e
 
-    async def _flush(self, writes: list[StateWrite]) -> list[bool]:
+    async def _flush(self, writes: list[StateWrite]) -> list[int]:
         """Run ``writes`` in order: one EVALSHA (``_COMMIT``) per ``COMMIT_BATCH_MAX`` of them,
         one after the other (not a pipeline: redis-py sends ``SCRIPT EXISTS`` before every
-        pipeline holding a script; a plain call loads the script only on ``NOSCRIPT``). Raises
-        ``redis`` errors."""
-        out: list[bool] = []
+        pipeline holding a script; a plain call loads the script only on ``NOSCRIPT``). Returns
+        ``commit_codes``'s codes. Raises ``redis`` errors."""
+        out: list[int] = []
         for i in range(0, len(writes), COMMIT_BATCH_MAX):
             part = writes[i:i + COMMIT_BATCH_MAX]
-            args: list = [self.ttl_ms]
+            args: list = [self.ttl_ms, self.settings_ttl_ms]
             for w in part:
                 q = seq_digits(int(w.seq))
                 if w.state is None:
-                    args += (b"d", q, b"", b"", b"", b"")
+                    args += (b"d", q, b"", b"", b"", b"", b"", b"")
                 else:
                     args += (b"p", q, q + w.state, b"" if w.at < 0 else str(int(w.at)).encode(), w.data,
-                             b"1" if w.touch else b"")
+                             b"1" if w.touch else b"", w.settings, b"1" if w.settings_kept else b"")
             res = await self._commit(keys=[self.key(w.request_id) for w in part], args=args)
-            out += [bool(r) for r in res]
+            out += [int(r) for r in res]
         return out
 
     async def commit(self, writes: list[StateWrite]) -> list[bool]:
@@ -467,6 +525,13 @@ class RedisStateStore:
         EVALSHA and one command per write (``_COMMIT``). Returns per write True (applied) / False
         (fenced off: stale). Raises ``StoreWriteError`` (``StoreConnectError`` when Redis cannot
         be reached); ``ValueError`` for a negative seq."""
+        return [c != 0 for c in await self.commit_codes(writes)]
+
+    async def commit_codes(self, writes: list[StateWrite]) -> list[int]:
+        """``commit`` with the Lua's code per write: 1 applied, 0 fenced off, 2 applied but the
+        stream's settings are missing from the store (a put with ``settings_kept`` and no
+        ``settings`` landed on an absent checkpoint: the store lost them; the caller sends them
+        with its next write). Raises as ``commit``."""
         if not writes:
             return []
         try:

@@ -126,7 +126,11 @@ class CheckpointWrite:
     #: -1: the stream keeps no pieces)
     at: int = -1
     data: bytes = b""
-    touch: bool = False  # refresh the pieces' TTL (``StateWrite.touch``)
+    touch: bool = False  # refresh the side keys' TTL (``StateWrite.touch``)
+    #: the stream's write-once settings, sent until a write carrying them is applied
+    #: (``StateWrite.settings``), and whether the stream keeps settings (``settings_kept``)
+    settings: bytes = b""
+    settings_kept: bool = False
 
 
 def _merge(into: dict, wr: CheckpointWrite) -> None:
@@ -137,9 +141,13 @@ def _merge(into: dict, wr: CheckpointWrite) -> None:
     if cur is None:
         into[k] = wr
         return
+    cur.settings = cur.settings or wr.settings
     if wr.seq >= cur.seq:
         cur.seq, cur.value = wr.seq, wr.value
         cur.touch = cur.touch or wr.touch
+        cur.settings_kept = wr.settings_kept
+        if not wr.settings_kept:  # (an ended stream's tombstone: its settings are not read again)
+            cur.settings = b""
         if wr.at < 0:  # (an ended stream's tombstone: its pieces are not read again)
             cur.at, cur.data = -1, b""
         elif 0 <= cur.at <= wr.at <= cur.at + len(cur.data):  # consecutive chunks: one write
@@ -195,9 +203,11 @@ class CheckpointWriter:
             delay = 0.1
             while True:
                 latest = self._inflight = list(batch.values())
-                writes = [StateWrite(w.rid, w.value, w.seq, w.at, w.data, w.touch) for w in latest]
+                writes = [StateWrite(w.rid, w.value, w.seq, w.at, w.data, w.touch, w.settings, w.settings_kept)
+                          for w in latest]
                 try:
-                    res = await self.store.commit(writes)
+                    commit = getattr(self.store, "commit_codes", None) or self.store.commit
+                    res = await commit(writes)
                     self.outage.up()
                     break
                 except StateStoreError as e:
@@ -227,6 +237,12 @@ class CheckpointWriter:
                 if not ok:
                     log.warning("stream %r: checkpoint at seq %d fenced off (a newer one is stored: another "
                                 "worker advanced the stream)", w.rid, w.seq)
+                    if w.settings and w.s is not None:  # its settings were not written: the next write carries them
+                        w.s.settings_stored = False
+                elif ok == 2 and w.s is not None:  # the store lost them (its checkpoint too): sent again
+                    w.s.settings_stored = False
+                    log.warning("stream %r: its settings were missing from the state store at seq %d; "
+                                "written again with its next checkpoint", w.rid, w.seq)
             for wr in latest:
                 if wr.s is not None:
                     wr.s.pending_writes -= wr.n

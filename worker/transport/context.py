@@ -20,7 +20,8 @@ class StreamContext:
     """What ``StreamRouter`` works with.
 
     * ``publisher``: sends replies and dead letters (``ReplyPublisher``); ``planner``: plans them.
-    * ``submit(value, state, seq, kind, created) -> StreamOutcome``: derender one chunk in the pool.
+    * ``submit(value, state, seq, kind, created, pieces, settings) -> StreamOutcome``: derender one
+      chunk in the pool.
     * ``finished(partition, offset)``: the record is through its commit order (committable);
       ``abandoned(partition, offset)``: it never will be (stays uncommitted, redelivered).
     * ``fatal(err)``: stop the worker (a step failed for good).

@@ -121,10 +121,11 @@ def proc_job(value: bytes | None, kind: str | None, created: int | None = None) 
 
 
 def proc_stream_job(value: bytes | None, state: bytes | None, seq: int, kind: str | None,
-                    created: int | None = None, pieces: tuple[int, bytes] | None = None):
-    """One stream chunk in a pool process: ``(value, state, seq, kind, created, pieces) ->
-    StreamOutcome`` (``derender_stream_job``)."""
-    return derender_stream_job(_PROC_SERVICE, value, state, seq, kind, created, pieces)
+                    created: int | None = None, pieces: tuple[int, bytes] | None = None,
+                    settings: bytes | None = None):
+    """One stream chunk in a pool process: ``(value, state, seq, kind, created, pieces, settings)
+    -> StreamOutcome`` (``derender_stream_job``; the settings cache is this process')."""
+    return derender_stream_job(_PROC_SERVICE, value, state, seq, kind, created, pieces, settings)
 
 
 def proc_jobs(items: list[tuple[bytes | None, str | None, int | None]]) -> list[JobOutcome]:
@@ -160,6 +161,8 @@ class StreamOutcome(msgspec.Struct, array_like=True):
     append: bytes = b""
     pieces_len: int = 0
     needs_pieces: tuple[int, int] | None = None
+    settings: bytes = b""
+    needs_settings: bool = False
 
 
 def is_object_value(value: bytes) -> bool:
@@ -190,8 +193,10 @@ def body_request_id(value: bytes | None) -> str | None:
 
 def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, seq: int,
                         kind: str | None, created: int | None = None,
-                        pieces: tuple[int, bytes] | None = None) -> StreamOutcome:
-    """Derender one chunk with ``service.derender_stream(pieces=True)``; never raises (a core
+                        pieces: tuple[int, bytes] | None = None, settings: bytes | None = None) -> StreamOutcome:
+    """Derender one chunk with ``service.derender_stream(pieces=True, settings_aside=True)``
+    (``settings``: the stream's stored write-once settings, when the caller has them at hand or
+    an earlier outcome's ``needs_settings`` asked for them); never raises (a core
     exception becomes a 500 reply with its traceback in ``crash``). ``kind``: the
     ``derender-kind`` header (``chat``, ``completion``, ``chat-stream``, ``completion-stream``,
     ``responses``, ``responses-stream`` or None; anything else is answered with a 400 error
@@ -201,7 +206,7 @@ def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, 
     t0 = time.perf_counter()
     body = value or b""
     try:
-        return _derender_stream_job(service, body, state, seq, kind, t0, created, pieces)
+        return _derender_stream_job(service, body, state, seq, kind, t0, created, pieces, settings)
     except Exception as e:
         return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, False, None,
                              None, is_object_value(body), crash=traceback.format_exc(),
@@ -217,17 +222,19 @@ def _piece_reader(pieces: tuple[int, bytes] | None):
 
 
 def _derender_stream_job(service: Any, body: bytes, state: bytes | None, seq: int, kind: str | None,
-                         t0: float, created: int | None, pieces: tuple[int, bytes] | None = None) -> StreamOutcome:
+                         t0: float, created: int | None, pieces: tuple[int, bytes] | None = None,
+                         settings: bytes | None = None) -> StreamOutcome:
     if kind is not None and kind not in KINDS and kind not in STREAM_KINDS:
         return StreamOutcome(error_body(bad_kind_message(kind), 400, body_request_id(body)), 400, False, None, None,
                              is_object_value(body), seconds=time.perf_counter() - t0)
     try:
         res, new_state = service.derender_stream(body, state, seq=seq, kind=kind, created=created, pieces=True,
-                                                 reader=_piece_reader(pieces))
+                                                 reader=_piece_reader(pieces), settings_aside=True, settings=settings)
         return StreamOutcome(res.body, int(res.status), bool(getattr(res, "done", False)),
                              getattr(res, "kind", None), new_state if res.status == 200 else None,
                              is_object_value(body), seconds=time.perf_counter() - t0, append=res.append,
-                             pieces_len=res.pieces_len, needs_pieces=res.needs_pieces)
+                             pieces_len=res.pieces_len, needs_pieces=res.needs_pieces,
+                             settings=getattr(res, "settings", b""), needs_settings=getattr(res, "needs_settings", False))
     except Exception as e:
         return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500), 500, False, None, None,
                              is_object_value(body), crash=traceback.format_exc(), seconds=time.perf_counter() - t0)

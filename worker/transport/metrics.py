@@ -218,6 +218,13 @@ class InstrumentedStore:
         op = "delete" if writes and all(w.state is None for w in writes) else "write"
         return await self._call(op, self.inner.commit(writes))
 
+    async def commit_codes(self, writes: list) -> list[int]:
+        op = "delete" if writes and all(w.state is None for w in writes) else "write"
+        return await self._call(op, self.inner.commit_codes(writes))
+
+    async def read_settings(self, request_id: str) -> bytes | None:
+        return await self._call("read", self.inner.read_settings(request_id))
+
     async def close(self) -> None:
         await self.inner.close()
 

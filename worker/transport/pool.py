@@ -82,7 +82,7 @@ class DerenderPool:
             self._jobs_fn = proc_jobs
         else:
             svc = self.service
-            self._stream_fn = lambda v, s, q, k, c=None, p=None: derender_stream_job(svc, v, s, q, k, c, p)
+            self._stream_fn = lambda v, s, q, k, c=None, p=None, o=None: derender_stream_job(svc, v, s, q, k, c, p, o)
             fn = self._job_fn
             self._jobs_fn = lambda items: [fn(v, k, c) for v, k, c in items]
 
@@ -179,20 +179,21 @@ class DerenderPool:
         return self._submit(self._jobs_fn, items)
 
     async def stream(self, value, state, seq, kind, created: int | None = None,
-                     pieces: tuple[int, bytes] | None = None) -> StreamOutcome:
+                     pieces: tuple[int, bytes] | None = None, settings: bytes | None = None) -> StreamOutcome:
         """Derender one stream chunk in the pool (state travels both ways; ``pieces``: stored
-        piece bytes an earlier ``needs_pieces`` asked for) -> ``StreamOutcome``; a pool process
+        piece bytes an earlier ``needs_pieces`` asked for; ``settings``: the stream's stored
+        write-once settings, ``needs_settings``) -> ``StreamOutcome``; a pool process
         dying during the call or a failed call becomes a 500 outcome (a pool found broken before
         the call is restarted first: ``_submit``)."""
         try:
-            return await self._submit(self._stream_fn, value, state, seq, kind, created, pieces)
+            return await self._submit(self._stream_fn, value, state, seq, kind, created, pieces, settings)
         except BrokenProcessPool:
             # maybe another record's doing (or the OOM killer's): rerun this chunk alone; only a
             # chunk that kills the quarantine process too ends its stream
             log.error("derender process died while a stream chunk (seq %s) was in the pool; retrying it in "
                       "quarantine", seq)
             self._restart_if_broken()
-            out = await self._quarantined(proc_stream_job, (value, state, seq, kind, created, pieces),
+            out = await self._quarantined(proc_stream_job, (value, state, seq, kind, created, pieces, settings),
                                           f"a stream chunk (seq {seq})")
             if out is not None:
                 return out

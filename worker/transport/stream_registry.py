@@ -28,6 +28,7 @@ class _Parked(msgspec.Struct, array_like=True):
     state: bytes | None
     replies: list[ReplayEntry]
     offsets: list[int]  # input offset of each reply (-1: loaded from the store)
+    settings: bytes | None = None  # the stream's write-once settings (``LiveStream.settings``)
 
 
 _parked_encoder = msgspec.msgpack.Encoder()
@@ -70,6 +71,15 @@ class LiveStream:
     pieces_touched: float = 0.0  # time.monotonic() of this worker's last refresh of the pieces' TTL
     packed_len: int = 0  # parked: replay window length
     packed_first: int = -1  # parked: input offset of the window's first reply
+    #: the stream's write-once settings (``DerenderService.derender_stream(settings_aside=True)``:
+    #: its first chunk's outcome, or read from the store by a new owner on a pool process' miss);
+    #: None: not held here (a Responses stream has none)
+    settings: bytes | None = None
+    settings_stored: bool = False  # a checkpoint write carrying them was applied (else: send them)
+    #: the stream keeps settings in the store (a chat/completion stream; also when ``settings`` is
+    #: not held: a new owner whose pool process had them cached), so its writes refresh their TTL
+    settings_kept: bool = False
+    settings_touched: float = 0.0  # time.monotonic() of this worker's last refresh of their TTL
 
 
 def _park(s: LiveStream) -> None:
@@ -77,10 +87,11 @@ def _park(s: LiveStream) -> None:
     if s.packed is not None or s.queue or s.held or s.held_dups or s.loading:
         return
     entries = list(s.window.values())
-    s.packed = _parked_encoder.encode(_Parked(s.state, [e for e, _ in entries], [o for _, o in entries]))
+    s.packed = _parked_encoder.encode(_Parked(s.state, [e for e, _ in entries], [o for _, o in entries],
+                                              s.settings))
     s.packed_len = len(entries)
     s.packed_first = entries[0][1] if entries else -1
-    s.state = s.window = s.queue = s.held = s.held_dups = None
+    s.state = s.window = s.queue = s.held = s.held_dups = s.settings = None
 
 
 def _unpark(s: LiveStream) -> None:
@@ -90,6 +101,7 @@ def _unpark(s: LiveStream) -> None:
     p = _parked_decoder.decode(s.packed)
     s.packed = None
     s.state = p.state
+    s.settings = p.settings
     s.window = OrderedDict((e.seq, (e, o)) for e, o in zip(p.replies, p.offsets, strict=True))
     s.queue, s.held, s.held_dups = deque(), {}, []
 
@@ -115,6 +127,7 @@ def end_stream(s: LiveStream, status: int = 200) -> None:
     s.ended = True
     s.known = True
     s.state = None
+    s.settings = None
     s.pieces, s.pieces_at = None, -1
     s.ended_at = time.monotonic()
 

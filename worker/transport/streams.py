@@ -33,6 +33,13 @@ Design
   (``worker.transport.outage``); then one line and ``DependencyOutage`` (exit status 2). Streams
   held in memory keep being derendered and answered meanwhile (their offsets commit once their
   checkpoints are written); streams that must be loaded wait; non-streaming records never wait.
+* **Settings** (chat/completion streams): the core's write-once ``StreamSettings`` come with the
+  first chunk's outcome, are held in the stream (``LiveStream.settings``, packed with it when
+  parked) and written with its first checkpoint write (the store's ``:settings`` key; sent again
+  when that write was fenced off or the store reports them lost). A pool process whose settings
+  cache misses gets them from memory (at most ``SETTINGS_SEND_MAX`` bytes: with every chunk; more:
+  when it asks, ``needs_settings``); a new owner reads them from the store once
+  (``stored_settings``).
 * **Checkpoint** (the stored value, msgpack ``Checkpoint``): the state after chunk ``q`` (stored
   with seq ``q``; None once the stream ended) plus the *replay window*: the reply values of the
   stream's recent chunks (every chunk whose input offset is not known committed, and at least the
@@ -181,15 +188,68 @@ def keep_pieces(store: Any, s: _Stream, out) -> PiecesWrite:
     return PiecesWrite(at, out.append, touch)
 
 
+#: settings at most this long go to the pool with every chunk of a stream held here (a pool process
+#: that has them cached skips their decode; one that has not decodes them at once); longer ones go
+#: only when a pool process asks (``needs_settings``: one more pool call, no per-chunk copy of up to
+#: 64 KiB of stop strings)
+SETTINGS_SEND_MAX = 2048
+#: the stream kinds whose write-once settings the store keeps (``jobs.derender_stream_job``:
+#: ``settings_aside=True``; a Responses stream keeps its own state)
+SETTINGS_KINDS = ("chat-stream", "completion-stream")
+
+
 async def submit_chunk(ctx: StreamContext, store: Any, outage: OutageClock, s: _Stream, msg, seq: int,
                        kind: str | None):
-    """Derender chunk ``msg`` of ``s`` in the pool (``ctx.submit``); when the core asks for stored
-    piece bytes (a call closes, a Responses item or stream ends: rare), once more with them."""
-    out = await ctx.submit(msg.value, s.state, seq, kind, record_created(msg))
-    if out.needs_pieces is not None:
-        pieces = await stored_pieces(store, outage, s, *out.needs_pieces)
-        out = await ctx.submit(msg.value, s.state, seq, kind, record_created(msg), pieces)
+    """Derender chunk ``msg`` of ``s`` in the pool (``ctx.submit``); when the core asks for the
+    stream's stored write-once settings (a pool process without them cached: sent from memory,
+    or read from ``store`` by a new owner) or stored piece bytes (a call closes, a Responses item
+    or stream ends: rare), once more with them."""
+    settings = s.settings if s.settings is not None and len(s.settings) <= SETTINGS_SEND_MAX else None
+    pieces = None
+    created = record_created(msg)
+    out = await ctx.submit(msg.value, s.state, seq, kind, created, pieces, settings)
+    for _ in range(2):
+        if out.needs_settings and settings is None:
+            settings = s.settings if s.settings is not None else await stored_settings(store, outage, s)
+        elif out.needs_pieces is not None and pieces is None:
+            pieces = await stored_pieces(store, outage, s, *out.needs_pieces)
+        else:
+            break
+        out = await ctx.submit(msg.value, s.state, seq, kind, created, pieces, settings)
     return out
+
+
+async def stored_settings(store: Any, outage: OutageClock, s: _Stream) -> bytes:
+    """Stream ``s``'s write-once settings from ``store`` (waiting out an outage on ``outage``),
+    kept in ``s.settings``; ``b""`` when the store has none (lost or expired: the core answers
+    the 409 "lost or expired")."""
+    from worker.state import StoreConnectError, StoreReadError
+    try:
+        got = await outage.retry(lambda: store.read_settings(s.rid), (StoreConnectError,))
+    except StoreReadError as e:
+        log.warning("stream %r: %s", s.rid, e)
+        return b""
+    if got is None:
+        return b""
+    s.settings, s.settings_stored = got, True
+    return got
+
+
+def settings_write(store: Any, s: _Stream) -> tuple[bytes, bool, bool]:
+    """``(settings, settings_kept, touch)`` of stream ``s``'s next checkpoint write: its
+    write-once settings when no write carrying them is applied or on its way (the checkpoint
+    writer clears ``settings_stored`` again when that one is fenced off, or when the store
+    reports them lost), whether it keeps settings in the store, and whether their TTL is due
+    for a refresh (every quarter TTL)."""
+    if s.ended or (s.settings is None and not s.settings_kept):
+        return b"", False, False
+    now = time.monotonic()
+    data = b"" if s.settings_stored or s.settings is None else s.settings
+    touch = not data and now - s.settings_touched > store_ttl_s(store) / 4
+    if data or touch:
+        s.settings_touched = now
+    s.settings_stored = True
+    return data, True, touch
 
 
 def store_ttl_s(store: Any) -> float:
@@ -563,6 +623,9 @@ class StreamRouter:
                       msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
                       extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
         s.known = s.known or seq == 0 or out.status == 200
+        if out.settings:  # the stream's first chunk: its write-once settings, stored with its checkpoint
+            s.settings, s.settings_stored = out.settings, False
+        s.settings_kept = s.settings_kept or (out.status == 200 and out.kind in SETTINGS_KINDS)
         s.next_seq = seq + 1
         end = out.status != 200 or out.done
         if end:
@@ -598,8 +661,10 @@ class StreamRouter:
         wr = None  # the checkpoint is built before anything is sent: nothing can fail after the send
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
+            sv, kept, touch = settings_write(self.store, s)
             wr = CheckpointWrite(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
-                                 [msg.offset, *(extra_offsets or ())], s, **pieces._asdict())
+                                 [msg.offset, *(extra_offsets or ())], s, at=pieces.at, data=pieces.data,
+                                 touch=pieces.touch or touch, settings=sv, settings_kept=kept)
         try:
             # a reply refused for a reason of its own is dead-lettered; a dead letter is retried
             # until acked (partition paused, not ready) unless the partition goes away meanwhile
