@@ -301,3 +301,42 @@ def test_bulk_logprob_checks_name_the_first_bad_entry():
         except BadRequest as err:
             got = err.message
         assert got == want, trial
+
+
+def test_concurrent_fills_of_a_fresh_table_give_the_same_bytes():
+    """Threads filling one fresh table at once (switching every microsecond) all get the
+    per-candidate path's bytes: a filled head is only ever seen with its row and tail filled."""
+    import sys
+    import threading
+
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from worker.core.logprobs import chat_logprobs_json
+    from worker.core.tokenizers import FastTokenizer
+
+    raw = HFTokenizer.from_file(str(TOKDIR / "qwen3" / "tokenizer.json"))
+    tok = FastTokenizer.from_fast(raw, path="<fresh qwen3>")
+    lists = [_shaped(tok, random.Random(i), 120, 5, "first") for i in range(4)]
+    ref_tok = load_tokenizer(str(TOKDIR / "qwen3"))
+    want = [_enc.encode(_chat_logprobs_slow(ref_tok, e, 5, [], False)) for e in lists]
+    got: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+
+    def work(t: int) -> None:
+        for i in range(len(lists)):
+            e = lists[(i + t) % len(lists)]
+            got[t, (i + t) % len(lists)] = (bytes(chat_logprobs_json(tok, e, 5)),
+                                              _enc.encode(chat_logprobs(tok, e, 5)))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert len(got) == 16
+    for (_, i), (a, b) in got.items():
+        assert a == want[i] and b == want[i]

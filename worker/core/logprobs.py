@@ -203,12 +203,14 @@ def _fill(tok: Tokenizer, table: _Table, tid: int):
     if s.endswith(_FFFD):
         row = _REPAIR_EMPTY if tok.is_byte_level and tid not in tok.added_token_ids \
             and _unrepairable(tok.token_bytes(tid)) else _REPAIR
-    else:
-        row = _row(s)
-        table.head[tid] = row[2]
-        table.tail[tid] = row[3]
-        row = row[:2]
-    table.rows[tid] = row
+        table.rows[tid] = row
+        return row
+    full = _row(s)
+    # row, then tail, then head: a reader that sees the head filled (readers look heads up
+    # first) finds the rest filled too
+    row = table.rows[tid] = full[:2]
+    table.tail[tid] = full[3]
+    table.head[tid] = full[2]
     return row
 
 
@@ -573,8 +575,8 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     el = _elements(entries, k)
     table = _table(tok)
+    heads = list(map(table.head.__getitem__, el.ids))  # (first: a filled head means a filled row)
     rows = list(map(table.rows.__getitem__, el.ids))
-    heads = list(map(table.head.__getitem__, el.ids))
     for j, r in _irregular(tok, table, el, heads, ctx):
         rows[j] = r
     toks = list(map(_first, rows))
@@ -611,8 +613,11 @@ def chat_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpro
     heads = list(map(table.head.__getitem__, el.ids))
     tails = list(map(table.tail.__getitem__, el.ids))
     for j, r in _irregular(tok, table, el, heads, ctx):
-        if len(r) == 2:  # a new id: its fragments are now in the table
-            r = (None, None, table.head[el.ids[j]], table.tail[el.ids[j]])
+        if len(r) == 2:  # a new id: its fragments are in the table (unless another thread is
+            tid = el.ids[j]  # filling it right now: then from its row)
+            r = (None, None, table.head[tid], table.tail[tid])
+            if r[2] is _FIX or r[3] is _FIX:
+                r = _row(table.rows[tid][0])
         heads[j] = r[2]
         tails[j] = r[3]
     if not k:  # each object is a position: ``... "bytes": [...], "top_logprobs": []}``
@@ -689,8 +694,8 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     el = _elements(entries, k + 1)  # per position [sampled, *the dict's k + 1 entries]
     table = _table(tok)
+    heads = list(map(table.head.__getitem__, el.ids))  # (first: a filled head means a filled row)
     rows = list(map(table.rows.__getitem__, el.ids))
-    heads = list(map(table.head.__getitem__, el.ids))
     for j, r in _irregular(tok, table, el, heads, ctx):
         rows[j] = r
     strs = list(map(_first, rows))
