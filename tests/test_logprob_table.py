@@ -192,7 +192,8 @@ def test_json_block_equals_encoded_structs(name, k):
     for ctx in ([], [5, 6, 7, 8, 9]):
         lists = [_entries(tok, rng, 120, k)[0]] + [_shaped(tok, rng, 120, k, s)
                                                      for s in ("first", "absent", "vllm", "some-bad")]
-        for entries in lists:
+        # whole lists, and the few entries of a stream chunk (the per-entry path up to SMALL)
+        for entries in lists + [lst[i:i + n] for lst in lists for i, n in ((0, 1), (7, 3), (20, 8), (40, 9))]:
             want = _enc.encode(_chat_logprobs_slow(tok, entries, k, ctx, False))
             assert bytes(chat_logprobs_json(tok, entries, k, ctx)) == want
             assert _enc.encode(chat_logprobs(tok, entries, k, ctx)) == want
@@ -205,12 +206,13 @@ def test_completion_shapes_equal_per_candidate_path(k, shape):
     from worker.core.logprobs import completion_logprobs
 
     tok = load_tokenizer(str(TOKDIR / "qwen3"))
-    entries = _shaped(tok, random.Random(f"{shape}-{k}"), 120, k, shape)
-    for ctx in ([], [5, 6, 7, 8, 9]):
-        got = msgspec.json.decode(_enc.encode(completion_logprobs(tok, entries, k, 11, ctx)))
-        want = _completion_reference(tok, entries, k, ctx)
-        want["text_offset"] = [x + 11 for x in want["text_offset"]]
-        assert json.dumps(got) == json.dumps(msgspec.json.decode(_enc.encode(want)))
+    whole = _shaped(tok, random.Random(f"{shape}-{k}"), 120, k, shape)
+    for entries in (whole, whole[10:11], whole[30:38], whole[50:59]):
+        for ctx in ([], [5, 6, 7, 8, 9]):
+            got = msgspec.json.decode(_enc.encode(completion_logprobs(tok, entries, k, 11, ctx)))
+            want = _completion_reference(tok, entries, k, ctx)
+            want["text_offset"] = [x + 11 for x in want["text_offset"]]
+            assert json.dumps(got) == json.dumps(msgspec.json.decode(_enc.encode(want)))
 
 
 def test_shapes_take_the_c_level_paths():

@@ -53,7 +53,7 @@ from worker.core.detokenize import (
     stop_token_trimmed,
 )
 from worker.core.errors import BadRequest
-from worker.core.logprobs import candidates, chat_logprobs, chat_logprobs_json, completion_logprobs
+from worker.core.logprobs import SMALL, candidates, chat_logprobs, chat_logprobs_json, completion_logprobs
 from worker.core.tokenizers import Tokenizer, load_tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
 from worker.parsers.base import Delta, RequestContext
@@ -113,7 +113,8 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
     if len(lp) != len(ids):
         raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
                          f"length ({len(ids)})", param=f"{where}.logprobs")
-    if not lp:
+    if len(lp) <= SMALL:  # a few entries (a stream chunk): checked one by one
+        _first_bad_logprob(rt, lp, where)
         return
     c = candidates(lp)  # flattened once, C-level; shared with the logprob block
     max_lp = cfg.max_logprobs
@@ -128,7 +129,8 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
 
 def _first_bad_logprob(rt: ModelRuntime, lp: list, where: str) -> None:
     """Raise ``BadRequest`` for the first entry of ``lp`` that fails a check of
-    ``check_ids_and_logprobs``, in entry order (candidate count, sampled id, candidate ids)."""
+    ``check_ids_and_logprobs``, in entry order (candidate count, sampled id, candidate ids);
+    return when none does."""
     cfg = rt.config
     vocab = rt.tokenizer.vocab_size
     max_lp = cfg.max_logprobs

@@ -41,7 +41,7 @@ from schemas import ChatLogprobToken, ChatLogprobTop, CompletionLogprobs, TokenL
 from .tokenizers import Tokenizer
 
 __all__ = ["chat_logprobs", "chat_logprobs_json", "candidates", "Candidates", "completion_logprobs", "decode_logprob_token", "next_context", "token_id_string",
-           "MAX_CONTEXT", "MIN_LOGPROB"]
+           "MAX_CONTEXT", "MIN_LOGPROB", "SMALL"]
 
 MAX_CONTEXT = 4
 MIN_LOGPROB = -9999.0
@@ -573,6 +573,8 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
         return _chat_logprobs_slow(tok, entries, top_logprobs, context_token_ids, as_token_ids)
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    if len(entries) <= SMALL:
+        return _chat_small(tok, entries, k, ctx)
     el = _elements(entries, k)
     table = _table(tok)
     heads = list(map(table.head.__getitem__, el.ids))  # (first: a filled head means a filled row)
@@ -587,6 +589,48 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
     hs = el.starts[:-1]
     return list(map(_Tok, map(toks.__getitem__, hs), map(el.lps.__getitem__, hs), map(bys.__getitem__, hs),
                     map(tops.__getitem__, map(slice, map(operator.add, hs, repeat(1)), el.starts[1:]))))
+
+
+#: at most this many entries (a stream chunk's few tokens) take the per-entry paths
+#: (``_chat_small``, ``_completion_per_entry``): below it the record-wide passes cost more than
+#: they save
+SMALL = 8
+
+
+def _small_rows(tok: Tokenizer, table: _Table, ids: list[int], ctx: list[int], memo: dict) -> list:
+    """Rows of ``ids`` (one position's shown ids, context ``ctx``), filled / repaired as needed
+    (``memo``: the position's repairs, id -> row)."""
+    rows = table.rows
+    rs = list(map(rows.__getitem__, ids))
+    if None in rs or _REPAIR in rs or _REPAIR_EMPTY in rs:
+        for j, r in enumerate(rs):
+            t = ids[j]
+            if r is None:
+                r = _fill(tok, table, t)
+            if len(r) < 2:
+                fixed = memo.get(t)
+                if fixed is None:
+                    fixed = memo[t] = _repaired(tok, table, t, r, ctx)
+                r = fixed
+            rs[j] = r
+    return rs
+
+
+def _chat_small(tok: Tokenizer, entries: list[TokenLogprobIn], k: int, ctx: list[int]) -> list:
+    """``chat_logprobs`` one entry at a time (a few entries: a stream chunk)."""
+    table = _table(tok)
+    lo = MIN_LOGPROB
+    out = []
+    for e in entries:
+        tid = e.token_id
+        ids, lps = _selected(e, k) if k else ([tid], [e.logprob])
+        rs = _small_rows(tok, table, ids, ctx, {})
+        lps = [lp if lp >= lo else lo for lp in lps]  # below the floor, -inf or NaN: the floor
+        toks = list(map(_first, rs))
+        bys = list(map(_second, rs))
+        out.append(_Tok(toks[0], lps[0], bys[0], list(map(_Top, toks, lps, bys)) if k else []))
+        ctx = ctx[1:] + [tid] if len(ctx) >= MAX_CONTEXT else ctx + [tid]
+    return out
 
 
 _TOPS_EMPTY = b',"top_logprobs":[]},'
@@ -604,8 +648,8 @@ def chat_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpro
     if as_token_ids:
         return msgspec.Raw(_json.encode(_chat_logprobs_slow(tok, entries, top_logprobs, context_token_ids,
                                                             as_token_ids)))
-    if not entries:
-        return msgspec.Raw(b"[]")
+    if len(entries) <= SMALL:
+        return msgspec.Raw(_json.encode(chat_logprobs(tok, entries, top_logprobs, context_token_ids)))
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     el = _elements(entries, k)
@@ -687,10 +731,10 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
     come from the table (``logprob_rows``), the dicts from C-level ``map``s over all
     candidates (``_elements``: Python only per irregular candidate list)."""
     if as_token_ids:
-        return _completion_logprobs_slow(tok, entries, top_logprobs, text_offset_start, context_token_ids)
+        return _completion_per_entry(tok, entries, top_logprobs, text_offset_start, context_token_ids, True)
+    if len(entries) <= SMALL:
+        return _completion_per_entry(tok, entries, top_logprobs, text_offset_start, context_token_ids, False)
     k = max(int(top_logprobs or 0), 0)
-    if not entries:
-        return CompletionLogprobs()
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     el = _elements(entries, k + 1)  # per position [sampled, *the dict's k + 1 entries]
     table = _table(tok)
@@ -708,12 +752,24 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
         token_logprobs=list(map(el.lps.__getitem__, hs)), tokens=tokens, top_logprobs=tops)
 
 
-def _completion_logprobs_slow(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
-                              text_offset_start: int, context_token_ids: list[int] | None) -> CompletionLogprobs:
-    """``completion_logprobs`` one candidate at a time with ``token_id:<id>`` strings
-    (``--return-tokens-as-token-ids``)."""
-    def text(tid, ctx):
-        return token_id_string(tid)
+def _completion_per_entry(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
+                          text_offset_start: int, context_token_ids: list[int] | None,
+                          as_token_ids: bool) -> CompletionLogprobs:
+    """``completion_logprobs`` one candidate at a time: ``token_id:<id>`` strings
+    (``as_token_ids``, vLLM's ``--return-tokens-as-token-ids``), or the table's (a few entries:
+    a stream chunk)."""
+    if as_token_ids:
+        def text(tid, ctx):
+            return token_id_string(tid)
+    else:
+        table = _table(tok)
+        rows = table.rows
+
+        def text(tid, ctx):
+            r = rows[tid]
+            if r is None:
+                r = _fill(tok, table, tid)
+            return r[0] if len(r) > 1 else _repaired(tok, table, tid, r, ctx)[0]
 
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
