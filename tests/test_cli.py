@@ -304,6 +304,7 @@ def test_bench_takes_the_model_flags_of_run(capsys):
                  "--seconds", "0.05", "--repeats", "1", *SMALL_FLOOR]) == 0
     out = capsys.readouterr().out
     assert "core/floor" in out and "top_logprobs=20" in out  # the floor pass ran, at test size
+    assert "core/I/O floor" in out  # each logprobs figure next to its JSON I/O floor (issue 13)
     assert "model=q" in out and "responses/s" in out and "note:" not in out
     assert "Responses API (/v1/responses bodies of the same ids)" in out  # next to chat (issue 14)
     assert main(["bench", "--tokenizer", QWEN3, "--tokens", "64", "--distinct", "2", "--seconds", "0.05",

@@ -15,8 +15,11 @@ do not count, but their cache and frequency effects do):
 
 Then the logprobs cost at ``--logprob-tokens`` (default 256): the same bodies with
 ``logprobs: true`` and ``top_logprobs`` 0 / 5 / 20 (engine ``logprobs.content`` with as many
-candidates), each as a multiple of the record without logprobs. Prints figures only; nothing is
-asserted (targets live in docs/performance.md and issue 13).
+candidates), each as a multiple of the record without logprobs, and next to it the record's
+**I/O floor** (``io_floor``: msgspec's typed decode of the same body + encode of its reply, µs)
+and core / I/O floor: a top-20 body is ~280 KB of JSON in and its reply ~375 KB out, which no
+derender reads and writes for less. Prints figures only; nothing is asserted (targets live in
+docs/performance.md and issue 13).
 """
 from __future__ import annotations
 
@@ -27,8 +30,10 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 from tokenizers import Tokenizer as FastTokenizer
 
+from schemas import ChatCompletionResponse, DerenderChatRequest
 from worker.config import ServedModelConfig
 from worker.core.service import DerenderService
 
@@ -133,7 +138,8 @@ def _check(svc: DerenderService, bodies: list[bytes]) -> None:
 def run(tokenizer: str, token_counts: list[int], logprob_tokens: int, distinct: int, seconds: float,
         repeats: int) -> dict:
     """Measure (module docstring). Returns ``{"lengths": [{"tokens", "core_us", "floor_us", "ratio"}],
-    "logprobs": [{"top_logprobs", "core_us", "x"}]}``. Raises ``RuntimeError`` if a body does not
+    "logprobs": [{"top_logprobs", "core_us", "x", "decode_us", "encode_us", "io_x"}], "no_logprobs_us",
+    "no_logprobs_io": {"decode_us", "encode_us"}}`` (``io_x``: core / (decode + encode)). Raises ``RuntimeError`` if a body does not
     derender into reasoning + a tool call (the figures would be meaningless)."""
 
     svc = make_service(tokenizer)
@@ -152,12 +158,32 @@ def run(tokenizer: str, token_counts: list[int], logprob_tokens: int, distinct: 
         bodies, _ = build_bodies(tok, "qwen3", logprob_tokens, distinct, top_logprobs=k)
         _check(svc, bodies)
         core, _ = cpu_us_per_call(svc.derender, bodies, seconds, repeats)
+        dec, enc = io_floor(svc, bodies, seconds, repeats)
         if k is None:
             base = core
+            out["no_logprobs_io"] = {"decode_us": dec, "encode_us": enc}
             continue
-        out["logprobs"].append({"top_logprobs": k, "core_us": core, "x": core / base})
+        out["logprobs"].append({"top_logprobs": k, "core_us": core, "x": core / base, "decode_us": dec,
+                                "encode_us": enc, "io_x": core / (dec + enc)})
     out["no_logprobs_us"] = base
     return out
+
+
+_reply_decoder = msgspec.json.Decoder(ChatCompletionResponse)
+_body_decoder = msgspec.json.Decoder(DerenderChatRequest)
+_encoder = msgspec.json.Encoder()
+
+
+def io_floor(svc: DerenderService, bodies: list[bytes], seconds: float, repeats: int) -> tuple[float, float]:
+    """The JSON I/O floor of derendering ``bodies``: ``(decode µs, encode µs)`` per record, thread
+    CPU time, best of ``repeats`` runs: msgspec's typed decode of each body
+    (``schemas.DerenderChatRequest``) and encode of its reply (the service's reply decoded into
+    ``schemas.ChatCompletionResponse`` Structs beforehand, then encoded alone). No derender
+    can cost less than reading its input and writing its output this way."""
+    replies = [_reply_decoder.decode(svc.derender(b).body) for b in bodies]
+    dec, _ = cpu_us_per_call(_body_decoder.decode, bodies, seconds, repeats)
+    enc, _ = cpu_us_per_call(_encoder.encode, replies, seconds, repeats)
+    return dec, enc
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -186,9 +212,15 @@ def run_suite(args: argparse.Namespace) -> int:
     for x in r["lengths"]:
         print(f"  {x['tokens']:5d} tokens: core {x['core_us']:8.1f} us   floor {x['floor_us']:7.1f} us   "
               f"core/floor {x['ratio']:.2f}")
-    print(f"logprobs at {args.floor_logprob_tokens} tokens (no logprobs: {r['no_logprobs_us']:.1f} us)")
+    io0 = r["no_logprobs_io"]
+    print(f"logprobs at {args.floor_logprob_tokens} tokens (no logprobs: {r['no_logprobs_us']:.1f} us; "
+          f"its I/O floor {io0['decode_us'] + io0['encode_us']:.1f} us)")
+    print("  (I/O floor: msgspec typed decode of the same body + encode of its reply, nothing else)")
     for x in r["logprobs"]:
-        print(f"  top_logprobs={x['top_logprobs']:2d}: {x['core_us']:8.1f} us   {x['x']:.2f}x")
+        io = x["decode_us"] + x["encode_us"]
+        print(f"  top_logprobs={x['top_logprobs']:2d}: {x['core_us']:8.1f} us   {x['x']:.2f}x   "
+              f"I/O floor {io:7.1f} us (decode {x['decode_us']:.1f} + encode {x['encode_us']:.1f})   "
+              f"core/I/O floor {x['io_x']:.2f}x")
     return 0
 
 

@@ -53,7 +53,7 @@ from worker.core.detokenize import (
     stop_token_trimmed,
 )
 from worker.core.errors import BadRequest
-from worker.core.logprobs import chat_logprobs, completion_logprobs
+from worker.core.logprobs import SMALL, candidates, chat_logprobs, chat_logprobs_json, completion_logprobs
 from worker.core.tokenizers import Tokenizer, load_tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
 from worker.parsers.base import Delta, RequestContext
@@ -113,6 +113,26 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
     if len(lp) != len(ids):
         raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
                          f"length ({len(ids)})", param=f"{where}.logprobs")
+    if len(lp) <= SMALL:  # a few entries (a stream chunk): checked one by one
+        _first_bad_logprob(rt, lp, where)
+        return
+    c = candidates(lp)  # flattened once, C-level; shared with the logprob block
+    max_lp = cfg.max_logprobs
+    try:  # a None id makes min/max raise TypeError: then the per-entry pass names the culprit
+        bad = (0 <= max_lp < max(c.counts)) or min(c.tids) < 0 or max(c.tids) >= vocab \
+            or (bool(c.ids) and (min(c.ids) < 0 or max(c.ids) >= vocab))
+    except TypeError:
+        bad = True
+    if bad:
+        _first_bad_logprob(rt, lp, where)
+
+
+def _first_bad_logprob(rt: ModelRuntime, lp: list, where: str) -> None:
+    """Raise ``BadRequest`` for the first entry of ``lp`` that fails a check of
+    ``check_ids_and_logprobs``, in entry order (candidate count, sampled id, candidate ids);
+    return when none does."""
+    cfg = rt.config
+    vocab = rt.tokenizer.vocab_size
     max_lp = cfg.max_logprobs
     for e in lp:
         tops = e.top_logprobs
@@ -409,9 +429,13 @@ def _created(engine: int | None, fallback: int | None) -> int:
     return fallback or 0
 
 
-def derender_chat(rt: ModelRuntime, body: DerenderChatRequest, created: int | None = None) -> ChatCompletionResponse:
+def derender_chat(rt: ModelRuntime, body: DerenderChatRequest, created: int | None = None,
+                  json_logprobs: bool = False) -> ChatCompletionResponse:
     """Derender a validated chat body (call ``validate_chat`` first). ``created``: Unix seconds
-    used when the engine response has no ``created`` (None = 0). Returns the response."""
+    used when the engine response has no ``created`` (None = 0). ``json_logprobs``: each
+    choice's ``logprobs.content`` is its encoded JSON array (``msgspec.Raw``,
+    ``chat_logprobs_json``: same bytes once encoded, for callers that only encode the response)
+    instead of Structs. Returns the response."""
     gr = body.generate_response
     req = body.chat_request or _DEFAULT_CHAT_REQUEST
     prompt_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
@@ -422,6 +446,7 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest, created: int | No
     skip = effective_skip_special_tokens(rt, req.skip_special_tokens, mode)
     want_lp = bool(req.logprobs)
     top_k = req.top_logprobs or 0
+    lp_content = chat_logprobs_json if json_logprobs else chat_logprobs
     choices = []
     completion_tokens = reasoning_tokens = 0
     stops = stop_strings(req.stop)
@@ -435,8 +460,8 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest, created: int | No
         msg = ChatMessage(content=content, reasoning=d.reasoning or None, tool_calls=calls or None)
         logprobs = None
         if want_lp and c.logprobs is not None and c.logprobs.content is not None:
-            logprobs = ChatLogprobs(content=chat_logprobs(rt.tokenizer, out.logprob_entries(c), top_k,
-                                                          as_token_ids=rt.config.return_tokens_as_token_ids))
+            logprobs = ChatLogprobs(content=lp_content(rt.tokenizer, out.logprob_entries(c), top_k,
+                                                       as_token_ids=rt.config.return_tokens_as_token_ids))
         choices.append(ChatCompletionChoice(
             index=c.index, message=msg, logprobs=logprobs,
             finish_reason=final_finish_reason(finish_reason, bool(calls), mode),

@@ -14,6 +14,13 @@ the first k+1 of that list keyed by token string (same-string entries collapse, 
 wins at the first key's position), ``text_offset`` = running sum of token string lengths from
 ``text_offset_start``.
 
+Cost (issue 13 item 3): the candidates are flattened once per record (:func:`candidates`, shared
+with the validation), the shown lists are selected by C-level passes over all of them (Python
+only at irregular positions: duplicate ids, ranks out of order), token strings / bytes / JSON
+fragments come from a lazily filled per-tokenizer table, U+FFFD repair runs only at pieces that
+need it (cached per (id, context); pieces no context can complete are ``""`` from the table) and
+:func:`chat_logprobs_json` joins pre-encoded fragments with the logprobs encoded in one call.
+
 Streaming: keep the last 4 sampled ids (:func:`next_context`) and the running completion text
 offset between chunks (``DerenderStreamState.logprob_context_token_ids`` /
 ``logprob_text_offset``).
@@ -22,7 +29,9 @@ from __future__ import annotations
 
 import operator
 import threading
-from functools import partial
+from bisect import bisect_right
+from functools import lru_cache
+from itertools import accumulate, chain, compress, islice, repeat
 from operator import attrgetter, itemgetter
 
 import msgspec
@@ -31,8 +40,8 @@ from schemas import ChatLogprobToken, ChatLogprobTop, CompletionLogprobs, TokenL
 
 from .tokenizers import Tokenizer
 
-__all__ = ["chat_logprobs", "completion_logprobs", "decode_logprob_token", "next_context", "token_id_string",
-           "MAX_CONTEXT", "MIN_LOGPROB"]
+__all__ = ["chat_logprobs", "chat_logprobs_json", "candidates", "Candidates", "completion_logprobs", "decode_logprob_token", "next_context", "token_id_string",
+           "MAX_CONTEXT", "MIN_LOGPROB", "SMALL"]
 
 MAX_CONTEXT = 4
 MIN_LOGPROB = -9999.0
@@ -116,49 +125,109 @@ def decode_logprob_token(tok: Tokenizer, token_id: int, context_token_ids: list[
     return s
 
 
-#: row of a token whose text ends in U+FFFD on its own: repaired per position from the context
+#: ``logprob_rows`` value of an id whose text alone ends in U+FFFD and whose repair depends on
+#: the context (repaired per position)
 _REPAIR = ()
+#: ``logprob_rows`` value of an id whose text alone ends in U+FFFD on a byte-level tokenizer and
+#: whose bytes end in an incomplete or invalid UTF-8 sequence that starts inside the token: no
+#: preceding bytes can complete it (UTF-8 is self-synchronising: a byte outside 0x80-0xBF always
+#: starts a new sequence), so vLLM's repair gives ``""`` whenever it runs on piece bytes
+#: (``_correct_bytes``: no added token in the context); otherwise repaired per position
+_REPAIR_EMPTY = (None,)
+#: ``head``/``tail`` table value of an id not filled yet or repaired per position
+_FIX = b"\x00"
 _TABLE_LOCK = threading.Lock()
+#: most (id, context) U+FFFD repairs a tokenizer keeps (cleared when full)
+_REPAIRS_MAX = 65536
+_json = msgspec.json.Encoder()
+
+
+class _Table:
+    """A tokenizer's lazily filled logprob table (``logprob_rows``): per token id, ``rows[id]``
+    = ``(token string, UTF-8 bytes as a list of ints)`` (or ``_REPAIR`` / ``_REPAIR_EMPTY``),
+    and the same entry as two pre-encoded JSON fragments of a chat logprob object,
+    ``head[id]`` = ``{"token":<string>,"logprob":`` and ``tail[id]`` = ``,"bytes":[...]},``
+    (``_FIX`` until filled, and for ids repaired per position); ``repairs``: (id, context ids)
+    -> repaired row ``(string, bytes, head, tail)``. Filling a slot is idempotent, so
+    concurrent fills are harmless; rows are shared by every reply: never mutate one."""
+
+    __slots__ = ("rows", "head", "tail", "repairs")
+
+    def __init__(self, vocab_size: int):
+        self.rows: list = [None] * vocab_size
+        self.head: list = [_FIX] * vocab_size
+        self.tail: list = [_FIX] * vocab_size
+        self.repairs: dict = {}
+
+
+def _table(tok: Tokenizer) -> _Table:
+    t = tok.logprob_rows
+    if t is None:
+        with _TABLE_LOCK:
+            t = tok.logprob_rows
+            if t is None:
+                t = tok.logprob_rows = _Table(tok.vocab_size)
+    return t
 
 
 def logprob_rows(tok: Tokenizer) -> list:
     """The tokenizer's lazily filled id -> ``(token string, UTF-8 bytes as a list of ints)`` table
     shared by every sampled token and candidate (one list of ``vocab_size`` slots, ``None`` until
-    the id is first seen; ``()`` for an id whose text alone ends in U+FFFD, which is repaired per
-    position). The bytes list is shared by every reply that shows that token: never mutate it.
-    Filling a slot is idempotent, so concurrent fills are harmless."""
-    rows = tok.logprob_rows
-    if rows is None:
-        with _TABLE_LOCK:
-            rows = tok.logprob_rows
-            if rows is None:
-                rows = tok.logprob_rows = [None] * tok.vocab_size
-    return rows
+    the id is first seen; ``()`` (``_REPAIR``) or ``(None,)`` (``_REPAIR_EMPTY``) for an id whose
+    text alone ends in U+FFFD, which is repaired per position). The bytes list is shared by every
+    reply that shows that token: never mutate it."""
+    return _table(tok).rows
 
 
-def _fill(tok: Tokenizer, rows: list, tid: int):
+def _row(s: str) -> tuple:
+    """``(s, its UTF-8 bytes as a list, head fragment, tail fragment)`` (see ``_Table``)."""
+    b = list(s.encode("utf-8", errors="replace"))
+    return s, b, b'{"token":' + _json.encode(s) + b',"logprob":', b',"bytes":' + _json.encode(b) + b"},"
+
+
+_EMPTY_ROW = _row("")
+
+
+def _unrepairable(tail: bytes) -> bool:
+    """``tail`` (a token's bytes) ends in an incomplete or invalid UTF-8 sequence that starts at
+    a byte inside it: no bytes before it can complete it (``_REPAIR_EMPTY``)."""
+    j = len(tail) - 1
+    while j >= 0 and 0x80 <= tail[j] <= 0xBF:
+        j -= 1
+    return j >= 0 and tail[j:].decode("utf-8", errors="replace").endswith(_FFFD)
+
+
+def _fill(tok: Tokenizer, table: _Table, tid: int):
+    """Fill ``tid``'s slots of ``table`` (a valid id); returns its row."""
     s = tok.decode_single(tid)
-    row = _REPAIR if s.endswith(_FFFD) else (s, list(s.encode("utf-8", errors="replace")))
-    rows[tid] = row
+    if s.endswith(_FFFD):
+        row = _REPAIR_EMPTY if tok.is_byte_level and tid not in tok.added_token_ids \
+            and _unrepairable(tok.token_bytes(tid)) else _REPAIR
+        table.rows[tid] = row
+        return row
+    full = _row(s)
+    # row, then tail, then head: a reader that sees the head filled (readers look heads up
+    # first) finds the rest filled too
+    row = table.rows[tid] = full[:2]
+    table.tail[tid] = full[3]
+    table.head[tid] = full[2]
     return row
 
 
-def _rows_for(tok: Tokenizer, rows: list, ids: list[int], ctx: list[int], repaired: dict) -> list:
-    """Rows of ``ids`` (all valid ids), filling the table and repairing U+FFFD tokens from
-    ``ctx`` (``repaired``: per-position cache, id -> row)."""
-    rs = [rows[t] for t in ids]
-    if None in rs or _REPAIR in rs:
-        for j, r in enumerate(rs):
-            if r is None:
-                r = rs[j] = _fill(tok, rows, ids[j])
-            if r is _REPAIR:
-                t = ids[j]
-                r = repaired.get(t)
-                if r is None:
-                    fixed = _correct(tok, t, ctx)
-                    r = repaired[t] = (fixed, list(fixed.encode("utf-8", errors="replace")))
-                rs[j] = r
-    return rs
+def _repaired(tok: Tokenizer, table: _Table, tid: int, row, ctx: list[int]) -> tuple:
+    """The repaired row ``(string, bytes, head, tail)`` of ``tid`` (its table row ``row`` is
+    ``_REPAIR`` / ``_REPAIR_EMPTY``) after the sampled ids ``ctx`` (up to 4), cached per
+    (id, context)."""
+    if row is _REPAIR_EMPTY and tok.added_token_ids.keys().isdisjoint(ctx):
+        return _EMPTY_ROW
+    key = (tid, *ctx)
+    r = table.repairs.get(key)
+    if r is None:
+        r = _row(_correct(tok, tid, ctx))
+        if len(table.repairs) >= _REPAIRS_MAX:
+            table.repairs.clear()
+        table.repairs[key] = r
+    return r
 
 
 def next_context(context_token_ids: list[int] | None, sampled_ids: list[int]) -> list[int]:
@@ -240,9 +309,11 @@ class _Tok(msgspec.Struct, gc=False):
 _get_id = attrgetter("token_id")
 _get_lp = attrgetter("logprob")
 _get_rank = attrgetter("rank")
+_get_tops = attrgetter("top_logprobs")
 _first = itemgetter(0)
 _second = itemgetter(1)
-_not_below_floor = partial(operator.le, MIN_LOGPROB)
+_CUT1 = slice(None, -1)
+_CUT2 = slice(None, -2)
 
 
 def _selected(e: TokenLogprobIn, k: int) -> tuple[list, list[float]]:
@@ -266,6 +337,228 @@ def _selected(e: TokenLogprobIn, k: int) -> tuple[list, list[float]]:
     return [p for p, _ in pairs], [lp for _, lp in pairs]
 
 
+class _Elements:
+    """The logprob objects of a chat ``logprobs.content`` block, flattened: ``ids`` / ``lps``
+    (token id and logprob of each object, logprobs clamped to ``MIN_LOGPROB``), per position
+    ``[sampled]`` when ``top_logprobs`` is 0, else ``[sampled, *top_logprobs]`` (the first
+    ``top_logprobs`` entry is the sampled token itself); ``starts``: the ``n + 1`` offsets of
+    the positions in ``ids`` (None when every position has one object); ``tids``: the sampled
+    ids."""
+
+    __slots__ = ("ids", "lps", "starts", "tids")
+
+    def __init__(self, ids: list, lps: list, starts: list | None, tids: list):
+        self.ids, self.lps, self.starts, self.tids = ids, lps, starts, tids
+
+
+class Candidates:
+    """An engine ``logprobs.content`` list (``entries``) flattened once, C-level: ``tids`` (the
+    sampled ids), ``tops`` (each entry's ``top_logprobs`` list), ``counts`` (their lengths),
+    ``flat`` (every candidate, position by position) and ``ids`` (their ``token_id``s, a
+    tuple). Shared by the validation (``derender.check_ids_and_logprobs``) and the logprob
+    blocks through :func:`candidates`."""
+
+    __slots__ = ("entries", "tids", "tops", "counts", "flat", "ids")
+
+    def __init__(self, entries: list[TokenLogprobIn]):
+        self.entries = entries
+        self.tids = list(map(_get_id, entries))
+        self.tops = list(map(_get_tops, entries))
+        self.counts = list(map(len, self.tops))
+        self.flat = list(chain.from_iterable(self.tops))
+        self.ids = tuple(map(_get_id, self.flat))
+
+
+_recent = threading.local()
+
+
+def candidates(entries: list[TokenLogprobIn]) -> Candidates:
+    """``Candidates(entries)``, built once per list: the calling thread keeps the last one built
+    (by identity, holding the list) until a logprob block consumes it (``_elements``), so the
+    validation and the logprob block of a choice share one flattening."""
+    c = getattr(_recent, "c", None)
+    if c is None or c.entries is not entries:
+        c = _recent.c = Candidates(entries)
+    return c
+
+
+def _consumed(c: Candidates) -> None:
+    """Drop the thread's reference to ``c`` (its record is done with it)."""
+    if getattr(_recent, "c", None) is c:
+        _recent.c = None
+
+
+class _Slices:
+    """``_regular``'s answer in general: position ``i`` shows the sampled id then candidates
+    ``ids[first[i]:last[i]]`` (flat offsets into ``ids`` / ``lps``), except the positions in
+    ``bad`` (irregular candidate lists: ``_selected`` decides them one by one)."""
+
+    __slots__ = ("ids", "lps", "first", "last", "bad")
+
+    def __init__(self, ids: tuple, lps: tuple, first: list[int], last: list[int], bad: list[int]):
+        self.ids, self.lps, self.first, self.last, self.bad = ids, lps, first, last, bad
+
+
+def _regular(c: Candidates, k: int):
+    """Which positions of ``c`` (every one with candidates) are regular: distinct candidate ids,
+    the sampled id either first or absent, ranks (after a first-place sampled id) in order or
+    all missing. There the first ``k`` of [sampled, candidates by rank] (``_ordered_candidates``)
+    is the sampled id followed by the next ``k - 1`` candidates in the engine's order. Returns
+    ``_Columns`` when every position is regular with the same shape, else ``_Slices`` (None when
+    ranks are partly missing: every position is then decided by ``_selected``). C-level passes
+    over all candidates, Python only per irregular position (vLLM's engines send regular lists:
+    the sampled token first, then the top candidates by rank)."""
+    tids, counts, flat, cids = c.tids, c.counts, c.flat, c.ids
+    starts = list(accumulate(counts, initial=0))
+    heads = starts[:-1]
+    ends = starts[1:]
+    first = list(map(operator.eq, tids, map(cids.__getitem__, heads)))  # sampled id first
+    cands = map(cids.__getitem__, map(slice, heads, ends))
+    if False not in first:  # distinct ids (the sampled id among them only first)
+        distinct = list(map(operator.eq, map(len, map(set, cands)), counts))
+    else:  # distinct ids, the sampled id nowhere but first: |{sampled} | candidates| = count + 1 - first
+        uniq = map(len, map(set, map(operator.concat, zip(tids), cands)))
+        distinct = list(map(operator.eq, uniq, map(operator.sub, map(operator.add, counts, repeat(1)), first)))
+    ranks = list(map(_get_rank, flat))
+    m = counts[0]
+    uniform = counts.count(m) == len(counts)
+    ordered = None  # per position, when not every one is in order
+    if uniform and ranks == _rank_pattern(m) * len(counts):
+        pass  # ranks 1..m at every position (in order: the common case)
+    elif None in ranks:
+        if ranks.count(None) != len(ranks):
+            return None  # mixed: ranked candidates sort first (``_ordered_candidates``)
+    elif len(ranks) > 1:
+        ok = list(map(operator.le, ranks, islice(ranks, 1, None)))  # pair (j, j + 1) in order
+        ok_set = ok.__setitem__
+        list(map(ok_set, map(operator.sub, islice(ends, len(ends) - 1), repeat(1)), repeat(True)))  # across positions
+        after_sampled = list(compress(heads, first))  # a first-place sampled id is shown first anyway
+        if after_sampled and after_sampled[-1] >= len(ok):
+            after_sampled.pop()
+        list(map(ok_set, after_sampled, repeat(True)))
+        if False in ok:
+            pairs = map(ok.__getitem__, map(slice, heads, map(operator.sub, ends, repeat(1))))
+            ordered = list(map(operator.not_, map(operator.contains, pairs, repeat(False))))
+    clps = tuple(map(_get_lp, flat))
+    if ordered is None and False not in distinct:
+        if uniform and False not in first:  # the same shape at every position
+            return _Columns(cids, clps, m, 1)
+        if uniform and True not in first:
+            return _Columns(cids, clps, m, 0)
+        bad = []
+    else:
+        good = distinct if ordered is None else map(operator.and_, distinct, ordered)
+        bad = list(compress(range(len(counts)), map(operator.not_, good)))
+    rest = list(map(operator.add, heads, first))
+    last = list(map(min, map(operator.add, rest, repeat(k - 1)), ends))
+    return _Slices(cids, clps, rest, last, bad)
+
+
+class _Columns:
+    """``_regular``'s answer when every position has ``m`` candidates and the sampled id is
+    first at every position (``f`` 1) or at none (``f`` 0): candidate ``j`` of position ``i``
+    is ``ids[i * m + j]`` (its logprob ``lps[i * m + j]``)."""
+
+    __slots__ = ("ids", "lps", "m", "f")
+
+    def __init__(self, ids: tuple, lps: tuple, m: int, f: int):
+        self.ids, self.lps, self.m, self.f = ids, lps, m, f
+
+
+@lru_cache(maxsize=64)
+def _rank_pattern(m: int) -> list[int]:
+    """``[1, ..., m]``: ranks in order (shared: never mutate)."""
+    return list(range(1, m + 1))
+
+
+def _elements(entries: list[TokenLogprobIn], k: int) -> _Elements:
+    """The logprob objects of ``entries`` for ``top_logprobs`` ``k`` (``_Elements``): C-level
+    over all candidates when they are regular (``_regular``), else per entry (``_selected``)."""
+    c = candidates(entries)  # (built by the validation already)
+    _consumed(c)
+    tids = c.tids
+    lps = list(map(_get_lp, entries))
+    starts = None
+    if k == 1:
+        ids = list(chain.from_iterable(zip(tids, tids)))
+        lps = list(chain.from_iterable(zip(lps, lps)))
+        starts = list(range(0, len(ids) + 1, 2))
+    elif k:
+        reg = _regular(c, k) if 0 not in c.counts else None
+        if type(reg) is _Columns:  # one slice assignment per column of objects
+            t = min(k - 1, reg.m - reg.f)
+            w = t + 2
+            ids = [None] * (len(tids) * w)
+            ids[0::w] = ids[1::w] = tids
+            out_lps = ids.copy()
+            out_lps[0::w] = out_lps[1::w] = lps
+            for j in range(t):
+                ids[2 + j::w] = reg.ids[reg.f + j::reg.m]
+                out_lps[2 + j::w] = reg.lps[reg.f + j::reg.m]
+            lps = out_lps
+            starts = list(range(0, len(ids) + 1, w))
+        elif reg is not None:
+            slices = list(map(slice, reg.first, reg.last))
+            id_groups = list(map(operator.concat, zip(tids, tids), map(reg.ids.__getitem__, slices)))
+            lp_groups = list(map(operator.concat, zip(lps, lps), map(reg.lps.__getitem__, slices)))
+            for p in reg.bad:  # irregular positions, one by one
+                e = entries[p]
+                sids, slps = _selected(e, k)
+                id_groups[p] = (e.token_id, *sids)
+                lp_groups[p] = (e.logprob, *slps)
+            ids = list(chain.from_iterable(id_groups))
+            lps = list(chain.from_iterable(lp_groups))
+            starts = list(accumulate(map(len, id_groups), initial=0))
+        else:
+            ids, out_lps, starts = [], [], [0]
+            for e in entries:
+                sids, slps = _selected(e, k)
+                ids.append(e.token_id)
+                ids += sids
+                out_lps.append(e.logprob)
+                out_lps += slps
+                starts.append(len(ids))
+            lps = out_lps
+    else:
+        ids = tids
+    if lps:  # below the floor, -inf or NaN (min skips a NaN that is not first; the sum does not)
+        total = sum(lps)
+        if not (min(lps) >= MIN_LOGPROB and total == total):
+            lo = MIN_LOGPROB
+            lps = [lp if lp >= lo else lo for lp in lps]
+    return _Elements(ids, lps, starts, tids)
+
+
+def _position(el: _Elements, j: int) -> int:
+    """The position (entry index) of object ``j``."""
+    return j if el.starts is None else bisect_right(el.starts, j) - 1
+
+
+def _irregular(tok: Tokenizer, table: _Table, el: _Elements, heads: list, ctx: list[int]):
+    """Objects whose id is not in the table yet or needs U+FFFD repair (``heads[j]`` is
+    ``_FIX``): yields ``(j, row)`` with the row of a filled id (2 fields) or the repaired row
+    of that position (4 fields; the context is the up to 4 sampled ids before it)."""
+    rows = table.rows
+    ids = el.ids
+    seq = None
+    j = -1
+    while True:
+        try:
+            j = heads.index(_FIX, j + 1)
+        except ValueError:  # no such object left
+            return
+        tid = ids[j]
+        r = rows[tid]
+        if r is None:
+            r = _fill(tok, table, tid)
+        if len(r) < 2:
+            if seq is None:
+                seq = ctx + el.tids
+            p = _position(el, j) + len(ctx)
+            r = _repaired(tok, table, tid, r, seq[max(0, p - MAX_CONTEXT):p])
+        yield j, r
+
+
 def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
                   context_token_ids: list[int] | None = None, as_token_ids: bool = False) -> list:
     """Chat ``logprobs.content`` for ``entries`` (one per output token; ids already checked to
@@ -274,68 +567,121 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
     (last 4 are used; ``[]`` at the start). ``as_token_ids``: token strings are ``token_id:<id>``
     (vLLM's ``--return-tokens-as-token-ids``; ``bytes`` are then that string's bytes, as vLLM
     gives). Token strings and bytes come from :func:`logprob_rows` (lookup cost), U+FFFD pieces
-    repaired per position; per candidate only C-level work (``map``, list ops)."""
+    repaired per position; per candidate only C-level work (``map``, list ops).
+    :func:`chat_logprobs_json` gives the same block as JSON bytes, faster."""
     if as_token_ids:
         return _chat_logprobs_slow(tok, entries, top_logprobs, context_token_ids, as_token_ids)
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    if len(entries) <= SMALL:
+        return _chat_small(tok, entries, k, ctx)
+    el = _elements(entries, k)
+    table = _table(tok)
+    heads = list(map(table.head.__getitem__, el.ids))  # (first: a filled head means a filled row)
+    rows = list(map(table.rows.__getitem__, el.ids))
+    for j, r in _irregular(tok, table, el, heads, ctx):
+        rows[j] = r
+    toks = list(map(_first, rows))
+    bys = list(map(_second, rows))
     if not k:
-        return _sampled_only(tok, entries, ctx)
-    rows = logprob_rows(tok)
-    lookup = rows.__getitem__
+        return list(map(_Tok, toks, el.lps, bys))
+    tops = list(map(_Top, toks, el.lps, bys))
+    hs = el.starts[:-1]
+    return list(map(_Tok, map(toks.__getitem__, hs), map(el.lps.__getitem__, hs), map(bys.__getitem__, hs),
+                    map(tops.__getitem__, map(slice, map(operator.add, hs, repeat(1)), el.starts[1:]))))
+
+
+#: at most this many entries (a stream chunk's few tokens) take the per-entry paths
+#: (``_chat_small``, ``_completion_per_entry``): below it the record-wide passes cost more than
+#: they save
+SMALL = 8
+
+
+def _small_rows(tok: Tokenizer, table: _Table, ids: list[int], ctx: list[int], memo: dict) -> list:
+    """Rows of ``ids`` (one position's shown ids, context ``ctx``), filled / repaired as needed
+    (``memo``: the position's repairs, id -> row)."""
+    rows = table.rows
+    rs = list(map(rows.__getitem__, ids))
+    if None in rs or _REPAIR in rs or _REPAIR_EMPTY in rs:
+        for j, r in enumerate(rs):
+            t = ids[j]
+            if r is None:
+                r = _fill(tok, table, t)
+            if len(r) < 2:
+                fixed = memo.get(t)
+                if fixed is None:
+                    fixed = memo[t] = _repaired(tok, table, t, r, ctx)
+                r = fixed
+            rs[j] = r
+    return rs
+
+
+def _chat_small(tok: Tokenizer, entries: list[TokenLogprobIn], k: int, ctx: list[int]) -> list:
+    """``chat_logprobs`` one entry at a time (a few entries: a stream chunk)."""
+    table = _table(tok)
     lo = MIN_LOGPROB
-    out: list[_Tok] = []
-    append = out.append
+    out = []
     for e in entries:
         tid = e.token_id
         ids, lps = _selected(e, k) if k else ([tid], [e.logprob])
-        rs = list(map(lookup, ids))
-        if None in rs or _REPAIR in rs:
-            rs = _rows_for(tok, rows, ids, ctx, {})
-        if not all(map(_not_below_floor, lps)):  # below the floor, -inf or NaN: the floor
-            lps = [lp if lp >= lo else lo for lp in lps]
+        rs = _small_rows(tok, table, ids, ctx, {})
+        lps = [lp if lp >= lo else lo for lp in lps]  # below the floor, -inf or NaN: the floor
         toks = list(map(_first, rs))
         bys = list(map(_second, rs))
-        append(_Tok(toks[0], lps[0], bys[0], list(map(_Top, toks, lps, bys)) if k else []))
-        ctx.append(tid)
-        if len(ctx) > MAX_CONTEXT:
-            del ctx[0]
+        out.append(_Tok(toks[0], lps[0], bys[0], list(map(_Top, toks, lps, bys)) if k else []))
+        ctx = ctx[1:] + [tid] if len(ctx) >= MAX_CONTEXT else ctx + [tid]
     return out
 
 
-def _sampled_only(tok: Tokenizer, entries: list[TokenLogprobIn], ctx: list[int]) -> list:
-    """``chat_logprobs`` with ``top_logprobs`` 0 (the sampled tokens alone): one C-level pass
-    per field over all entries; Python runs only at ids the table has not seen yet and at
-    positions whose token needs U+FFFD repair (``ctx``: up to 4 sampled ids before
-    ``entries[0]``; a position's context is the 4 sampled ids before it)."""
-    rows = logprob_rows(tok)
-    tids = list(map(_get_id, entries))
-    lps = list(map(_get_lp, entries))
-    rs = list(map(rows.__getitem__, tids))
-    if None in rs:
-        j = rs.index(None)
-        while True:
-            r = rows[tids[j]]  # an earlier position may have filled it
-            rs[j] = r if r is not None else _fill(tok, rows, tids[j])
-            try:
-                j = rs.index(None, j + 1)
-            except ValueError:  # no unseen id left
-                break
-    if _REPAIR in rs:
-        seq = ctx + tids
-        off = len(ctx)
-        j = rs.index(_REPAIR)
-        while True:
-            fixed = _correct(tok, tids[j], seq[max(0, off + j - MAX_CONTEXT):off + j])
-            rs[j] = (fixed, list(fixed.encode("utf-8", errors="replace")))
-            try:
-                j = rs.index(_REPAIR, j + 1)
-            except ValueError:  # no position left to repair
-                break
-    if not all(map(_not_below_floor, lps)):  # below the floor, -inf or NaN: the floor
-        lo = MIN_LOGPROB
-        lps = [lp if lp >= lo else lo for lp in lps]
-    return list(map(_Tok, map(_first, rs), lps, map(_second, rs)))
+_TOPS_EMPTY = b',"top_logprobs":[]},'
+_TOPS_OPEN = b',"top_logprobs":['
+_TOPS_CLOSE = b"]},"
+
+
+def chat_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
+                       context_token_ids: list[int] | None = None, as_token_ids: bool = False) -> msgspec.Raw:
+    """:func:`chat_logprobs` encoded: the JSON array ``[{"token", "logprob", "bytes",
+    "top_logprobs"}, ...]`` as ``msgspec.Raw`` (the same bytes ``msgspec.json`` gives the
+    Structs), built by one join of pre-encoded per-token-id fragments (``_Table.head`` /
+    ``tail``) with the logprobs, encoded together in one call: no per-candidate object and no
+    per-candidate Python."""
+    if as_token_ids:
+        return msgspec.Raw(_json.encode(_chat_logprobs_slow(tok, entries, top_logprobs, context_token_ids,
+                                                            as_token_ids)))
+    if len(entries) <= SMALL:
+        return msgspec.Raw(_json.encode(chat_logprobs(tok, entries, top_logprobs, context_token_ids)))
+    k = max(int(top_logprobs or 0), 0)
+    ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    el = _elements(entries, k)
+    table = _table(tok)
+    heads = list(map(table.head.__getitem__, el.ids))
+    tails = list(map(table.tail.__getitem__, el.ids))
+    for j, r in _irregular(tok, table, el, heads, ctx):
+        if len(r) == 2:  # a new id: its fragments are in the table (unless another thread is
+            tid = el.ids[j]  # filling it right now: then from its row)
+            r = (None, None, table.head[tid], table.tail[tid])
+            if r[2] is _FIX or r[3] is _FIX:
+                r = _row(table.rows[tid][0])
+        heads[j] = r[2]
+        tails[j] = r[3]
+    if not k:  # each object is a position: ``... "bytes": [...], "top_logprobs": []}``
+        tails = list(map(operator.add, map(operator.getitem, tails, repeat(_CUT2)), repeat(_TOPS_EMPTY)))
+    else:  # a position's first object opens its top_logprobs, its last one closes them
+        hs = el.starts[:-1]
+        ls = list(map(operator.sub, el.starts[1:], repeat(1)))
+        opened = list(map(operator.add, map(operator.getitem, map(tails.__getitem__, hs), repeat(_CUT2)),
+                          repeat(_TOPS_OPEN)))
+        closed = list(map(operator.add, map(operator.getitem, map(tails.__getitem__, ls), repeat(_CUT1)),
+                          repeat(_TOPS_CLOSE)))
+        list(map(tails.__setitem__, hs, opened))
+        list(map(tails.__setitem__, ls, closed))
+    heads[0] = b"[" + heads[0]
+    tails[-1] = tails[-1][:-1] + b"]"
+    parts = [None] * (3 * len(heads))
+    parts[0::3] = heads
+    parts[1::3] = _json.encode(el.lps)[1:-1].split(b",")
+    parts[2::3] = tails
+    return msgspec.Raw(b"".join(parts))
 
 
 class _Cand:
@@ -381,18 +727,49 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
     (k: each dict holds up to k+1 entries). ``text_offset_start``: chars of completion text
     before ``entries[0]`` (0 for a whole non-stream choice; the streamed text length so far).
     ``as_token_ids``: token strings (and dict keys) are ``token_id:<id>`` and ``text_offset``
-    advances by their length, as vLLM's ``--return-tokens-as-token-ids`` does."""
+    advances by their length, as vLLM's ``--return-tokens-as-token-ids`` does. Token strings
+    come from the table (``logprob_rows``), the dicts from C-level ``map``s over all
+    candidates (``_elements``: Python only per irregular candidate list)."""
+    if as_token_ids:
+        return _completion_per_entry(tok, entries, top_logprobs, text_offset_start, context_token_ids, True)
+    if len(entries) <= SMALL:
+        return _completion_per_entry(tok, entries, top_logprobs, text_offset_start, context_token_ids, False)
+    k = max(int(top_logprobs or 0), 0)
+    ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    el = _elements(entries, k + 1)  # per position [sampled, *the dict's k + 1 entries]
+    table = _table(tok)
+    heads = list(map(table.head.__getitem__, el.ids))  # (first: a filled head means a filled row)
+    rows = list(map(table.rows.__getitem__, el.ids))
+    for j, r in _irregular(tok, table, el, heads, ctx):
+        rows[j] = r
+    strs = list(map(_first, rows))
+    hs = el.starts[:-1]
+    tokens = list(map(strs.__getitem__, hs))
+    dict_slices = list(map(slice, map(operator.add, hs, repeat(1)), el.starts[1:]))
+    tops = list(map(dict, map(zip, map(strs.__getitem__, dict_slices), map(el.lps.__getitem__, dict_slices))))
+    return CompletionLogprobs(
+        text_offset=list(accumulate(map(len, islice(tokens, len(tokens) - 1)), initial=text_offset_start)),
+        token_logprobs=list(map(el.lps.__getitem__, hs)), tokens=tokens, top_logprobs=tops)
+
+
+def _completion_per_entry(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
+                          text_offset_start: int, context_token_ids: list[int] | None,
+                          as_token_ids: bool) -> CompletionLogprobs:
+    """``completion_logprobs`` one candidate at a time: ``token_id:<id>`` strings
+    (``as_token_ids``, vLLM's ``--return-tokens-as-token-ids``), or the table's (a few entries:
+    a stream chunk)."""
     if as_token_ids:
         def text(tid, ctx):
             return token_id_string(tid)
     else:
-        rows = logprob_rows(tok)
+        table = _table(tok)
+        rows = table.rows
 
         def text(tid, ctx):
             r = rows[tid]
             if r is None:
-                r = _fill(tok, rows, tid)
-            return r[0] if r is not _REPAIR else _correct(tok, tid, ctx)
+                r = _fill(tok, table, tid)
+            return r[0] if len(r) > 1 else _repaired(tok, table, tid, r, ctx)[0]
 
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]

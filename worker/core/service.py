@@ -320,7 +320,7 @@ class DerenderService:
                 rt = self.runtime(req.model)
                 if kind == "chat":
                     validate_chat(rt, req)
-                    resp = derender_chat(rt, req, created)
+                    resp = derender_chat(rt, req, created, json_logprobs=True)
                 else:
                     validate_completion(rt, req)
                     resp = derender_completion(rt, req, created)
@@ -339,7 +339,7 @@ class DerenderService:
             if kind == "chat":
                 req = _decode_or_400(_chat_decoder, body)
                 validate_chat(rt, req)
-                resp = derender_chat(rt, req, created)
+                resp = derender_chat(rt, req, created, json_logprobs=True)
             elif kind == "responses":
                 resp = responses_service.derender(rt, _decode_or_400(responses_service.body_decoder, body), created)
             else:

@@ -75,8 +75,8 @@ class Tokenizer(abc.ABC):
     valid in ``[0, vocab_size)``), ``special_ids``, ``added_token_ids`` (every added token,
     special or not -> its content) and ``eos_token_ids``.
 
-    ``logprob_rows`` is the slot of ``worker.core.logprobs.logprob_rows`` (its per-tokenizer
-    id -> (token string, UTF-8 bytes) table, None until first used)."""
+    ``logprob_rows`` is the slot of ``worker.core.logprobs``' per-tokenizer table (id -> token
+    string, UTF-8 bytes and pre-encoded JSON fragments; None until first used)."""
 
     #: incremental detokenization algorithm: "fast" (DecodeStream) or "slow" (detokenize_incrementally)
     backend: ClassVar[str]
@@ -97,7 +97,7 @@ class Tokenizer(abc.ABC):
         self.eos_token_ids = frozenset()
         self.special_ids = frozenset()
         self.added_token_ids = {}
-        self.logprob_rows: list | None = None
+        self.logprob_rows: object | None = None
         self._single_cache: dict[int, str] = {}
         self._tok_cache: dict[int, str] = {}
         self._token_to_id: dict[str, int] | None = None
