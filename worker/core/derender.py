@@ -116,7 +116,7 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
     if len(lp) <= SMALL:  # a few entries (a stream chunk): checked one by one
         _first_bad_logprob(rt, lp, where)
         return
-    c = candidates(lp)  # flattened once, C-level; shared with the logprob block
+    c = candidates(lp)  # flattened once, C-level
     max_lp = cfg.max_logprobs
     try:  # a None id makes min/max raise TypeError: then the per-entry pass names the culprit
         bad = (0 <= max_lp < max(c.counts)) or min(c.tids) < 0 or max(c.tids) >= vocab \

@@ -355,8 +355,8 @@ class Candidates:
     """An engine ``logprobs.content`` list (``entries``) flattened once, C-level: ``tids`` (the
     sampled ids), ``tops`` (each entry's ``top_logprobs`` list), ``counts`` (their lengths),
     ``flat`` (every candidate, position by position) and ``ids`` (their ``token_id``s, a
-    tuple). Shared by the validation (``derender.check_ids_and_logprobs``) and the logprob
-    blocks through :func:`candidates`."""
+    tuple). Read by the validation (``derender.check_ids_and_logprobs``) and the logprob
+    blocks (:func:`candidates`)."""
 
     __slots__ = ("entries", "tids", "tops", "counts", "flat", "ids")
 
@@ -369,23 +369,11 @@ class Candidates:
         self.ids = tuple(map(_get_id, self.flat))
 
 
-_recent = threading.local()
-
-
 def candidates(entries: list[TokenLogprobIn]) -> Candidates:
-    """``Candidates(entries)``, built once per list: the calling thread keeps the last one built
-    (by identity, holding the list) until a logprob block consumes it (``_elements``), so the
-    validation and the logprob block of a choice share one flattening."""
-    c = getattr(_recent, "c", None)
-    if c is None or c.entries is not entries:
-        c = _recent.c = Candidates(entries)
-    return c
-
-
-def _consumed(c: Candidates) -> None:
-    """Drop the thread's reference to ``c`` (its record is done with it)."""
-    if getattr(_recent, "c", None) is c:
-        _recent.c = None
+    """``Candidates(entries)``: the validation and the logprob block each flatten the list they
+    read (~70 / ~200 us for 256 entries of 5 / 20 candidates, C-level), so neither holds a
+    record's candidates after it is done with them."""
+    return Candidates(entries)
 
 
 class _Slices:
@@ -474,8 +462,7 @@ def _rank_pattern(m: int) -> list[int]:
 def _elements(entries: list[TokenLogprobIn], k: int) -> _Elements:
     """The logprob objects of ``entries`` for ``top_logprobs`` ``k`` (``_Elements``): C-level
     over all candidates when they are regular (``_regular``), else per entry (``_selected``)."""
-    c = candidates(entries)  # (built by the validation already)
-    _consumed(c)
+    c = candidates(entries)
     tids = c.tids
     lps = list(map(_get_lp, entries))
     starts = None
