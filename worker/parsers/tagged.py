@@ -162,6 +162,10 @@ def lex_json(st: TaggedState, s: str, end: int) -> None:
                                                                   st.lex_depth)
 
 
+#: ``json.dumps(x, ensure_ascii=False)`` without building an encoder per call (same options)
+_dumps_non_ascii = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
     """Parse ``{"name": ..., "arguments"|"parameters": {...}}`` -> ``[(name, arguments JSON)]``;
     None when the body is not such an object. Arguments are re-serialized with
@@ -175,7 +179,7 @@ def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         return [(obj["name"], args)]
-    return [(obj["name"], json.dumps(args, ensure_ascii=False))]
+    return [(obj["name"], _dumps_non_ascii(args))]
 
 
 def json_string_name(raw: str) -> str | None:
