@@ -245,3 +245,25 @@ def test_json_scan_of_a_long_open_string_is_linear():
     body = '{"name": "w", "arguments": {"text": "' + 'a\\"b ' * 20000
     got = jsonlex.scan_json(body, 0, len(body), False, False, 0)
     assert got == _reference_scan(body, 0, len(body), False, False, 0, True)
+
+
+@pytest.mark.parametrize("name,p", THINK, ids=[n for n, _ in THINK])
+def test_prompt_mode_by_searches_equals_stepping(name, p):
+    """``prompt_mode`` (C-level searches over a reversed window, the whole prompt when the
+    window does not decide) equals stepping the prompt from its end."""
+    rng = random.Random("prompt" + name)
+    markers = sorted(p.start_ids | p.end_ids | ({p.turn_id} if p.turn_id is not None else set()))
+    modes = set()
+    for _ in range(600):
+        size = rng.choice([0, 1, 3, 40, 255, 256, 257, 600])
+        dense = rng.random() * 0.05
+        prompt = [rng.choice(markers) if rng.random() < dense else rng.randrange(1000) for _ in range(size)]
+        # a marker (or none) in the last 256 ids, the other markers before them
+        tail = [rng.randrange(1000) for _ in range(rng.choice([250, 256, 300]))]
+        if rng.random() < 0.7:
+            tail[rng.randrange(len(tail))] = rng.choice(sorted(p.start_ids | p.end_ids))
+        for ids in (prompt, prompt + tail):
+            want = p._prompt_mode_stepped(ids) if ids else None
+            assert p.prompt_mode(ids) == want, ids
+            modes.add(want)
+    assert modes == {None, "content", "reasoning"}

@@ -187,7 +187,9 @@ def check_request_numbers(rt: ModelRuntime, *, n: int | None, top_logprobs: int 
     for v in prompt_tokens:
         if v is not None and not 0 <= v <= max_len:
             raise BadRequest(f"prompt_tokens ({v}) must be between 0 and {max_len}", param="prompt_tokens")
-    stops = [stop] if isinstance(stop, str) else (stop or [])
+    if not stop:
+        return
+    stops = [stop] if isinstance(stop, str) else stop
     if len(stops) > MAX_STOP_STRINGS or sum(len(s) for s in stops if isinstance(s, str)) > MAX_STOP_CHARS:
         raise BadRequest(f"stop: at most {MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters in all",
                          param="stop")

@@ -262,6 +262,7 @@ class TaggedToolParser(ToolParser):
             spec = {json_name_arguments: NAME_ARGS, json_call_list: LIST_ARGS}.get(type(self).parse_body)
         self.spec = spec
         self._starts = self.starts + ((self.bare_start,) if self.bare_start else ())
+        self._longest_end = max(len(e) for e in self.ends)
 
     @property
     def incremental(self) -> bool:  # type: ignore[override]
@@ -499,8 +500,10 @@ class TaggedToolParser(ToolParser):
                     st.inc = ArgStream()
                 continue
             s = st.buf
-            ends = (self.bare_end,) if st.bare else self.ends
-            longest = max(len(e) for e in ends)
+            if st.bare:
+                ends, longest = (self.bare_end,), len(self.bare_end)
+            else:
+                ends, longest = self.ends, self._longest_end
             j, e = find_first(s[st.scan:], ends)
             if j < 0:
                 st.scan = max(0, len(s) - longest + 1)

@@ -68,6 +68,21 @@ class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
     strip_trailing_ws: bool = False
 
 
+#: prompt ids ``prompt_mode`` reads from the end before it falls back to the whole prompt
+_PROMPT_WINDOW = 256
+
+
+def _first_of(rev: list[int], ids: tuple[int, ...], bound: int) -> int:
+    """Smallest position below ``bound`` of any of ``ids`` in ``rev`` (``bound`` when none),
+    each ``list.index`` bounded by the nearest hit so far."""
+    for m in ids:
+        try:
+            bound = rev.index(m, 0, bound)
+        except ValueError:
+            pass
+    return bound
+
+
 class ThinkReasoningParser(ReasoningParser):
     """Reasoning parser driven by a ``ThinkSpec`` (see module docstring)."""
 
@@ -81,6 +96,11 @@ class ThinkReasoningParser(ReasoningParser):
         self.implicit_end_ids = frozenset(
             i for i in (tok.token_to_id(m) for m in self.spec.implicit_end) if i is not None)
         self._end_markers = self.spec.end + self.spec.implicit_end
+        # ``prompt_mode``: an id in both sets is an end id there (its stepping tested ends first)
+        self._start_only = tuple(sorted(self.start_ids - self.end_ids))
+        self._start_only_differs = bool(self.start_ids & self.end_ids)
+        self._prompt_ids = self.start_ids | self.end_ids | \
+            (frozenset((self.turn_id,)) if self.turn_id is not None else frozenset())
         self._longest_start = max(map(len, self.spec.start), default=0)
         self._longest_end = max(map(len, self._end_markers), default=0)
         self._marker_ids = self.start_ids | self.end_ids | self.implicit_end_ids
@@ -95,9 +115,39 @@ class ThinkReasoningParser(ReasoningParser):
 
     # -- initial state -----------------------------------------------------------------------
     def prompt_mode(self, prompt_ids: list[int] | None) -> str | None:
-        """``reasoning``/``content`` when the prompt's last turn pre-opened/closed a block."""
-        if not prompt_ids:
+        """``reasoning``/``content`` when the prompt's last turn (the ids after the last
+        ``turn_token``) pre-opened/closed a block: its last start id after / before its last end
+        id; None when it holds neither. C-level: ``isdisjoint`` first, then ``list.index`` on the
+        reversed last ``_PROMPT_WINDOW`` ids (the whole prompt only when the window does not
+        decide), never one Python step per prompt id."""
+        if not prompt_ids or self._prompt_ids.isdisjoint(prompt_ids):
             return None
+        if self._start_only_differs:
+            return self._prompt_mode_stepped(prompt_ids)
+        n = len(prompt_ids)
+        size = min(n, _PROMPT_WINDOW)
+        while True:
+            rev = prompt_ids[n - size:][::-1]  # rev[k] = prompt_ids[n - 1 - k]
+            bound = size
+            if self.turn_id is not None:
+                try:
+                    bound = rev.index(self.turn_id)
+                except ValueError:
+                    pass
+            last_end = _first_of(rev, self.end_ids, bound)
+            last_start = _first_of(rev, self._start_only, bound)
+            if bound < size or size == n or min(last_end, last_start) < bound:
+                break  # the window holds the turn's start, the whole prompt, or the last marker
+            size = n
+        if last_end < last_start:  # (positions from the end: smaller is later)
+            return "content"
+        if last_start < last_end:
+            return "reasoning"
+        return None
+
+    def _prompt_mode_stepped(self, prompt_ids: list[int]) -> str | None:
+        """``prompt_mode`` one id at a time from the end: only for a spec whose start and end
+        markers share an id (none of the registered families)."""
         last_start = last_end = -1
         for i in range(len(prompt_ids) - 1, -1, -1):
             t = prompt_ids[i]
