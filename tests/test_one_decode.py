@@ -37,7 +37,7 @@ def test_one_decode_keeps_probe_path_errors(body, kind, monkeypatch):
 
     raw = json.dumps(body).encode()
     fast = _svc().derender(raw, kind)
-    monkeypatch.setattr(service, "_one_decode", lambda body, kind: None)
+    monkeypatch.setattr(service, "_one_decode", lambda body, kind, *decoders: None)
     slow = _svc().derender(raw, kind)
     assert (fast.status, fast.body, fast.request_id, fast.kind) == (slow.status, slow.body, slow.request_id,
                                                                     slow.kind)

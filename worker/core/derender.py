@@ -85,7 +85,8 @@ class ModelRuntime:
 
 
 # ------------------------------------------------------------------------------ validation ---
-def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str, allow_empty: bool = False) -> None:
+def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str, allow_empty: bool = False,
+                  ids_in_vocab: bool = False) -> None:
     cfg = rt.config
     ids = c.token_ids
     if ids is None or (not ids and not allow_empty):
@@ -93,7 +94,8 @@ def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str, allow_e
     if cfg.max_model_len is not None and len(ids) > cfg.max_model_len:
         raise BadRequest(f"token_ids length ({len(ids)}) in {where} exceeds max_model_len ({cfg.max_model_len}).",
                          param=f"{where}.token_ids")
-    check_ids_and_logprobs(rt, ids, c.logprobs, where)
+    if not ids_in_vocab or c.logprobs is not None:  # (ids already bounded: only logprobs to check)
+        check_ids_and_logprobs(rt, ids, c.logprobs, where)
 
 
 def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: str) -> None:
@@ -205,7 +207,9 @@ def check_request_numbers(rt: ModelRuntime, *, n: int | None, top_logprobs: int 
     for v in prompt_tokens:
         if v is not None and not 0 <= v <= max_len:
             raise BadRequest(f"prompt_tokens ({v}) must be between 0 and {max_len}", param="prompt_tokens")
-    stops = [stop] if isinstance(stop, str) else (stop or [])
+    if not stop:
+        return
+    stops = [stop] if isinstance(stop, str) else stop
     if len(stops) > MAX_STOP_STRINGS or sum(len(s) for s in stops if isinstance(s, str)) > MAX_STOP_CHARS:
         raise BadRequest(f"stop: at most {MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters in all",
                          param="stop")
@@ -221,10 +225,12 @@ def check_choice_index(rt: ModelRuntime, index: int, seen: set[int], where: str)
     seen.add(index)
 
 
-def validate_chat(rt: ModelRuntime, body: DerenderChatRequest) -> None:
+def validate_chat(rt: ModelRuntime, body: DerenderChatRequest, ids_in_vocab: bool = False) -> None:
     """Reject a chat body before any decode (vLLM render-server semantics): ``stream: true``,
     too many choices, empty/oversized/out-of-vocab ``token_ids``, oversized logprobs, a missing
     ``chat_request`` when a parser is configured, ``prompt_tokens`` != len(``prompt_token_ids``).
+    ``ids_in_vocab``: the body's decode already bounded every output and prompt id to the
+    vocabulary (``service._bounded_body_decoders``), so those bounds are not scanned again.
     Raises ``BadRequest``."""
     if body.stream:
         raise BadRequest("stream=true is not valid on a non-streaming derender body (use generate_chunk)",
@@ -246,17 +252,19 @@ def validate_chat(rt: ModelRuntime, body: DerenderChatRequest) -> None:
     check_request_numbers(rt, n=req.n if req else None, top_logprobs=req.top_logprobs if req else None,
                           min_tokens=req.min_tokens if req else None, prompt_tokens=[body.prompt_tokens],
                           logprobs_param="top_logprobs", stop=req.stop if req else None)
-    check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
-    check_prompt_ids(rt, body.generate_response.prompt_token_ids, "generate_response.prompt_token_ids")
+    if not ids_in_vocab:
+        check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
+        check_prompt_ids(rt, body.generate_response.prompt_token_ids, "generate_response.prompt_token_ids")
     seen: set[int] = set()
     for i, c in enumerate(choices):
         check_choice_index(rt, c.index, seen, "generate_response.choices")
-        _check_choice(rt, c, f"choice {c.index if c.index is not None else i}")
+        _check_choice(rt, c, f"choice {c.index if c.index is not None else i}", ids_in_vocab=ids_in_vocab)
 
 
-def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> None:
-    """Reject a completion body before any decode (see ``validate_chat``), plus: empty
-    ``generate_responses``, ``prompt_tokens``/``prompt_token_ids`` list length mismatch."""
+def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest, ids_in_vocab: bool = False) -> None:
+    """Reject a completion body before any decode (see ``validate_chat``, ``ids_in_vocab``
+    included), plus: empty ``generate_responses``, ``prompt_tokens``/``prompt_token_ids`` list
+    length mismatch."""
     if body.stream:
         raise BadRequest("stream=true is not valid on a non-streaming derender body", param="stream")
     grs = body.generate_responses
@@ -272,10 +280,11 @@ def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> No
             if n != len(p):
                 raise BadRequest(f"prompt_tokens[{i}] ({n}) != len(prompt_token_ids[{i}]) ({len(p)})",
                                  param="prompt_tokens")
-    for i, p in enumerate(body.prompt_token_ids or ()):
+    for i, p in enumerate(() if ids_in_vocab else body.prompt_token_ids or ()):
         check_prompt_ids(rt, p, f"prompt_token_ids[{i}]")
     for i, g in enumerate(grs):
-        check_prompt_ids(rt, g.prompt_token_ids, f"generate_responses[{i}].prompt_token_ids")
+        if not ids_in_vocab:
+            check_prompt_ids(rt, g.prompt_token_ids, f"generate_responses[{i}].prompt_token_ids")
         seen: set[int] = set()
         for c in g.choices:
             check_choice_index(rt, c.index, seen, f"generate_responses[{i}].choices")
@@ -291,7 +300,8 @@ def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest) -> No
             raise BadRequest(f"generate_responses[{pi}].choices must not be empty", param="generate_responses")
         for c in g.choices:
             # an empty completion is valid OpenAI output (text ""); chat keeps vLLM's rejection
-            _check_choice(rt, c, f"generate_responses[{pi}] choice {c.index}", allow_empty=True)
+            _check_choice(rt, c, f"generate_responses[{pi}] choice {c.index}", allow_empty=True,
+                          ids_in_vocab=ids_in_vocab)
 
 
 # -------------------------------------------------------------------------------- assembly ---

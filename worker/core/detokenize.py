@@ -57,18 +57,54 @@ class _InvalidPrefix(Exception):
 
 
 def _prompt_tail(tok: Tokenizer, prompt: list[int], skip_special_tokens: bool) -> list[int]:
-    """A suffix of ``prompt`` that primes a decode stream like the whole prompt does."""
+    """A suffix of ``prompt`` that primes a decode stream like the whole prompt does: its last
+    ``_PROMPT_TAIL_MIN`` ids, extended (up to ``_PROMPT_TAIL_MAX``) until it holds
+    ``_PROMPT_TAIL_NONSPECIAL`` ids that are not skipped special tokens. By slicing and C-level
+    set tests (issue 13: no per-id Python); a new list."""
     n = len(prompt)
     if n <= _PROMPT_TAIL_MIN:
         return list(prompt)
+    tail = prompt[n - _PROMPT_TAIL_MIN:]
+    if not skip_special_tokens:
+        return tail
     special = tok.special_ids
-    start = n - _PROMPT_TAIL_MIN
-    nonspecial = sum(1 for i in prompt[start:] if i not in special or not skip_special_tokens)
-    while start > 0 and n - start < _PROMPT_TAIL_MAX and nonspecial < _PROMPT_TAIL_NONSPECIAL:
-        start -= 1
-        if prompt[start] not in special or not skip_special_tokens:
-            nonspecial += 1
-    return list(prompt[start:])
+    if special.isdisjoint(tail) or \
+            _PROMPT_TAIL_MIN - sum(map(special.__contains__, tail)) >= _PROMPT_TAIL_NONSPECIAL:
+        return tail
+    # newest first: is each of the last _PROMPT_TAIL_MAX ids special? The tail ends just before
+    # the _PROMPT_TAIL_NONSPECIAL-th non-special one (or at _PROMPT_TAIL_MAX / the prompt's start)
+    flags = list(map(special.__contains__, reversed(prompt[max(0, n - _PROMPT_TAIL_MAX):])))
+    k = -1
+    try:
+        for _ in range(_PROMPT_TAIL_NONSPECIAL):
+            k = flags.index(False, k + 1)
+        size = max(_PROMPT_TAIL_MIN, k + 1)
+    except ValueError:
+        size = len(flags)
+    return prompt[n - size:]
+
+
+#: decoded text of recent prompt-tail windows: ``(tokenizer, skip_special_tokens, *ids)`` ->
+#: text (a chat template's generation prompt repeats across requests, so most records find
+#: their window here instead of decoding it); FIFO-bounded
+_WINDOW_TEXT: dict[tuple, str] = {}
+_WINDOW_TEXT_MAX = 4096
+
+
+def _window_text(tok: Tokenizer, ids: list[int], skip: bool) -> str:
+    """``tok.raw_decode(ids, skip)`` through ``_WINDOW_TEXT`` (the decode is a pure function of
+    its key)."""
+    key = (tok, skip, *ids)
+    text = _WINDOW_TEXT.get(key)
+    if text is None:
+        text = tok.raw_decode(ids, skip)
+        if len(_WINDOW_TEXT) >= _WINDOW_TEXT_MAX:
+            try:
+                del _WINDOW_TEXT[next(iter(_WINDOW_TEXT))]
+            except (KeyError, StopIteration, RuntimeError):  # another thread evicted it first
+                pass
+        _WINDOW_TEXT[key] = text
+    return text
 
 
 class IncrementalDetokenizer:
@@ -104,12 +140,12 @@ class IncrementalDetokenizer:
         self._tokens: list[str] = []
         self._prefix_offset = 0
         self._read_offset = 0
-        prompt = [i for i in (prompt_token_ids or [])]
+        prompt = prompt_token_ids
         if not prompt:
             return
         if self.fast:
             self._ids = _prompt_tail(tok, prompt, self.skip_special_tokens)
-            p = self._window_text = tok.raw_decode(self._ids, self.skip_special_tokens)
+            p = self._window_text = _window_text(tok, self._ids, self.skip_special_tokens)
             if p.endswith(_FFFD):
                 # the prompt ends inside a multi-byte character: its dangling bytes belong to
                 # the prompt, so they are part of the prefix (never emitted as output text);
@@ -158,7 +194,7 @@ class IncrementalDetokenizer:
         p = "" if not window else self._window_text if self._window_text is not None \
             else tok.raw_decode(window, self.skip_special_tokens)
         try:
-            s = tok.raw_decode([*window, *token_ids], self.skip_special_tokens)
+            s = tok.raw_decode(window + token_ids if window else token_ids, self.skip_special_tokens)
         except OverflowError:  # a negative or > 32-bit id: stepping skips it, one id at a time
             return None
         if _FFFD in s or not s.startswith(p):
@@ -251,13 +287,13 @@ def stop_token_trimmed(token_ids: list[int], finish_reason: str | None, stop_rea
                        eos_token_ids, include_stop_str_in_output: bool = False) -> list[int]:
     """The ids vLLM detokenizes: the final stop token (an EOS id or the int ``stop_reason`` of a
     ``stop`` finish) is left out unless ``include_stop_str_in_output``."""
-    ids = list(token_ids or [])
+    ids = token_ids or []
     if include_stop_str_in_output or finish_reason != "stop" or not ids:
-        return ids
+        return list(ids)
     last = ids[-1]
     is_stop_tok = (isinstance(stop_reason, int) and not isinstance(stop_reason, bool) and last == stop_reason) \
         or (not isinstance(stop_reason, str) and eos_token_ids is not None and last in eos_token_ids)
-    return ids[:-1] if is_stop_tok else ids
+    return ids[:-1] if is_stop_tok else list(ids)
 
 
 def detokenize_output(tok: Tokenizer, token_ids: list[int], *, skip_special_tokens: bool = True,

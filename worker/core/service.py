@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from functools import lru_cache
+from typing import Annotated
 
 import msgspec
 
@@ -19,6 +21,8 @@ from schemas import (
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
     ErrorResponse,
+    GenerateTokensChoice,
+    GenerateTokensResponse,
 )
 from worker.config import ServedModelConfig
 from worker.core import stream as core_stream
@@ -73,9 +77,33 @@ class _CompletionBody(DerenderCompletionRequest, kw_only=True):
     generate_chunk: msgspec.Raw = msgspec.Raw()
 
 
+@lru_cache(maxsize=8)
+def _bounded_body_decoders(vocab: int) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
+    """``(chat, completion)`` one-decode decoders whose output and prompt token ids are typed
+    ``Annotated[int, Meta(ge=0, lt=vocab)]`` (issue 13 item 1: the id bounds checked inside the
+    one msgspec decode, no per-id Python and no ``min``/``max`` pass). A body with an id outside
+    ``[0, vocab)`` fails this decode and takes the probe path, whose validation names the id
+    exactly as before (``derender.check_ids_and_logprobs`` / ``check_prompt_ids``). Built once
+    per vocabulary size."""
+    tid = Annotated[int, msgspec.Meta(ge=0, lt=vocab)]
+    ids = list[tid] | None
+    choice = msgspec.defstruct("BoundedChoice", [("token_ids", ids, None)], bases=(GenerateTokensChoice,),
+                               kw_only=True)
+    resp = msgspec.defstruct("BoundedResponse", [("choices", list[choice], msgspec.field(default_factory=list)),
+                                                 ("prompt_token_ids", ids, None)],
+                             bases=(GenerateTokensResponse,), kw_only=True)
+    chat = msgspec.defstruct("BoundedChatBody", [("generate_response", resp), ("prompt_token_ids", ids, None)],
+                             bases=(_ChatBody,), kw_only=True)
+    completion = msgspec.defstruct("BoundedCompletionBody", [("generate_responses", list[resp]),
+                                                             ("prompt_token_ids", list[list[tid]] | None, None)],
+                                   bases=(_CompletionBody,), kw_only=True)
+    return msgspec.json.Decoder(chat), msgspec.json.Decoder(completion)
+
+
 _probe_decoder = msgspec.json.Decoder(_Probe)
 _chat_body_decoder = msgspec.json.Decoder(_ChatBody)
 _completion_body_decoder = msgspec.json.Decoder(_CompletionBody)
+_UNBOUNDED = (_chat_body_decoder, _completion_body_decoder)
 _rid_decoder = msgspec.json.Decoder(_RidProbe)
 _list_rid_decoder = msgspec.json.Decoder(list[_RidProbe])
 _chat_decoder = msgspec.json.Decoder(DerenderChatRequest)
@@ -279,6 +307,9 @@ class DerenderService:
         self._lock = threading.Lock()
         #: decoded write-once stream settings of the streams this process derendered lately
         self.settings_cache = SettingsCache()
+        #: ``(vocab bound, (chat, completion) one-decode decoders)``: ids are bounded in the one
+        #: decode by the largest vocabulary among the loaded runtimes (None: none loaded yet)
+        self._one: tuple[int | None, tuple[msgspec.json.Decoder, msgspec.json.Decoder]] = (None, _UNBOUNDED)
 
     def preload(self) -> None:
         """Load every model's tokenizer and parsers now. Raises ``ValueError`` on a bad config."""
@@ -300,6 +331,8 @@ class DerenderService:
             if rt is None:
                 rt = ModelRuntime(cfg)
                 self._runtimes[cfg.name] = rt
+                vocab = max(r.tokenizer.vocab_size for r in self._runtimes.values())
+                self._one = (vocab, _bounded_body_decoders(vocab))
             self._runtimes[name] = rt
         return rt
 
@@ -312,17 +345,20 @@ class DerenderService:
         Returns a ``DerenderResult``; never raises for bad input (400/404 error objects)."""
         request_id = None
         try:
-            one = _one_decode(body, kind)
+            bound, decoders = self._one
+            one = _one_decode(body, kind, decoders)
             if one is not None:  # the common case: one typed decode, same outcome as the probe path
                 kind, req = one
                 request_id = req.generate_response.request_id if kind == "chat" else \
                     req.generate_responses[0].request_id
                 rt = self.runtime(req.model)
+                # the decode bounded every id by ``bound``: inside this model's vocabulary too?
+                in_vocab = bound is not None and bound <= rt.tokenizer.vocab_size
                 if kind == "chat":
-                    validate_chat(rt, req)
+                    validate_chat(rt, req, ids_in_vocab=in_vocab)
                     resp = derender_chat(rt, req, created, json_logprobs=True)
                 else:
-                    validate_completion(rt, req)
+                    validate_completion(rt, req, ids_in_vocab=in_vocab)
                     resp = derender_completion(rt, req, created)
                 return DerenderResult(_encoder.encode(resp), 200, request_id, kind)
             probe = _decode_or_400(_probe_decoder, body)
@@ -575,24 +611,26 @@ def _probe_stream(body: bytes) -> tuple[str | None, str | None, bool]:
     return request_id, probe.model, _Probe.present(probe.completion_request)
 
 
-def _one_decode(body: bytes, kind: str | None):
+def _one_decode(body: bytes, kind: str | None, decoders=_UNBOUNDED):
     """``(kind, typed body)`` when ``body`` decodes as a chat (or completion) body in one typed
     decode and has exactly that shape (``kind_of``'s rule: the other shapes' keys absent or
     null; ``kind``, when given, agrees); None otherwise: the caller then takes the probe path,
     which reports the same error message it always did. Which shape is tried is guessed from the
     bytes (``"generate_responses"`` present: completion); a wrong guess only costs the fallback.
     A body that may be a Responses body (``"responses_request"`` in its bytes, or the kind says
-    so) always takes the probe path, which tells the Responses shape."""
+    so) always takes the probe path, which tells the Responses shape. ``decoders``: the
+    ``(chat, completion)`` decoders (``_bounded_body_decoders``: an id outside their bound also
+    takes the probe path)."""
     if kind == "responses" or b'"responses_request"' in body:
         return None
     want = kind if kind is not None else ("completion" if b'"generate_responses"' in body else "chat")
     try:
         if want == "chat":
-            req = _chat_body_decoder.decode(body)
+            req = decoders[0].decode(body)
             if _Probe.present(req.generate_responses) or _Probe.present(req.generate_chunk):
                 return None
         elif want == "completion":
-            req = _completion_body_decoder.decode(body)
+            req = decoders[1].decode(body)
             if _Probe.present(req.generate_response) or _Probe.present(req.generate_chunk) \
                     or not req.generate_responses:
                 return None

@@ -229,12 +229,12 @@ def partial_suffix_len(text: str, marker: str) -> int:
     return 0
 
 
-def find_first(text: str, markers: tuple[str, ...]) -> tuple[int, str | None]:
-    """Earliest occurrence in ``text`` of any of ``markers``: ``(position, marker)`` or
-    ``(-1, None)``. Ties go to the longer marker."""
+def find_first(text: str, markers: tuple[str, ...], start: int = 0) -> tuple[int, str | None]:
+    """Earliest occurrence in ``text[start:]`` of any of ``markers``: ``(position in text,
+    marker)`` or ``(-1, None)``. Ties go to the longer marker."""
     best, which = -1, None
     for m in markers:
-        i = text.find(m)
+        i = text.find(m, start)
         if i >= 0 and (best < 0 or i < best or (i == best and len(m) > len(which or ""))):
             best, which = i, m
     return best, which

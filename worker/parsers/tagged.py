@@ -157,6 +157,10 @@ def lex_json(st: TaggedState, s: str, end: int) -> None:
                                                                   st.lex_depth)
 
 
+#: ``json.dumps(x, ensure_ascii=False)`` without building an encoder per call (same options)
+_dumps_non_ascii = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
     """Parse ``{"name": ..., "arguments"|"parameters": {...}}`` -> ``[(name, arguments JSON)]``;
     None when the body is not such an object. Arguments are re-serialized with
@@ -170,7 +174,7 @@ def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         return [(obj["name"], args)]
-    return [(obj["name"], json.dumps(args, ensure_ascii=False))]
+    return [(obj["name"], _dumps_non_ascii(args))]
 
 
 def json_string_name(raw: str) -> str | None:
@@ -253,6 +257,7 @@ class TaggedToolParser(ToolParser):
             spec = {json_name_arguments: NAME_ARGS, json_call_list: LIST_ARGS}.get(type(self).parse_body)
         self.spec = spec
         self._starts = self.starts + ((self.bare_start,) if self.bare_start else ())
+        self._longest_end = max(len(e) for e in self.ends)
 
     @property
     def incremental(self) -> bool:  # type: ignore[override]
@@ -502,8 +507,10 @@ class TaggedToolParser(ToolParser):
                     st.inc = ArgStream()
                 continue
             s = st.buf
-            ends = (self.bare_end,) if st.bare else self.ends
-            longest = max(len(e) for e in ends)
+            if st.bare:
+                ends, longest = (self.bare_end,), len(self.bare_end)
+            else:
+                ends, longest = self.ends, self._longest_end
             j, e = find_first(s[st.scan:], ends)
             if j < 0:
                 st.scan = max(0, len(s) - longest + 1)

@@ -68,6 +68,21 @@ class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
     strip_trailing_ws: bool = False
 
 
+#: prompt ids ``prompt_mode`` reads from the end before it falls back to the whole prompt
+_PROMPT_WINDOW = 256
+
+
+def _first_of(rev: list[int], ids: tuple[int, ...], bound: int) -> int:
+    """Smallest position below ``bound`` of any of ``ids`` in ``rev`` (``bound`` when none),
+    each ``list.index`` bounded by the nearest hit so far."""
+    for m in ids:
+        try:
+            bound = rev.index(m, 0, bound)
+        except ValueError:
+            pass
+    return bound
+
+
 class ThinkReasoningParser(ReasoningParser):
     """Reasoning parser driven by a ``ThinkSpec`` (see module docstring)."""
 
@@ -81,13 +96,58 @@ class ThinkReasoningParser(ReasoningParser):
         self.implicit_end_ids = frozenset(
             i for i in (tok.token_to_id(m) for m in self.spec.implicit_end) if i is not None)
         self._end_markers = self.spec.end + self.spec.implicit_end
+        # ``prompt_mode``: an id in both sets is an end id there (its stepping tested ends first)
+        self._start_only = tuple(sorted(self.start_ids - self.end_ids))
+        self._start_only_differs = bool(self.start_ids & self.end_ids)
+        self._prompt_ids = self.start_ids | self.end_ids | \
+            (frozenset((self.turn_id,)) if self.turn_id is not None else frozenset())
+        self._longest_start = max(map(len, self.spec.start), default=0)
+        self._longest_end = max(map(len, self._end_markers), default=0)
         self._marker_ids = self.start_ids | self.end_ids | self.implicit_end_ids
+        # the marker ids ``_count`` searches for in content, in an explicit block, in a block
+        # an implicit end may close (the others leave its count unchanged there); start ids
+        # first: an output usually opens with one, and each hit bounds the later searches
+        starts = tuple(sorted(self.start_ids))
+        ends = tuple(sorted(self.end_ids - self.start_ids))
+        self._content_relevant = starts
+        self._explicit_relevant = starts + ends
+        self._all_relevant = starts + ends + tuple(sorted(self.implicit_end_ids - self.start_ids - self.end_ids))
 
     # -- initial state -----------------------------------------------------------------------
     def prompt_mode(self, prompt_ids: list[int] | None) -> str | None:
-        """``reasoning``/``content`` when the prompt's last turn pre-opened/closed a block."""
-        if not prompt_ids:
+        """``reasoning``/``content`` when the prompt's last turn (the ids after the last
+        ``turn_token``) pre-opened/closed a block: its last start id after / before its last end
+        id; None when it holds neither. C-level: ``isdisjoint`` first, then ``list.index`` on the
+        reversed last ``_PROMPT_WINDOW`` ids (the whole prompt only when the window does not
+        decide), never one Python step per prompt id."""
+        if not prompt_ids or self._prompt_ids.isdisjoint(prompt_ids):
             return None
+        if self._start_only_differs:
+            return self._prompt_mode_stepped(prompt_ids)
+        n = len(prompt_ids)
+        size = min(n, _PROMPT_WINDOW)
+        while True:
+            rev = prompt_ids[n - size:][::-1]  # rev[k] = prompt_ids[n - 1 - k]
+            bound = size
+            if self.turn_id is not None:
+                try:
+                    bound = rev.index(self.turn_id)
+                except ValueError:
+                    pass
+            last_end = _first_of(rev, self.end_ids, bound)
+            last_start = _first_of(rev, self._start_only, bound)
+            if bound < size or size == n or min(last_end, last_start) < bound:
+                break  # the window holds the turn's start, the whole prompt, or the last marker
+            size = n
+        if last_end < last_start:  # (positions from the end: smaller is later)
+            return "content"
+        if last_start < last_end:
+            return "reasoning"
+        return None
+
+    def _prompt_mode_stepped(self, prompt_ids: list[int]) -> str | None:
+        """``prompt_mode`` one id at a time from the end: only for a spec whose start and end
+        markers share an id (none of the registered families)."""
         last_start = last_end = -1
         for i in range(len(prompt_ids) - 1, -1, -1):
             t = prompt_ids[i]
@@ -129,41 +189,66 @@ class ThinkReasoningParser(ReasoningParser):
 
     def _count(self, st: ThinkState, token_ids: list[int]) -> int:
         """Reasoning ids among ``token_ids`` (markers excluded), following the id-level mode in
-        ``st``. Work is C-level over the ids (``set.isdisjoint``, ``list.index`` per marker id)
-        plus one Python step per marker occurrence, never one per token."""
+        ``st``: a start id enters reasoning (and sets the block explicit when the spec says so),
+        an end id leaves it, an implicit-end id leaves it unless the block is explicit (there
+        it counts as a reasoning token).
+
+        Work is C-level over the ids (``set.isdisjoint``, ``list.index``) plus one Python step
+        per marker occurrence, never one per token: from each position only the marker ids that
+        can change the count are searched (in content: start ids; in reasoning: start and end
+        ids, implicit ends too when the block is not explicit), each search bounded by the
+        nearest hit so far and its result remembered, so a marker's stretch of the ids is
+        scanned about once (issue 13: the ids after the last marker are not scanned once per
+        marker id)."""
         r = st.tok_reasoning
-        markers = self._marker_ids
-        if markers.isdisjoint(token_ids):
+        if self._marker_ids.isdisjoint(token_ids):
             return len(token_ids) if r else 0
-        pos: list[int] = []
-        for m in markers:  # a handful of marker ids
-            i = -1
-            try:
-                while True:
-                    i = token_ids.index(m, i + 1)
-                    pos.append(i)
-            except ValueError:
-                pass
-        pos.sort()
         explicit = st.tok_explicit
         needs_end = self.spec.explicit_needs_end
-        n = prev = 0
-        for i in pos:
+        start_ids, end_ids = self.start_ids, self.end_ids
+        size = len(token_ids)
+        index = token_ids.index
+        #: marker id -> (k, True): its first occurrence at or after the search start is k;
+        #: (k, False): it does not occur between the search start and k
+        known: dict[int, tuple[int, bool]] = {}
+        n = pos = 0
+        while pos < size:
+            if not r:
+                ids = self._content_relevant
+            elif explicit:
+                ids = self._explicit_relevant
+            else:
+                ids = self._all_relevant
+            best = size
+            for m in ids:
+                k, found = known.get(m, (pos, False))
+                if found and k >= pos:
+                    if k < best:
+                        best = k
+                    continue
+                lo = k if k > pos else pos
+                if lo >= best:
+                    continue
+                try:
+                    best = index(m, lo, best)
+                    known[m] = (best, True)
+                except ValueError:
+                    known[m] = (best, False)
             if r:
-                n += i - prev
-            prev = i + 1
-            t = token_ids[i]
-            if t in self.start_ids:
+                n += best - pos
+            if best == size:
+                break
+            pos = best + 1
+            t = token_ids[best]
+            if t in start_ids:
                 r = True
                 explicit = needs_end
-            elif t in self.end_ids:
+            elif t in end_ids:
                 r = False
             elif not explicit:  # an implicit end
                 r = False
             elif r:  # an implicit end inside an explicit block is a reasoning token
                 n += 1
-        if r:
-            n += len(token_ids) - prev
         st.tok_reasoning = r
         st.tok_explicit = explicit
         return n
@@ -173,14 +258,16 @@ class ThinkReasoningParser(ReasoningParser):
         s = state.buf + text
         state.buf = ""
         spec = self.spec
-        while s:
+        i, size = 0, len(s)  # ``s[i:]`` is still to be read (offsets: no copy of the rest per step)
+        while i < size:
             if state.mode == "start":
-                if any(len(s) < len(m) and m.startswith(s) for m in spec.start):
-                    state.buf = s
+                if size - i < self._longest_start and \
+                        any(len(m) > size - i and m.startswith(s[i:]) for m in spec.start):
+                    state.buf = s[i:]
                     return out
                 for m in spec.start:
-                    if s.startswith(m):
-                        s = s[len(m):]
+                    if s.startswith(m, i):
+                        i += len(m)
                         state.mode = "reasoning"
                         state.explicit = spec.explicit_needs_end
                         break
@@ -189,30 +276,30 @@ class ThinkReasoningParser(ReasoningParser):
                 continue
             if state.mode == "reasoning":
                 ends = spec.end if state.explicit else self._end_markers
-                i, m = find_first(s, ends)
-                if i < 0:
-                    keep = hold_back(s, ends)
-                    self._reason(state, out, s[: len(s) - keep])
-                    state.buf = s[len(s) - keep:]
+                j, m = find_first(s, ends, i)
+                if j < 0:
+                    keep = hold_back(s[max(i, size - self._longest_end):], ends)
+                    self._reason(state, out, s[i: size - keep])
+                    state.buf = s[size - keep:]
                     return out
-                self._reason(state, out, s[:i])
+                self._reason(state, out, s[i:j])
                 state.ws = ""  # reasoning ended: its trailing whitespace is dropped
-                s = s[i + len(m):] if m in spec.end else s[i:]
+                i = j + len(m) if m in spec.end else j
                 state.mode = "content"
                 continue
             # content
             if spec.start_anywhere:
-                i, m = find_first(s, spec.start)
-                if i >= 0:
-                    out.content += s[:i]
-                    s = s[i + len(m):]
+                j, m = find_first(s, spec.start, i)
+                if j >= 0:
+                    out.content += s[i:j]
+                    i = j + len(m)
                     state.mode = "reasoning"
                     continue
-                keep = hold_back(s, spec.start)
-                out.content += s[: len(s) - keep]
-                state.buf = s[len(s) - keep:]
+                keep = hold_back(s[max(i, size - self._longest_start):], spec.start)
+                out.content += s[i: size - keep]
+                state.buf = s[size - keep:]
                 return out
-            out.content += s
+            out.content += s[i:] if i else s
             return out
         return out
 
