@@ -502,6 +502,25 @@ def _read_ranges(pieces: PieceLog, ranges: list[int], crc: int) -> str:
                          f"{len(data)} read): they were lost or expired, or overwritten") from None
 
 
+def _need_every_spill(st: StreamState, pieces: PieceLog) -> None:
+    """Without a reader, ask for the stored bytes of every spilled body of the stream at once:
+    ``PiecesNeeded`` over the span from the first range of any choice to the end of the last
+    (``PieceLog.read``). A caller that then reads only that span (the Kafka worker reads what
+    ``needs_pieces`` names) has the bytes of every choice that closes in this chunk and of each
+    of their ranges, however the choices' spills interleave; one range at a time, a second range
+    or choice read past the fetched bytes and a live stream got the 409 "lost or expired"."""
+    if pieces.reader is not None:
+        return
+    lo = hi = -1
+    for c in st.choices.values():
+        for r in (c.spill, c.spill_args, c.spill_held):
+            if r:
+                lo = r[0] if lo < 0 else min(lo, r[0])
+                hi = max(hi, r[-2] + r[-1])
+    if lo >= 0:
+        pieces.read(lo, hi)
+
+
 def _unspill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
     """Bring the open call's spilled start (and its spilled sent XML entries, and the
     required/named content held for JSON parsing) back from ``pieces`` into its parser state.
@@ -682,6 +701,7 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
         except BodyNeeded:  # the open call closes: its spilled start comes back, the step is rerun
             del out[mark:]
             cs = st.choices[c.index] = _restore(rt, snap)
+            _need_every_spill(st, pieces)
             _unspill(rt, cs, pieces)
             any_finished |= _chat_choice(rt, st, c, out)
         _spill(rt, st.choices[c.index], pieces)
