@@ -130,6 +130,8 @@ _CORRUPT = {
     "not utf-8": lambda log: b"\xff" * len(log),
     "utf-8 cut in a character": lambda log: log[:len(log) // 2] + b"\xc3" + log[len(log) // 2 + 1:],
     "same bytes, other characters": lambda log: b"Z" * len(log),
+    # as many bytes and characters as spilled, one word of the body changed (found by the CRC-32)
+    "one word overwritten": lambda log: log.replace(b"abc", b"XYZ", 1),
     "zero bytes": lambda log: b"\0" * len(log),
     "short": lambda log: log[:-1],
 }

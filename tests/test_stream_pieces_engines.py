@@ -198,6 +198,8 @@ def test_a_redone_chunk_never_appends_twice(case, mode, tiny_spill):
 _CORRUPT = {
     "not utf-8": lambda log: b"\xff" * len(log),
     "same bytes, other characters": lambda log: b"Z" * len(log),
+    # as many bytes and characters as spilled, one word of the body changed (found by the CRC-32)
+    "one word overwritten": lambda log: log.replace(b"abc", b"XYZ", 1),
     "short": lambda log: log[:-1],
 }
 

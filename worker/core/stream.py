@@ -45,8 +45,9 @@ with it. With ``pieces`` (a ``PieceLog`` over the stream's append-only pieces,
 ``worker.state.pieces``; ``DerenderService.derender_stream(pieces=True)``), once ``SPILL_CHARS``
 of an open call's body are held (``ToolParser.body_held``), the part its parser no longer reads
 before the call closes (``ToolParser.spill_point``) is appended to the pieces
-(``ChoiceState.spill``: its byte ranges; ``StreamState.pieces_len``: the pieces' length, which
-readers truncate to) and leaves the state. Every engine that buffers an open call does it:
+(``ChoiceState.spill``: its byte ranges, ``spill_crc`` their bytes' running CRC-32, checked when
+read back; ``StreamState.pieces_len``: the pieces' length, which readers truncate to) and leaves
+the state. Every engine that buffers an open call does it:
 
 * tagged (``TaggedToolParser``: hermes, qwen3_coder, deepseek, kimi_k2, ...): everything before
   the end-marker search, the JSON lexer and the incremental streamer's offsets; in
@@ -118,6 +119,7 @@ first chunk's (compared by ``request_digest``; later chunks' requests are never 
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import msgspec
@@ -420,9 +422,7 @@ def _end_choice(cs: ChoiceState, c: GenerateTokensStreamChoice) -> bool:
     cs.parser = None
     cs.lp_ctx = []
     cs.held = ""
-    cs.spill = []
-    cs.spill_args = []
-    cs.spill_held = []
+    _clear_spills(cs)
     if c.finish_reason is None:
         cs.stopped = True
         return False
@@ -479,8 +479,22 @@ def _restore(rt: ModelRuntime, snap: bytes) -> ChoiceState:
     return _typed(rt.stack).choice.decode(snap)
 
 
-def _read_ranges(pieces: PieceLog, ranges: list[int]) -> str:
+def _clear_spills(cs: ChoiceState) -> None:
+    """No spilled ranges (and their CRCs) left in ``cs``."""
+    cs.spill = []
+    cs.spill_args = []
+    cs.spill_held = []
+    cs.spill_crc = cs.spill_args_crc = cs.spill_held_crc = 0
+
+
+def _read_ranges(pieces: PieceLog, ranges: list[int], crc: int) -> str:
+    """The text spilled to ``ranges`` of ``pieces``, whose bytes had CRC-32 ``crc`` when written
+    (``_append``). Raises ``PiecesLost`` when the bytes read are not those (another CRC, or not
+    UTF-8): the pieces were overwritten, and no reply is built from them."""
     data = b"".join(pieces.read(ranges[i], ranges[i] + ranges[i + 1]) for i in range(0, len(ranges), 2))
+    if zlib.crc32(data) != crc:
+        raise PiecesLost(f"the stream's pieces are corrupted ({len(data)} bytes read, not the ones written: "
+                         "another CRC-32): they were lost or expired, or overwritten")
     try:
         return data.decode("utf-8", "surrogatepass")
     except UnicodeDecodeError as e:  # bytes the store holds are not what was spilled
@@ -488,32 +502,50 @@ def _read_ranges(pieces: PieceLog, ranges: list[int]) -> str:
                          f"{len(data)} read): they were lost or expired, or overwritten") from None
 
 
+def _need_every_spill(st: StreamState, pieces: PieceLog) -> None:
+    """Without a reader, ask for the stored bytes of every spilled body of the stream at once:
+    ``PiecesNeeded`` over the span from the first range of any choice to the end of the last
+    (``PieceLog.read``). A caller that then reads only that span (the Kafka worker reads what
+    ``needs_pieces`` names) has the bytes of every choice that closes in this chunk and of each
+    of their ranges, however the choices' spills interleave; one range at a time, a second range
+    or choice read past the fetched bytes and a live stream got the 409 "lost or expired"."""
+    if pieces.reader is not None:
+        return
+    lo = hi = -1
+    for c in st.choices.values():
+        for r in (c.spill, c.spill_args, c.spill_held):
+            if r:
+                lo = r[0] if lo < 0 else min(lo, r[0])
+                hi = max(hi, r[-2] + r[-1])
+    if lo >= 0:
+        pieces.read(lo, hi)
+
+
 def _unspill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
     """Bring the open call's spilled start (and its spilled sent XML entries, and the
     required/named content held for JSON parsing) back from ``pieces`` into its parser state.
     Raises ``PiecesLost`` (the 409 "lost or expired") when the stored bytes are too few, not
-    UTF-8, or not as many characters as were spilled: the pieces were lost, truncated or
+    the ones written (CRC-32), not UTF-8, or not as many characters as were spilled: the pieces were lost, truncated or
     overwritten (a wrong reply is never built from them)."""
     stack = rt.stack
     tool = stack.tool
     ps = cs.parser
     try:
         if cs.spill:
-            tool.unspill(ps.tool, _read_ranges(pieces, cs.spill))
+            tool.unspill(ps.tool, _read_ranges(pieces, cs.spill, cs.spill_crc))
         if cs.spill_args or (ps.tool is not None and tool.args_spilled(ps.tool)):
-            tool.unspill_args(ps.tool, _read_ranges(pieces, cs.spill_args))
+            tool.unspill_args(ps.tool, _read_ranges(pieces, cs.spill_args, cs.spill_args_crc))
         if cs.spill_held or ps.held_spilled:
-            stack.unspill_held(ps, _read_ranges(pieces, cs.spill_held))
+            stack.unspill_held(ps, _read_ranges(pieces, cs.spill_held, cs.spill_held_crc))
     except ValueError as e:  # (the unspill character count checks)
         raise PiecesLost(f"the stream's pieces are corrupted ({e}): they were lost or expired, or overwritten") from None
-    cs.spill = []
-    cs.spill_args = []
-    cs.spill_held = []
+    _clear_spills(cs)
 
 
-def _append(pieces: PieceLog, ranges: list[int], text: str) -> None:
+def _append(pieces: PieceLog, ranges: list[int], text: str, crc: int) -> int:
     """Append ``text`` to ``pieces``, its byte range added to ``ranges`` (joined to the last one
-    when they touch)."""
+    when they touch); returns the running CRC-32 ``crc`` of the ranges' bytes with it
+    (``_read_ranges`` checks it)."""
     data = text.encode("utf-8", "surrogatepass")
     at = len(pieces)
     pieces.new += data
@@ -521,6 +553,7 @@ def _append(pieces: PieceLog, ranges: list[int], text: str) -> None:
         ranges[-1] += len(data)
     else:
         ranges += [at, len(data)]
+    return zlib.crc32(data, crc)
 
 
 def _spill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
@@ -533,20 +566,21 @@ def _spill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
     if ps is None:
         return
     if len(ps.held) >= SPILL_CHARS:
-        _append(pieces, cs.spill_held, rt.stack.spill_held(ps))
+        cs.spill_held_crc = _append(pieces, cs.spill_held, rt.stack.spill_held(ps), cs.spill_held_crc)
     if ps.tool is None:
         return
     tool = rt.stack.tool
     if tool.body_held(ps.tool) >= SPILL_CHARS:
         k = tool.spill_point(ps.tool)
         if k >= SPILL_CHARS // 2:
-            _append(pieces, cs.spill, tool.spill(ps.tool, k))
+            cs.spill_crc = _append(pieces, cs.spill, tool.spill(ps.tool, k), cs.spill_crc)
     if tool.spill_args_due(ps.tool, SPILL_CHARS):
         text, fresh = tool.spill_args(ps.tool, max(1, SPILL_CHARS // 4))
         if fresh:
             cs.spill_args = []
+            cs.spill_args_crc = 0
         if text:
-            _append(pieces, cs.spill_args, text)
+            cs.spill_args_crc = _append(pieces, cs.spill_args, text, cs.spill_args_crc)
 
 
 def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice,
@@ -667,6 +701,7 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
         except BodyNeeded:  # the open call closes: its spilled start comes back, the step is rerun
             del out[mark:]
             cs = st.choices[c.index] = _restore(rt, snap)
+            _need_every_spill(st, pieces)
             _unspill(rt, cs, pieces)
             any_finished |= _chat_choice(rt, st, c, out)
         _spill(rt, st.choices[c.index], pieces)

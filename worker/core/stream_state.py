@@ -95,6 +95,12 @@ class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
     spill_args: list[int] = msgspec.field(default_factory=list)
     #: the same for the required/named content held for JSON parsing (``ParserStack.spill_held``)
     spill_held: list[int] = msgspec.field(default_factory=list)
+    #: CRC-32 (``zlib.crc32``, running) of the bytes of ``spill`` / ``spill_args`` / ``spill_held``
+    #: in order: pieces read back must give it (bytes overwritten with as many characters of other
+    #: text are refused with the 409 "lost or expired", never turned into a reply)
+    spill_crc: int = 0
+    spill_args_crc: int = 0
+    spill_held_crc: int = 0
 
 
 class StreamSeed(msgspec.Struct, kw_only=True, array_like=True):
