@@ -7,15 +7,20 @@ every choice: same replies as without pieces, never the 409 "lost or expired" fo
 stream (it was, when a choice's first range alone was asked for)."""
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from worker.config import ServedModelConfig
 from worker.core import stream as core_stream
 from worker.core.service import DerenderService
-from worker.transport.jobs import derender_stream_job
+from worker.transport.jobs import StreamOutcome, derender_stream_job
+from worker.transport.outage import OutageClock
+from worker.transport.stream_registry import LiveStream
+from worker.transport.streams import submit_chunk
 
 _QWEN3 = Path(__file__).resolve().parent / "data" / "tokenizers" / "qwen3"
 _TOOL = [{"type": "function", "function": {"name": "write_file", "parameters": {
@@ -140,3 +145,26 @@ def test_random_choices_engines_and_held_content_through_the_span_asked_for(seed
                 log[out.pieces_len - len(out.append):out.pieces_len] = out.append
                 state = out.state
         assert got == want, (parser, extra, n)
+
+
+@pytest.mark.parametrize("ask", ["pieces", "settings"])
+def test_a_core_that_keeps_asking_gets_a_500_never_an_empty_reply(ask):
+    """``submit_chunk`` fetches what the core asks for at most twice; an outcome that still asks
+    after that is a 500 naming why (the stream then ends), never a status-0 empty reply."""
+    calls = []
+
+    async def submit(value, state, seq, kind, created, pieces, settings):
+        calls.append((pieces, settings))
+        if ask == "pieces":
+            return StreamOutcome(b"", 0, False, "chat-stream", None, needs_pieces=(0, 4))
+        return StreamOutcome(b"", 0, False, "chat-stream", None, needs_settings=True)
+
+    s = LiveStream(rid="r-ask")
+    s.pieces, s.pieces_at = bytearray(b"abcdef"), 0
+    s.settings = b"s" * 4096  # over SETTINGS_SEND_MAX: sent only when asked
+    msg = SimpleNamespace(value=b'{"model": "m"}', timestamp=0, topic="t", partition=0, offset=1)
+    out = asyncio.run(submit_chunk(SimpleNamespace(submit=submit), None, OutageClock("state store", "r-ask", 5.0), s, msg, 1, "chat-stream"))
+    assert out.status == 500 and out.crash
+    assert b"asked again for" in out.body and b"r-ask" in out.body
+    assert len(calls) == 2  # the first ask was answered once, with what it named
+    assert (calls[1][0] == (0, b"abcd")) if ask == "pieces" else (calls[1][1] == s.settings)

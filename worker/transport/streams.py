@@ -97,7 +97,7 @@ from worker.transport.checkpoints import (
 )
 from worker.transport.context import StreamContext
 from worker.transport.deadletter import DeadLetterError
-from worker.transport.jobs import JobOutcome, body_request_id, error_body, is_object_value
+from worker.transport.jobs import JobOutcome, StreamOutcome, body_request_id, error_body, is_object_value
 from worker.transport.outage import OutageClock
 from worker.transport.records import (
     HDR_SEQ,
@@ -203,7 +203,8 @@ async def submit_chunk(ctx: StreamContext, store: Any, outage: OutageClock, s: _
     """Derender chunk ``msg`` of ``s`` in the pool (``ctx.submit``); when the core asks for the
     stream's stored write-once settings (a pool process without them cached: sent from memory,
     or read from ``store`` by a new owner) or stored piece bytes (a call closes, a Responses item
-    or stream ends: rare), once more with them."""
+    or stream ends: rare), once more with them. An outcome that still asks after that is a 500
+    (``crash`` says why), never an empty reply."""
     settings = s.settings if s.settings is not None and len(s.settings) <= SETTINGS_SEND_MAX else None
     pieces = None
     created = record_created(msg)
@@ -216,6 +217,13 @@ async def submit_chunk(ctx: StreamContext, store: Any, outage: OutageClock, s: _
         else:
             break
         out = await ctx.submit(msg.value, s.state, seq, kind, created, pieces, settings)
+    if out.needs_settings or out.needs_pieces is not None:
+        # the core still asks after it was given what it asked for: an internal inconsistency
+        # (never an empty reply published as if derendered): the chunk gets a 500 and its stream ends
+        what = "its settings" if out.needs_settings else f"piece bytes {out.needs_pieces}"
+        why = f"the derender core asked again for {what} after they were given"
+        out = StreamOutcome(error_body(f"internal error: {why}", 500, s.rid), 500, False, out.kind, None,
+                            is_object_value(msg.value or b""), crash=why, seconds=out.seconds)
     return out
 
 
