@@ -563,11 +563,7 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
     if len(entries) <= SMALL:
         return _chat_small(tok, entries, k, ctx)
     el = _elements(entries, k)
-    table = _table(tok)
-    heads = list(map(table.head.__getitem__, el.ids))  # (first: a filled head means a filled row)
-    rows = list(map(table.rows.__getitem__, el.ids))
-    for j, r in _irregular(tok, table, el, heads, ctx):
-        rows[j] = r
+    rows = _element_rows(tok, el, ctx)
     toks = list(map(_first, rows))
     bys = list(map(_second, rows))
     if not k:
@@ -576,6 +572,18 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: i
     hs = el.starts[:-1]
     return list(map(_Tok, map(toks.__getitem__, hs), map(el.lps.__getitem__, hs), map(bys.__getitem__, hs),
                     map(tops.__getitem__, map(slice, map(operator.add, hs, repeat(1)), el.starts[1:]))))
+
+
+def _element_rows(tok: Tokenizer, el: _Elements, ctx: list[int]) -> list:
+    """The table rows (``(token string, UTF-8 bytes)``) of every shown id of ``el``, in order:
+    looked up C-level, filled and U+FFFD-repaired (``ctx``: the sampled ids before ``el``'s first
+    position) only where ``_irregular`` names a position."""
+    table = _table(tok)
+    heads = list(map(table.head.__getitem__, el.ids))  # (first: a filled head means a filled row)
+    rows = list(map(table.rows.__getitem__, el.ids))
+    for j, r in _irregular(tok, table, el, heads, ctx):
+        rows[j] = r
+    return rows
 
 
 #: at most this many entries (a stream chunk's few tokens) take the per-entry paths
@@ -724,11 +732,7 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     el = _elements(entries, k + 1)  # per position [sampled, *the dict's k + 1 entries]
-    table = _table(tok)
-    heads = list(map(table.head.__getitem__, el.ids))  # (first: a filled head means a filled row)
-    rows = list(map(table.rows.__getitem__, el.ids))
-    for j, r in _irregular(tok, table, el, heads, ctx):
-        rows[j] = r
+    rows = _element_rows(tok, el, ctx)
     strs = list(map(_first, rows))
     hs = el.starts[:-1]
     tokens = list(map(strs.__getitem__, hs))
