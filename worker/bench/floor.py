@@ -13,6 +13,13 @@ do not count, but their cache and frequency effects do):
   tokens skipped), µs per record, the least any derender of those ids can cost;
 * **core/floor**: floor µs / core µs (1.0 = the core costs one tokenizer decode; higher is better).
 
+  The floor stays ``tokenizers``' own decode (issue 13 defines it so), but on a byte-level
+  tokenizer such as this Qwen3 one the core no longer calls it: ``FastTokenizer.raw_decode``
+  decodes by per-id byte-table lookups joined and UTF-8-decoded in C (the same text, checked at
+  construction and by tests/test_table_decode.py), far cheaper than ``tokenizers``' per-id
+  added-vocabulary and ByteLevel passes. The core can then cost less than the floor: a ratio
+  above 1.0 is expected there, not a measuring error.
+
 Then the logprobs cost at ``--logprob-tokens`` (default 256): the same bodies with
 ``logprobs: true`` and ``top_logprobs`` 0 / 5 / 20 (engine ``logprobs.content`` with as many
 candidates), each as a multiple of the record without logprobs, and next to it the record's

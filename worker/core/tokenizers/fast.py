@@ -73,6 +73,81 @@ class _ByteTable(dict):
         return b
 
 
+#: ``str.translate`` table of the ByteLevel decoder: each byte-level alphabet character to the
+#: Latin-1 character of its byte; the other characters below U+0100 to U+FFFF, so that a piece
+#: holding any character outside the alphabet fails the Latin-1 encode
+_DECODE_TRANSLATE: dict[int, int] = {ord(c): b for c, b in _CHAR_BYTE.items()}
+_DECODE_TRANSLATE.update({cp: 0xFFFF for cp in range(256) if cp not in _DECODE_TRANSLATE})
+_U32 = 1 << 32
+
+
+def _byte_level_bytes(piece: str) -> bytes:
+    """The bytes tokenizers' ``ByteLevel`` decoder turns one token string into: each character
+    through the byte-level alphabet, or, when any character lies outside the alphabet, the
+    piece's own UTF-8 bytes (tokenizers ``decoders/byte_level.rs``, ``decode_chain``)."""
+    try:
+        return piece.translate(_DECODE_TRANSLATE).encode("latin-1")
+    except UnicodeEncodeError:
+        return piece.encode("utf-8")
+
+
+class _DecodeTable(dict):
+    """id -> the bytes ``tokenizers.Tokenizer.decode`` gives token ``id`` on a ``ByteLevel``
+    decoder (:func:`_byte_level_bytes` of the id's token string, added vocabulary first - what
+    ``id_to_token`` returns), ``b""`` for an id with no token; with ``specials`` (the contents of
+    the special added tokens, for ``skip_special_tokens``) also ``b""`` for an id whose token
+    STRING is one of them (tokenizers skips by string, not by id). Filled on first lookup
+    (concurrent fills write equal values); an id in ``[0, 2**32)`` with no token is stored only
+    below ``limit`` (the table stays bounded). ``OverflowError`` for an int outside
+    ``[0, 2**32)`` and ``TypeError`` for a non-int, as tokenizers raises. Unlike
+    :class:`_ByteTable` (``token_bytes``), an added token goes through the alphabet too
+    (``"Ġx"`` decodes to ``" x"``)."""
+
+    __slots__ = ("_fast", "_limit", "_specials")
+
+    def __init__(self, fast: HFTokenizer, limit: int, specials: frozenset[str] | None):
+        super().__init__()
+        self._fast, self._limit, self._specials = fast, limit, specials
+
+    def __missing__(self, i: int) -> bytes:
+        if not isinstance(i, int):
+            raise TypeError(f"{type(i).__name__!r} object cannot be interpreted as an integer")
+        if not 0 <= i < _U32:
+            raise OverflowError(f"token id {i} does not fit in 32 bits")
+        piece = self._fast.id_to_token(i)
+        if piece is None:
+            b = b""
+            if i >= self._limit:
+                return b
+        elif self._specials is not None and piece in self._specials:
+            b = b""
+        else:
+            b = _byte_level_bytes(piece)
+        self[i] = b  # idempotent: concurrent fills write equal values
+        return b
+
+
+def _decode_tables(fast: HFTokenizer, added: dict, size: int):
+    """``(keep, skip)`` bound ``__getitem__`` of the two :class:`_DecodeTable` of a byte-level
+    ``fast`` (``added``: its ``get_added_tokens_decoder()``; ``size``: its vocabulary size), or
+    None when a self-check fails: the decode of a sample (every added token alone and all
+    together, a spread of vocabulary ids, ids with no token) must equal ``fast.decode`` with
+    special tokens both kept and skipped."""
+    keep = _DecodeTable(fast, size, None)
+    skip = _DecodeTable(fast, size, frozenset(t.content for t in added.values() if t.special))
+    sample = sorted(added) + list(range(0, size, max(1, size // 512))) + [size, size + 1, _U32 - 1]
+    cases = [sample, sample[::-1]] + [[i] for i in added]
+    try:
+        for table, flag in ((keep, False), (skip, True)):
+            get = table.__getitem__
+            for ids in cases:
+                if b"".join(map(get, ids)).decode("utf-8", "replace") != fast.decode(ids, skip_special_tokens=flag):
+                    return None
+    except Exception:  # noqa: BLE001 - anything unexpected: keep calling tokenizers
+        return None
+    return keep.__getitem__, skip.__getitem__
+
+
 class FastTokenizer(Tokenizer):
     """A ``tokenizers.Tokenizer`` with its directory's configuration (module docstring).
     ``d`` is the directory its ``tokenizer_config.json`` / ``config.json`` /
@@ -99,8 +174,10 @@ class FastTokenizer(Tokenizer):
         except Exception:  # noqa: BLE001 - a decoder tokenizers cannot describe is not byte-level
             self.is_byte_level = False
         self._space_marker = _space_marker(fast)
+        self._decode_get = None  # (keep, skip) table lookups of raw_decode, byte-level only
         if self.is_byte_level:
             self.token_bytes = _ByteTable(fast, self.added_token_ids, self.vocab_size).__getitem__
+            self._decode_get = _decode_tables(fast, added, size)
         self.eos_token_ids = config_eos_token_ids(self, d, [])
 
     @classmethod
@@ -120,6 +197,13 @@ class FastTokenizer(Tokenizer):
         its ``tokenizer.json``; ``path`` is only a label (no config files are read, so no EOS ids
         are known). Not cached."""
         return cls(fast, Path(path), path, mode)
+
+    @property
+    def decodes_by_table(self) -> bool:
+        """True when :meth:`raw_decode` (and :meth:`decode`) decode by byte-table lookups
+        instead of calling ``tokenizers``: a ``ByteLevel`` decoder whose construction
+        self-check passed (:func:`_decode_tables`)."""
+        return self._decode_get is not None
 
     @property
     def backend_tokenizer(self) -> HFTokenizer:
@@ -147,15 +231,24 @@ class FastTokenizer(Tokenizer):
     def raw_decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """``tokenizers.Tokenizer.decode`` (no cleanup): what ``DecodeStream`` decodes with.
         Ids in ``[0, 2**32)`` outside the vocabulary are skipped (the incremental detokenizer
-        relies on it: stepping skips them too); ``OverflowError`` for an int outside that range."""
-        return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+        relies on it: stepping skips them too); ``OverflowError`` for an int outside that range.
+
+        On a byte-level tokenizer whose construction self-check passed (:func:`_decode_tables`)
+        the same text comes from table lookups, no ``tokenizers`` call: the bytes of each id
+        (:class:`_DecodeTable`) joined, then decoded with ``errors="replace"`` - CPython's UTF-8
+        decoder replaces each maximal ill-formed subpart with one U+FFFD, as Rust's
+        ``String::from_utf8_lossy`` does (tests/test_table_decode.py)."""
+        get = self._decode_get
+        if get is None:
+            return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+        return b"".join(map(get[1] if skip_special_tokens else get[0], ids)).decode("utf-8", "replace")
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """transformers' ``TokenizersBackend.decode``: :meth:`raw_decode` of the in-vocabulary
         ids, then ``clean_up_tokenization_spaces`` where transformers applies it."""
         if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
             ids = [i for i in ids if 0 <= i < self.vocab_size]
-        text = self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+        text = self.raw_decode(ids, skip_special_tokens)
         return _clean_up_tokenization(text) if self._cleanup else text
 
     def encode(self, text: str) -> list[int]:
