@@ -10,6 +10,8 @@ transformers 5 applies it).
 from __future__ import annotations
 
 import json
+from array import array
+from operator import itemgetter
 from pathlib import Path
 from typing import ClassVar
 
@@ -78,7 +80,8 @@ class _ByteTable(dict):
 #: holding any character outside the alphabet fails the Latin-1 encode
 _DECODE_TRANSLATE: dict[int, int] = {ord(c): b for c, b in _CHAR_BYTE.items()}
 _DECODE_TRANSLATE.update({cp: 0xFFFF for cp in range(256) if cp not in _DECODE_TRANSLATE})
-_U32 = 1 << 32
+#: array typecode of unsigned 32-bit ints: building one checks every id is in ``[0, 2**32)``
+_U32_CODE = next(c for c in "ILH" if array(c).itemsize == 4)
 
 
 def _byte_level_bytes(piece: str) -> bytes:
@@ -91,61 +94,76 @@ def _byte_level_bytes(piece: str) -> bytes:
         return piece.encode("utf-8")
 
 
-class _DecodeTable(dict):
-    """id -> the bytes ``tokenizers.Tokenizer.decode`` gives token ``id`` on a ``ByteLevel``
-    decoder (:func:`_byte_level_bytes` of the id's token string, added vocabulary first - what
-    ``id_to_token`` returns), ``b""`` for an id with no token; with ``specials`` (the contents of
-    the special added tokens, for ``skip_special_tokens``) also ``b""`` for an id whose token
-    STRING is one of them (tokenizers skips by string, not by id). Filled on first lookup
-    (concurrent fills write equal values); an id in ``[0, 2**32)`` with no token is stored only
-    below ``limit`` (the table stays bounded). ``OverflowError`` for an int outside
-    ``[0, 2**32)`` and ``TypeError`` for a non-int, as tokenizers raises. Unlike
+class _DecodeTables:
+    """The bytes ``tokenizers.Tokenizer.decode`` gives each id on a ``ByteLevel`` decoder, as two
+    lists indexed by id, ``keep`` and ``skip`` (``skip_special_tokens``): :func:`_byte_level_bytes`
+    of the id's token string (added vocabulary first - what ``id_to_token`` returns), ``b""``
+    for an id with no token, and in ``skip`` also ``b""`` for an id whose token STRING is the
+    content of a special added token (tokenizers skips by string, not by id). Unlike
     :class:`_ByteTable` (``token_bytes``), an added token goes through the alphabet too
-    (``"Ġx"`` decodes to ``" x"``)."""
+    (``"Ġx"`` decodes to ``" x"``). Entries are ``None`` until first used (:meth:`decode`
+    fills them; concurrent fills write equal values)."""
 
-    __slots__ = ("_fast", "_limit", "_specials")
+    __slots__ = ("keep", "skip", "size", "_fast", "_specials")
 
-    def __init__(self, fast: HFTokenizer, limit: int, specials: frozenset[str] | None):
-        super().__init__()
-        self._fast, self._limit, self._specials = fast, limit, specials
+    def __init__(self, fast: HFTokenizer, size: int, specials: frozenset[str]):
+        self.keep: list[bytes | None] = [None] * size
+        self.skip: list[bytes | None] = [None] * size
+        self.size, self._fast, self._specials = size, fast, specials
 
-    def __missing__(self, i: int) -> bytes:
-        if not isinstance(i, int):
-            raise TypeError(f"{type(i).__name__!r} object cannot be interpreted as an integer")
-        if not 0 <= i < _U32:
-            raise OverflowError(f"token id {i} does not fit in 32 bits")
-        piece = self._fast.id_to_token(i)
-        if piece is None:
-            b = b""
-            if i >= self._limit:
-                return b
-        elif self._specials is not None and piece in self._specials:
-            b = b""
-        else:
-            b = _byte_level_bytes(piece)
-        self[i] = b  # idempotent: concurrent fills write equal values
-        return b
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        """``tokenizers.Tokenizer.decode(ids, skip_special_tokens)`` (``ids``: a sequence of
+        ints): the ids' bytes joined, decoded with ``errors="replace"`` (CPython's UTF-8 decoder
+        replaces each maximal ill-formed subpart with one U+FFFD, as Rust's
+        ``String::from_utf8_lossy`` does). Ids in ``[size, 2**32)`` are skipped; raises
+        ``OverflowError`` for an int outside ``[0, 2**32)`` and ``TypeError`` for a non-int, as
+        tokenizers does. The gather is C-level (``array`` range check, ``itemgetter``); a
+        Python loop runs only when an id is new to the tables or outside them."""
+        if type(ids) is not list:
+            ids = list(ids)
+        array(_U32_CODE, ids)  # the range check: OverflowError / TypeError, as tokenizers
+        table = self.skip if skip_special_tokens else self.keep
+        n = len(ids)
+        try:
+            if n > 1:
+                return b"".join(itemgetter(*ids)(table)).decode("utf-8", "replace")
+            if n:
+                return table[ids[0]].decode("utf-8", "replace")
+            return ""
+        except (TypeError, AttributeError, IndexError):  # an entry not filled yet / an id >= size
+            pass
+        self.fill(ids)
+        size = self.size
+        return b"".join([table[i] for i in ids if i < size]).decode("utf-8", "replace")
+
+    def fill(self, ids: list[int]) -> None:
+        """Fill the entries of the ids in ``[0, size)`` that are still ``None`` (both lists)."""
+        keep, skip, size, specials = self.keep, self.skip, self.size, self._specials
+        for i in set(ids):
+            if 0 <= i < size and (keep[i] is None or skip[i] is None):
+                piece = self._fast.id_to_token(i)
+                b = b"" if piece is None else _byte_level_bytes(piece)
+                keep[i] = b
+                skip[i] = b"" if piece in specials else b
 
 
-def _decode_tables(fast: HFTokenizer, added: dict, size: int):
-    """``(keep, skip)`` bound ``__getitem__`` of the two :class:`_DecodeTable` of a byte-level
-    ``fast`` (``added``: its ``get_added_tokens_decoder()``; ``size``: its vocabulary size), or
-    None when a self-check fails: the decode of a sample (every added token alone and all
-    together, a spread of vocabulary ids, ids with no token) must equal ``fast.decode`` with
-    special tokens both kept and skipped."""
-    keep = _DecodeTable(fast, size, None)
-    skip = _DecodeTable(fast, size, frozenset(t.content for t in added.values() if t.special))
-    sample = sorted(added) + list(range(0, size, max(1, size // 512))) + [size, size + 1, _U32 - 1]
+def _decode_tables(fast: HFTokenizer, added: dict, size: int) -> _DecodeTables | None:
+    """The :class:`_DecodeTables` of a byte-level ``fast`` (``added``: its
+    ``get_added_tokens_decoder()``; ``size``: its vocabulary size), or None when a self-check
+    fails: the decode of a sample (every added token alone and all together, a spread of
+    vocabulary ids, ids with no token) must equal ``fast.decode`` with special tokens both kept
+    and skipped."""
+    tables = _DecodeTables(fast, size, frozenset(t.content for t in added.values() if t.special))
+    sample = sorted(added) + list(range(0, size, max(1, size // 512))) + [size, size + 1, (1 << 32) - 1]
     cases = [sample, sample[::-1]] + [[i] for i in added]
     try:
-        for table, flag in ((keep, False), (skip, True)):
-            get = table.__getitem__
+        for flag in (False, True):
             for ids in cases:
-                if b"".join(map(get, ids)).decode("utf-8", "replace") != fast.decode(ids, skip_special_tokens=flag):
+                if tables.decode(ids, flag) != fast.decode(ids, skip_special_tokens=flag):
                     return None
     except Exception:  # noqa: BLE001 - anything unexpected: keep calling tokenizers
         return None
-    return keep.__getitem__, skip.__getitem__
+    return tables
 
 
 class FastTokenizer(Tokenizer):
@@ -174,10 +192,10 @@ class FastTokenizer(Tokenizer):
         except Exception:  # noqa: BLE001 - a decoder tokenizers cannot describe is not byte-level
             self.is_byte_level = False
         self._space_marker = _space_marker(fast)
-        self._decode_get = None  # (keep, skip) table lookups of raw_decode, byte-level only
+        self._tables: _DecodeTables | None = None  # raw_decode's byte tables, byte-level only
         if self.is_byte_level:
             self.token_bytes = _ByteTable(fast, self.added_token_ids, self.vocab_size).__getitem__
-            self._decode_get = _decode_tables(fast, added, size)
+            self._tables = _decode_tables(fast, added, size)
         self.eos_token_ids = config_eos_token_ids(self, d, [])
 
     @classmethod
@@ -203,7 +221,7 @@ class FastTokenizer(Tokenizer):
         """True when :meth:`raw_decode` (and :meth:`decode`) decode by byte-table lookups
         instead of calling ``tokenizers``: a ``ByteLevel`` decoder whose construction
         self-check passed (:func:`_decode_tables`)."""
-        return self._decode_get is not None
+        return self._tables is not None
 
     @property
     def backend_tokenizer(self) -> HFTokenizer:
@@ -234,14 +252,12 @@ class FastTokenizer(Tokenizer):
         relies on it: stepping skips them too); ``OverflowError`` for an int outside that range.
 
         On a byte-level tokenizer whose construction self-check passed (:func:`_decode_tables`)
-        the same text comes from table lookups, no ``tokenizers`` call: the bytes of each id
-        (:class:`_DecodeTable`) joined, then decoded with ``errors="replace"`` - CPython's UTF-8
-        decoder replaces each maximal ill-formed subpart with one U+FFFD, as Rust's
-        ``String::from_utf8_lossy`` does (tests/test_table_decode.py)."""
-        get = self._decode_get
-        if get is None:
+        the same text comes from byte-table lookups, no ``tokenizers`` call
+        (:meth:`_DecodeTables.decode`; tests/test_table_decode.py)."""
+        tables = self._tables
+        if tables is None:
             return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
-        return b"".join(map(get[1] if skip_special_tokens else get[0], ids)).decode("utf-8", "replace")
+        return tables.decode(ids, skip_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """transformers' ``TokenizersBackend.decode``: :meth:`raw_decode` of the in-vocabulary
