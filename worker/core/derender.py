@@ -57,6 +57,7 @@ from worker.core.logprobs import SMALL, candidates, chat_logprobs, chat_logprobs
 from worker.core.tokenizers import Tokenizer, load_tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
 from worker.parsers.base import Delta, RequestContext
+from worker.parsers.idscan import has_special
 from worker.parsers.stack import ParserStack, tool_call_id
 
 _DEFAULT_CHAT_REQUEST = ChatCompletionRequest()
@@ -380,7 +381,7 @@ def _text_of(rt: ModelRuntime, c: GenerateTokensChoice, prompt_ids, skip_special
         stop_token = None
     if skip_special:  # skipped special tokens never reach the parsers (nor reasoning_tokens)
         special = rt.tokenizer.special_ids
-        if not special.isdisjoint(ids):
+        if has_special(rt.tokenizer, ids):
             ids = [t for t in ids if t not in special]
         stop_token = None if stop_token in special else stop_token
     return _Text(text, ids, used, matched, stop_token)

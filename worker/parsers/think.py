@@ -30,6 +30,7 @@ from typing import ClassVar
 import msgspec
 
 from worker.parsers.base import Delta, ReasoningParser, RequestContext, find_first, hold_back
+from worker.parsers.idscan import SMALL, id_text
 
 
 class ThinkState(msgspec.Struct, kw_only=True, array_like=True):
@@ -112,20 +113,32 @@ class ThinkReasoningParser(ReasoningParser):
         self._content_relevant = starts
         self._explicit_relevant = starts + ends
         self._all_relevant = starts + ends + tuple(sorted(self.implicit_end_ids - self.start_ids - self.end_ids))
+        # the same ids as characters, for the scans of ``idscan.id_text`` (long id lists)
+        self._chars = {i: chr(i) for i in self._marker_ids | self._prompt_ids if 0 <= i < 0x110000}
+        self._text_ok = len(self._chars) == len(self._marker_ids | self._prompt_ids)
 
     # -- initial state -----------------------------------------------------------------------
     def prompt_mode(self, prompt_ids: list[int] | None) -> str | None:
         """``reasoning``/``content`` when the prompt's last turn (the ids after the last
         ``turn_token``) pre-opened/closed a block: its last start id after / before its last end
-        id; None when it holds neither. C-level: ``isdisjoint`` first, then ``list.index`` on the
-        reversed last ``_PROMPT_WINDOW`` ids (the whole prompt only when the window does not
-        decide), never one Python step per prompt id."""
-        if not prompt_ids or self._prompt_ids.isdisjoint(prompt_ids):
+        id; None when it holds neither. C-level, never one Python step per prompt id: a prompt
+        longer than ``idscan.SMALL`` through ``_prompt_mode_text``; otherwise (or when its ids
+        cannot be text) ``isdisjoint`` first, then ``list.index`` on the reversed last
+        ``_PROMPT_WINDOW`` ids (the whole prompt only when the window does not decide)."""
+        if not prompt_ids:
             return None
         if self._start_only_differs:
+            if self._prompt_ids.isdisjoint(prompt_ids):
+                return None
             return self._prompt_mode_stepped(prompt_ids)
         n = len(prompt_ids)
         size = min(n, _PROMPT_WINDOW)
+        if n > SMALL and self._text_ok:
+            found, mode = self._prompt_mode_text(prompt_ids)
+            if found:
+                return mode
+        if self._prompt_ids.isdisjoint(prompt_ids):
+            return None
         while True:
             rev = prompt_ids[n - size:][::-1]  # rev[k] = prompt_ids[n - 1 - k]
             bound = size
@@ -144,6 +157,30 @@ class ThinkReasoningParser(ReasoningParser):
         if last_start < last_end:
             return "reasoning"
         return None
+
+    def _prompt_mode_text(self, prompt_ids: list[int]) -> tuple[bool, str | None]:
+        """``prompt_mode`` over ``idscan.id_text`` of the last ``_PROMPT_WINDOW`` ids (the whole
+        prompt only when the window holds neither the turn id nor a marker): ``str.rfind`` per
+        marker id, bounded by the last turn id. ``(True, mode)``; ``(False, None)`` when an id
+        cannot be converted (the caller then scans the list)."""
+        n = len(prompt_ids)
+        size = min(n, _PROMPT_WINDOW)
+        chars = self._chars
+        while True:
+            s = id_text(prompt_ids[n - size:] if size < n else prompt_ids, keep=False)
+            if s is None:
+                return False, None
+            lo = s.rfind(chars[self.turn_id]) + 1 if self.turn_id is not None else 0
+            last_end = max([s.rfind(chars[m], lo) for m in self.end_ids], default=-1)
+            last_start = max([s.rfind(chars[m], lo) for m in self._start_only], default=-1)
+            if lo > 0 or size == n or last_end >= 0 or last_start >= 0:
+                break
+            size = n
+        if last_end > last_start:
+            return True, "content"
+        if last_start > last_end:
+            return True, "reasoning"
+        return True, None
 
     def _prompt_mode_stepped(self, prompt_ids: list[int]) -> str | None:
         """``prompt_mode`` one id at a time from the end: only for a spec whose start and end
@@ -189,6 +226,18 @@ class ThinkReasoningParser(ReasoningParser):
 
     def _count(self, st: ThinkState, token_ids: list[int]) -> int:
         """Reasoning ids among ``token_ids`` (markers excluded), following the id-level mode in
+        ``st`` and updating it (rules: ``_count_ids``). A list longer than ``idscan.SMALL`` is
+        searched as ``idscan.id_text`` (``str.find``, a ``wmemchr``, where ``_count_ids`` takes
+        ``list.index``); a shorter one, or one that text cannot hold, by ``_count_ids``: the
+        same count and final mode either way."""
+        if len(token_ids) > SMALL and self._text_ok:
+            s = id_text(token_ids)
+            if s is not None:
+                return self._count_ids(st, s, self._chars)
+        return self._count_ids(st, token_ids)
+
+    def _count_ids(self, st: ThinkState, token_ids, chars: dict[int, str] | None = None) -> int:
+        """Reasoning ids among ``token_ids`` (markers excluded), following the id-level mode in
         ``st``: a start id enters reasoning (and sets the block explicit when the spec says so),
         an end id leaves it, an implicit-end id leaves it unless the block is explicit (there
         it counts as a reasoning token).
@@ -199,15 +248,18 @@ class ThinkReasoningParser(ReasoningParser):
         ids, implicit ends too when the block is not explicit), each search bounded by the
         nearest hit so far and its result remembered, so a marker's stretch of the ids is
         scanned about once (issue 13: the ids after the last marker are not scanned once per
-        marker id)."""
+        marker id).
+
+        ``token_ids`` is the id list, or (with ``chars``: marker id -> its character) its
+        ``idscan.id_text``, searched with ``str.find``."""
         r = st.tok_reasoning
-        if self._marker_ids.isdisjoint(token_ids):
+        if chars is None and self._marker_ids.isdisjoint(token_ids):
             return len(token_ids) if r else 0
         explicit = st.tok_explicit
         needs_end = self.spec.explicit_needs_end
         start_ids, end_ids = self.start_ids, self.end_ids
         size = len(token_ids)
-        index = token_ids.index
+        index = token_ids.index if chars is None else token_ids.find
         #: marker id -> (k, True): its first occurrence at or after the search start is k;
         #: (k, False): it does not occur between the search start and k
         known: dict[int, tuple[int, bool]] = {}
@@ -229,17 +281,25 @@ class ThinkReasoningParser(ReasoningParser):
                 lo = k if k > pos else pos
                 if lo >= best:
                     continue
-                try:
-                    best = index(m, lo, best)
-                    known[m] = (best, True)
-                except ValueError:
-                    known[m] = (best, False)
+                if chars is None:
+                    try:
+                        best = index(m, lo, best)
+                        known[m] = (best, True)
+                    except ValueError:
+                        known[m] = (best, False)
+                else:
+                    k = index(chars[m], lo, best)
+                    if k >= 0:
+                        best = k
+                        known[m] = (k, True)
+                    else:
+                        known[m] = (best, False)
             if r:
                 n += best - pos
             if best == size:
                 break
             pos = best + 1
-            t = token_ids[best]
+            t = token_ids[best] if chars is None else ord(token_ids[best])
             if t in start_ids:
                 r = True
                 explicit = needs_end
