@@ -148,7 +148,8 @@ class _Table:
     and the same entry as one pre-encoded JSON fragment of a chat logprob object with a
     ``%b`` slot for its logprob, ``frag[id]`` = ``{"token":<string>,"logprob":%b,"bytes":[...]},``
     (``%`` of the string doubled: a ``bytes %`` format; ``_FIX`` until filled, and for ids
-    repaired per position); ``repairs``: (id, context ids) -> repaired row ``(string, bytes,
+    repaired per position, except ``_REPAIR_EMPTY`` ids: the ``""`` object's fragment, their
+    repair after any context without added tokens); ``repairs``: (id, context ids) -> repaired row ``(string, bytes,
     frag)``. One fragment per id (not a head and a tail) halves the random table reads per
     shown object, which dominate the block's cost on a large vocabulary. Filling a slot is
     idempotent, so concurrent fills are harmless; rows are shared by every reply: never
@@ -207,6 +208,8 @@ def _fill(tok: Tokenizer, table: _Table, tid: int):
         row = _REPAIR_EMPTY if tok.is_byte_level and tid not in tok.added_token_ids \
             and _unrepairable(tok.token_bytes(tid)) else _REPAIR
         table.rows[tid] = row
+        if row is _REPAIR_EMPTY:
+            table.frag[tid] = _EMPTY_ROW[2]
         return row
     full = _row(s)
     # row, then fragment: a reader that sees the fragment filled (readers look fragments up
@@ -548,6 +551,30 @@ def _irregular(tok: Tokenizer, table: _Table, el: _Elements, frags: list, ctx: l
         yield j, r
 
 
+def _after_added(tok: Tokenizer, table: _Table, el: _Elements, frags: list, seq: list[int], c: int) -> None:
+    """Mark (``frags[j] = _FIX``) the ``_REPAIR_EMPTY`` objects of the positions whose context
+    (the up to 4 sampled ids before them in ``seq`` = ``c`` context ids + ``el.tids``) holds an
+    added token: there the table's ``""`` fragment is not vLLM's rule, so ``_irregular``
+    repairs them per position. Python per added-token occurrence and per object of the (up to
+    4) positions after it."""
+    added = tok.added_token_ids
+    n = len(el.tids)
+    hit = set()
+    for a in added.keys() & set(seq):
+        q = -1
+        while True:
+            try:
+                q = seq.index(a, q + 1)
+            except ValueError:
+                break
+            hit.update(range(max(0, q - c + 1), min(n, q - c + MAX_CONTEXT + 1)))
+    rows, ids, starts = table.rows, el.ids, el.starts
+    for p in hit:
+        for j in (range(starts[p], starts[p + 1]) if starts is not None else (p,)):
+            if rows[ids[j]] is _REPAIR_EMPTY:
+                frags[j] = _FIX
+
+
 def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
                   context_token_ids: list[int] | None = None, as_token_ids: bool = False) -> list:
     """Chat ``logprobs.content`` for ``entries`` (one per output token; ids already checked to
@@ -583,6 +610,13 @@ def _element_rows(tok: Tokenizer, el: _Elements, ctx: list[int]) -> list:
     table = _table(tok)
     frags = list(map(table.frag.__getitem__, el.ids))  # (first: a filled fragment means a filled row)
     rows = list(map(table.rows.__getitem__, el.ids))
+    j = -1
+    try:  # ``_REPAIR_EMPTY`` rows (their fragment is the "" object's): repaired per position here
+        while True:
+            j = rows.index(_REPAIR_EMPTY, j + 1)
+            frags[j] = _FIX
+    except ValueError:
+        pass
     for j, r in _irregular(tok, table, el, frags, ctx):
         rows[j] = r
     return rows
@@ -653,6 +687,9 @@ def chat_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpro
     el = _elements(entries, k)
     table = _table(tok)
     frags = list(map(table.frag.__getitem__, el.ids))
+    seq = ctx + el.tids
+    if not tok.added_token_ids.keys().isdisjoint(seq):
+        _after_added(tok, table, el, frags, seq, len(ctx))
     for j, r in _irregular(tok, table, el, frags, ctx):
         if len(r) == 2:  # a new id: its fragment is in the table (unless another thread is
             f = table.frag[el.ids[j]]  # filling it right now: then from its row)
