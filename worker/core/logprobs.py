@@ -467,15 +467,15 @@ def _rank_pattern(m: int) -> list[int]:
 def _elements(entries: list[TokenLogprobIn], k: int) -> _Elements:
     """The logprob objects of ``entries`` for ``top_logprobs`` ``k`` (``_Elements``): C-level
     over all candidates when they are regular (``_regular``), else per entry (``_selected``)."""
-    c = candidates(entries)
-    tids = c.tids
+    tids = list(map(_get_id, entries))
     lps = list(map(_get_lp, entries))
     starts = None
     if k == 1:
         ids = list(chain.from_iterable(zip(tids, tids)))
         lps = list(chain.from_iterable(zip(lps, lps)))
         starts = list(range(0, len(ids) + 1, 2))
-    elif k:
+    elif k:  # (the candidates are read only here)
+        c = candidates(entries)
         reg = _regular(c, k) if 0 not in c.counts else None
         if type(reg) is _Columns:  # one slice assignment per column of objects
             t = min(k - 1, reg.m - reg.f)
@@ -570,9 +570,11 @@ def _after_added(tok: Tokenizer, table: _Table, el: _Elements, frags: list, seq:
             hit.update(range(max(0, q - c + 1), min(n, q - c + MAX_CONTEXT + 1)))
     rows, ids, starts = table.rows, el.ids, el.starts
     for p in hit:
-        for j in (range(starts[p], starts[p + 1]) if starts is not None else (p,)):
-            if rows[ids[j]] is _REPAIR_EMPTY:
-                frags[j] = _FIX
+        a, b = (starts[p], starts[p + 1]) if starts is not None else (p, p + 1)
+        if _REPAIR_EMPTY in map(rows.__getitem__, ids[a:b]):  # (C-level; then the objects one by one)
+            for j in range(a, b):
+                if rows[ids[j]] is _REPAIR_EMPTY:
+                    frags[j] = _FIX
 
 
 def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
