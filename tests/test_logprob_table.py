@@ -342,3 +342,99 @@ def test_concurrent_fills_of_a_fresh_table_give_the_same_bytes():
     assert len(got) == 16
     for (_, i), (a, b) in got.items():
         assert a == want[i] and b == want[i]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+@pytest.mark.parametrize("k", [0, 3])
+def test_json_block_with_percent_tokens(name, k):
+    """Token strings holding ``%`` (``%``, ``%%``, ``%b``, ``%s``: the fragments are a ``bytes %``
+    format with the ``%`` of their strings doubled) give exactly the per-candidate path's
+    bytes, as sampled tokens and as candidates, before and after their fragments are filled."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from worker.core.logprobs import chat_logprobs_json
+    from worker.core.tokenizers import FastTokenizer
+
+    raw = HFTokenizer.from_file(str(TOKDIR / name / "tokenizer.json"))
+    tok = FastTokenizer.from_fast(raw, path=f"<fresh {name}>")  # an empty table
+    ref_tok = load_tokenizer(str(TOKDIR / name))
+    ids = tok.encode("100% of %s and %b, 50%% then %d%%b done % ")
+    assert any("%" in tok.decode_single(i) for i in ids)
+    entries = [TokenLogprobIn(token_id=t, logprob=-0.5 - p, rank=1,
+                              top_logprobs=[TopLogprobIn(token_id=t, logprob=-0.5 - p, rank=1)]
+                              + [TopLogprobIn(token_id=ids[(p + j) % len(ids)], logprob=-1.0 - j, rank=j + 2)
+                                 for j in range(1, 3)])
+               for p, t in enumerate(ids)]
+    want = _enc.encode(_chat_logprobs_slow(ref_tok, entries, k, [], False))
+    assert b"%" in want and len(entries) > 8
+    for _ in range(2):  # a fresh table, then a filled one
+        assert bytes(chat_logprobs_json(tok, entries, k, [])) == want
+
+
+def test_bounded_decode_of_logprob_ids_keeps_the_error_replies():
+    """The one-decode path bounds logprob ids (sampled and candidate) in the msgspec decode and
+    requires them; a body with a null, missing, negative or out-of-vocabulary logprob id fails
+    that decode and gets the same 400 the probe path's validation gives, and a good body takes
+    the bounded decode (validation then checks only lengths and candidate counts)."""
+    from worker.bench import floor
+    from worker.core.service import _one_decode
+
+    svc = floor.make_service(str(TOKDIR / "qwen3"))
+    vocab = svc.runtime("qwen3").tokenizer.vocab_size
+    body = floor.build_bodies(svc.runtime("qwen3").tokenizer, "qwen3", 64, 1, top_logprobs=3)[0][0]
+    one = _one_decode(body, None, svc._one[1])
+    assert one is not None and type(one[1].generate_response.choices[0].logprobs.content[0]).__name__ \
+        == "BoundedTokenLogprobIn"
+    assert not svc.derender(body).is_error
+
+    def derender(edit, bounded: bool):
+        b = json.loads(body)
+        edit(b["generate_response"]["choices"][0]["logprobs"]["content"])
+        raw = json.dumps(b).encode()
+        assert (_one_decode(raw, None, svc._one[1]) is not None) == bounded
+        return svc.derender(raw)
+
+    msg = "logprob token_id {} in choice 0 is missing or outside the vocabulary"
+    edits = [  # (edit, bounded decode passes, message)
+        (lambda c: c[3].__setitem__("token_id", None), False, msg.format(None)),
+        (lambda c: c[3].pop("token_id"), False, msg.format(None)),
+        (lambda c: c[3]["top_logprobs"][1].__setitem__("token_id", -1), False, msg.format(-1)),
+        (lambda c: c[3]["top_logprobs"][2].__setitem__("token_id", vocab), False, msg.format(vocab)),
+        (lambda c: c[5]["top_logprobs"][0].pop("token_id"), False, msg.format(None)),
+        (lambda c: c[2]["top_logprobs"].extend([{"token_id": 1, "logprob": -1.0}] * 18), True,
+         "top_logprobs count (21) in choice 0 exceeds max_logprobs (20)."),
+        (lambda c: c.pop(), True, "logprobs.content length (63) in choice 0 differs from token_ids length (64)"),
+    ]
+    for edit, bounded, want in edits:
+        res = derender(edit, bounded)
+        assert res.status == 400 and json.loads(res.body)["error"]["message"] == want
+
+
+@pytest.mark.parametrize("k", [0, 2, 6])
+def test_json_block_with_byte_pieces_after_added_tokens(k):
+    """Candidates that are byte pieces no context completes (``_REPAIR_EMPTY``: their table
+    fragment is the ``""`` object's) keep the per-candidate path's bytes where the sampled ids
+    before them hold an added token (``<think>``, ``</think>``, ``<|im_end|>``: repaired per
+    position there), in the JSON block and the Struct path, with and without such a context."""
+    from worker.core.logprobs import _REPAIR, _REPAIR_EMPTY, chat_logprobs_json
+
+    tok = load_tokenizer(str(TOKDIR / "qwen3"))
+    pieces = [i for i in range(2000, 40000) if tok.decode_single(i).endswith("\ufffd")][:60]
+    rows = logprob_rows(tok)
+    chat_logprobs(tok, [TokenLogprobIn(token_id=i, logprob=-1.0) for i in pieces], 0)  # fill their rows
+    assert any(rows[i] is _REPAIR_EMPTY for i in pieces) and any(rows[i] is _REPAIR for i in pieces)
+    text = tok.encode("mixed 天气预报 text 😀 and 東京 words " * 3)
+    added = [151667, 151668, 151645]
+    sampled = []
+    for p, t in enumerate(text):
+        sampled += [added[p % 3], t] if p % 5 == 0 else [t]
+    rng = random.Random(5)
+    entries = [TokenLogprobIn(token_id=t, logprob=-0.5, rank=1,
+                              top_logprobs=[TopLogprobIn(token_id=t, logprob=-0.5, rank=1)]
+                              + [TopLogprobIn(token_id=rng.choice(pieces), logprob=-1.0 - j, rank=j + 2)
+                                 for j in range(5)])
+               for t in sampled]
+    for ctx in ([], [151667], [5, 151668, 6]):
+        want = _enc.encode(_chat_logprobs_slow(tok, entries, k, ctx, False))
+        assert bytes(chat_logprobs_json(tok, entries, k, ctx)) == want
+        assert _enc.encode(chat_logprobs(tok, entries, k, ctx)) == want

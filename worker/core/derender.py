@@ -26,6 +26,7 @@ What each response field comes from (coupled ``vllm serve`` semantics, vLLM 0.32
 from __future__ import annotations
 
 from functools import cached_property
+from operator import attrgetter
 
 from schemas import (
     ChatCompletionChoice,
@@ -96,16 +97,28 @@ def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str, allow_e
         raise BadRequest(f"token_ids length ({len(ids)}) in {where} exceeds max_model_len ({cfg.max_model_len}).",
                          param=f"{where}.token_ids")
     if not ids_in_vocab or c.logprobs is not None:  # (ids already bounded: only logprobs to check)
-        check_ids_and_logprobs(rt, ids, c.logprobs, where)
+        check_ids_and_logprobs(rt, ids, c.logprobs, where, in_vocab=ids_in_vocab)
 
 
-def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: str) -> None:
+def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: str, in_vocab: bool = False) -> None:
     """Checks shared by the non-streaming and streaming paths, for one choice's (or chunk's)
     ``ids`` and engine ``logprobs``: every id inside the vocabulary; logprobs, when given, one
     entry per id, at most ``max_logprobs`` candidates each (-1: no limit), every candidate id in the vocabulary.
-    Raises ``BadRequest`` naming ``where``."""
+    ``in_vocab``: the body's decode already bounded ``ids`` and every logprob id (sampled and
+    candidate, none null) to the vocabulary (``service._bounded_body_decoders``): only the
+    lengths and candidate counts are left to check. Raises ``BadRequest`` naming ``where``."""
     cfg = rt.config
     vocab = rt.tokenizer.vocab_size
+    if in_vocab:
+        lp = logprobs.content if logprobs is not None else None
+        if lp is None:
+            return
+        if len(lp) != len(ids):
+            raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
+                             f"length ({len(ids)})", param=f"{where}.logprobs")
+        if lp and 0 <= cfg.max_logprobs < max(map(len, map(_get_tops, lp))):
+            _first_bad_logprob(rt, lp, where)
+        return
     if ids and (min(ids) < 0 or max(ids) >= vocab):  # C-level bounds; the loop only names the culprit
         t = next(t for t in ids if t < 0 or t >= vocab)
         raise BadRequest(f"token id {t} in {where} is outside the vocabulary [0, {vocab})",
@@ -128,6 +141,9 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
         bad = True
     if bad:
         _first_bad_logprob(rt, lp, where)
+
+
+_get_tops = attrgetter("top_logprobs")
 
 
 def _first_bad_logprob(rt: ModelRuntime, lp: list, where: str) -> None:

@@ -134,7 +134,7 @@ _REPAIR = ()
 #: starts a new sequence), so vLLM's repair gives ``""`` whenever it runs on piece bytes
 #: (``_correct_bytes``: no added token in the context); otherwise repaired per position
 _REPAIR_EMPTY = (None,)
-#: ``head``/``tail`` table value of an id not filled yet or repaired per position
+#: ``frag`` table value of an id not filled yet or repaired per position
 _FIX = b"\x00"
 _TABLE_LOCK = threading.Lock()
 #: most (id, context) U+FFFD repairs a tokenizer keeps (cleared when full)
@@ -145,18 +145,21 @@ _json = msgspec.json.Encoder()
 class _Table:
     """A tokenizer's lazily filled logprob table (``logprob_rows``): per token id, ``rows[id]``
     = ``(token string, UTF-8 bytes as a list of ints)`` (or ``_REPAIR`` / ``_REPAIR_EMPTY``),
-    and the same entry as two pre-encoded JSON fragments of a chat logprob object,
-    ``head[id]`` = ``{"token":<string>,"logprob":`` and ``tail[id]`` = ``,"bytes":[...]},``
-    (``_FIX`` until filled, and for ids repaired per position); ``repairs``: (id, context ids)
-    -> repaired row ``(string, bytes, head, tail)``. Filling a slot is idempotent, so
-    concurrent fills are harmless; rows are shared by every reply: never mutate one."""
+    and the same entry as one pre-encoded JSON fragment of a chat logprob object with a
+    ``%b`` slot for its logprob, ``frag[id]`` = ``{"token":<string>,"logprob":%b,"bytes":[...]},``
+    (``%`` of the string doubled: a ``bytes %`` format; ``_FIX`` until filled, and for ids
+    repaired per position, except ``_REPAIR_EMPTY`` ids: the ``""`` object's fragment, their
+    repair after any context without added tokens); ``repairs``: (id, context ids) -> repaired row ``(string, bytes,
+    frag)``. One fragment per id (not a head and a tail) halves the random table reads per
+    shown object, which dominate the block's cost on a large vocabulary. Filling a slot is
+    idempotent, so concurrent fills are harmless; rows are shared by every reply: never
+    mutate one."""
 
-    __slots__ = ("rows", "head", "tail", "repairs")
+    __slots__ = ("rows", "frag", "repairs")
 
     def __init__(self, vocab_size: int):
         self.rows: list = [None] * vocab_size
-        self.head: list = [_FIX] * vocab_size
-        self.tail: list = [_FIX] * vocab_size
+        self.frag: list = [_FIX] * vocab_size
         self.repairs: dict = {}
 
 
@@ -180,9 +183,10 @@ def logprob_rows(tok: Tokenizer) -> list:
 
 
 def _row(s: str) -> tuple:
-    """``(s, its UTF-8 bytes as a list, head fragment, tail fragment)`` (see ``_Table``)."""
+    """``(s, its UTF-8 bytes as a list, its JSON fragment)`` (see ``_Table``)."""
     b = list(s.encode("utf-8", errors="replace"))
-    return s, b, b'{"token":' + _json.encode(s) + b',"logprob":', b',"bytes":' + _json.encode(b) + b"},"
+    return s, b, b'{"token":' + _json.encode(s).replace(b"%", b"%%") + b',"logprob":%b,"bytes":' \
+        + _json.encode(b) + b"},"
 
 
 _EMPTY_ROW = _row("")
@@ -204,18 +208,19 @@ def _fill(tok: Tokenizer, table: _Table, tid: int):
         row = _REPAIR_EMPTY if tok.is_byte_level and tid not in tok.added_token_ids \
             and _unrepairable(tok.token_bytes(tid)) else _REPAIR
         table.rows[tid] = row
+        if row is _REPAIR_EMPTY:
+            table.frag[tid] = _EMPTY_ROW[2]
         return row
     full = _row(s)
-    # row, then tail, then head: a reader that sees the head filled (readers look heads up
-    # first) finds the rest filled too
+    # row, then fragment: a reader that sees the fragment filled (readers look fragments up
+    # first) finds the row filled too
     row = table.rows[tid] = full[:2]
-    table.tail[tid] = full[3]
-    table.head[tid] = full[2]
+    table.frag[tid] = full[2]
     return row
 
 
 def _repaired(tok: Tokenizer, table: _Table, tid: int, row, ctx: list[int]) -> tuple:
-    """The repaired row ``(string, bytes, head, tail)`` of ``tid`` (its table row ``row`` is
+    """The repaired row ``(string, bytes, fragment)`` of ``tid`` (its table row ``row`` is
     ``_REPAIR`` / ``_REPAIR_EMPTY``) after the sampled ids ``ctx`` (up to 4), cached per
     (id, context)."""
     if row is _REPAIR_EMPTY and tok.added_token_ids.keys().isdisjoint(ctx):
@@ -462,15 +467,15 @@ def _rank_pattern(m: int) -> list[int]:
 def _elements(entries: list[TokenLogprobIn], k: int) -> _Elements:
     """The logprob objects of ``entries`` for ``top_logprobs`` ``k`` (``_Elements``): C-level
     over all candidates when they are regular (``_regular``), else per entry (``_selected``)."""
-    c = candidates(entries)
-    tids = c.tids
+    tids = list(map(_get_id, entries))
     lps = list(map(_get_lp, entries))
     starts = None
     if k == 1:
         ids = list(chain.from_iterable(zip(tids, tids)))
         lps = list(chain.from_iterable(zip(lps, lps)))
         starts = list(range(0, len(ids) + 1, 2))
-    elif k:
+    elif k:  # (the candidates are read only here)
+        c = candidates(entries)
         reg = _regular(c, k) if 0 not in c.counts else None
         if type(reg) is _Columns:  # one slice assignment per column of objects
             t = min(k - 1, reg.m - reg.f)
@@ -521,17 +526,17 @@ def _position(el: _Elements, j: int) -> int:
     return j if el.starts is None else bisect_right(el.starts, j) - 1
 
 
-def _irregular(tok: Tokenizer, table: _Table, el: _Elements, heads: list, ctx: list[int]):
-    """Objects whose id is not in the table yet or needs U+FFFD repair (``heads[j]`` is
+def _irregular(tok: Tokenizer, table: _Table, el: _Elements, frags: list, ctx: list[int]):
+    """Objects whose id is not in the table yet or needs U+FFFD repair (``frags[j]`` is
     ``_FIX``): yields ``(j, row)`` with the row of a filled id (2 fields) or the repaired row
-    of that position (4 fields; the context is the up to 4 sampled ids before it)."""
+    of that position (3 fields; the context is the up to 4 sampled ids before it)."""
     rows = table.rows
     ids = el.ids
     seq = None
     j = -1
     while True:
         try:
-            j = heads.index(_FIX, j + 1)
+            j = frags.index(_FIX, j + 1)
         except ValueError:  # no such object left
             return
         tid = ids[j]
@@ -544,6 +549,32 @@ def _irregular(tok: Tokenizer, table: _Table, el: _Elements, heads: list, ctx: l
             p = _position(el, j) + len(ctx)
             r = _repaired(tok, table, tid, r, seq[max(0, p - MAX_CONTEXT):p])
         yield j, r
+
+
+def _after_added(tok: Tokenizer, table: _Table, el: _Elements, frags: list, seq: list[int], c: int) -> None:
+    """Mark (``frags[j] = _FIX``) the ``_REPAIR_EMPTY`` objects of the positions whose context
+    (the up to 4 sampled ids before them in ``seq`` = ``c`` context ids + ``el.tids``) holds an
+    added token: there the table's ``""`` fragment is not vLLM's rule, so ``_irregular``
+    repairs them per position. Python per added-token occurrence and per object of the (up to
+    4) positions after it."""
+    added = tok.added_token_ids
+    n = len(el.tids)
+    hit = set()
+    for a in added.keys() & set(seq):
+        q = -1
+        while True:
+            try:
+                q = seq.index(a, q + 1)
+            except ValueError:
+                break
+            hit.update(range(max(0, q - c + 1), min(n, q - c + MAX_CONTEXT + 1)))
+    rows, ids, starts = table.rows, el.ids, el.starts
+    for p in hit:
+        a, b = (starts[p], starts[p + 1]) if starts is not None else (p, p + 1)
+        if _REPAIR_EMPTY in map(rows.__getitem__, ids[a:b]):  # (C-level; then the objects one by one)
+            for j in range(a, b):
+                if rows[ids[j]] is _REPAIR_EMPTY:
+                    frags[j] = _FIX
 
 
 def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
@@ -579,9 +610,16 @@ def _element_rows(tok: Tokenizer, el: _Elements, ctx: list[int]) -> list:
     looked up C-level, filled and U+FFFD-repaired (``ctx``: the sampled ids before ``el``'s first
     position) only where ``_irregular`` names a position."""
     table = _table(tok)
-    heads = list(map(table.head.__getitem__, el.ids))  # (first: a filled head means a filled row)
+    frags = list(map(table.frag.__getitem__, el.ids))  # (first: a filled fragment means a filled row)
     rows = list(map(table.rows.__getitem__, el.ids))
-    for j, r in _irregular(tok, table, el, heads, ctx):
+    j = -1
+    try:  # ``_REPAIR_EMPTY`` rows (their fragment is the "" object's): repaired per position here
+        while True:
+            j = rows.index(_REPAIR_EMPTY, j + 1)
+            frags[j] = _FIX
+    except ValueError:
+        pass
+    for j, r in _irregular(tok, table, el, frags, ctx):
         rows[j] = r
     return rows
 
@@ -637,9 +675,10 @@ def chat_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpro
                        context_token_ids: list[int] | None = None, as_token_ids: bool = False) -> msgspec.Raw:
     """:func:`chat_logprobs` encoded: the JSON array ``[{"token", "logprob", "bytes",
     "top_logprobs"}, ...]`` as ``msgspec.Raw`` (the same bytes ``msgspec.json`` gives the
-    Structs), built by one join of pre-encoded per-token-id fragments (``_Table.head`` /
-    ``tail``) with the logprobs, encoded together in one call: no per-candidate object and no
-    per-candidate Python."""
+    Structs), built from one pre-encoded fragment per shown object (``_Table.frag``: the
+    object with a ``%b`` slot for its logprob), joined into one ``bytes %`` format, filled with
+    the logprobs encoded together in one call: no per-candidate object and no per-candidate
+    Python."""
     if as_token_ids:
         return msgspec.Raw(_json.encode(_chat_logprobs_slow(tok, entries, top_logprobs, context_token_ids,
                                                             as_token_ids)))
@@ -649,34 +688,30 @@ def chat_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpro
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     el = _elements(entries, k)
     table = _table(tok)
-    heads = list(map(table.head.__getitem__, el.ids))
-    tails = list(map(table.tail.__getitem__, el.ids))
-    for j, r in _irregular(tok, table, el, heads, ctx):
-        if len(r) == 2:  # a new id: its fragments are in the table (unless another thread is
-            tid = el.ids[j]  # filling it right now: then from its row)
-            r = (None, None, table.head[tid], table.tail[tid])
-            if r[2] is _FIX or r[3] is _FIX:
-                r = _row(table.rows[tid][0])
-        heads[j] = r[2]
-        tails[j] = r[3]
+    frags = list(map(table.frag.__getitem__, el.ids))
+    seq = ctx + el.tids
+    if not tok.added_token_ids.keys().isdisjoint(seq):
+        _after_added(tok, table, el, frags, seq, len(ctx))
+    for j, r in _irregular(tok, table, el, frags, ctx):
+        if len(r) == 2:  # a new id: its fragment is in the table (unless another thread is
+            f = table.frag[el.ids[j]]  # filling it right now: then from its row)
+            frags[j] = f if f is not _FIX else _row(r[0])[2]
+        else:
+            frags[j] = r[2]
     if not k:  # each object is a position: ``... "bytes": [...], "top_logprobs": []}``
-        tails = list(map(operator.add, map(operator.getitem, tails, repeat(_CUT2)), repeat(_TOPS_EMPTY)))
+        frags = list(map(operator.add, map(operator.getitem, frags, repeat(_CUT2)), repeat(_TOPS_EMPTY)))
     else:  # a position's first object opens its top_logprobs, its last one closes them
         hs = el.starts[:-1]
         ls = list(map(operator.sub, el.starts[1:], repeat(1)))
-        opened = list(map(operator.add, map(operator.getitem, map(tails.__getitem__, hs), repeat(_CUT2)),
+        opened = list(map(operator.add, map(operator.getitem, map(frags.__getitem__, hs), repeat(_CUT2)),
                           repeat(_TOPS_OPEN)))
-        closed = list(map(operator.add, map(operator.getitem, map(tails.__getitem__, ls), repeat(_CUT1)),
+        closed = list(map(operator.add, map(operator.getitem, map(frags.__getitem__, ls), repeat(_CUT1)),
                           repeat(_TOPS_CLOSE)))
-        list(map(tails.__setitem__, hs, opened))
-        list(map(tails.__setitem__, ls, closed))
-    heads[0] = b"[" + heads[0]
-    tails[-1] = tails[-1][:-1] + b"]"
-    parts = [None] * (3 * len(heads))
-    parts[0::3] = heads
-    parts[1::3] = _json.encode(el.lps)[1:-1].split(b",")
-    parts[2::3] = tails
-    return msgspec.Raw(b"".join(parts))
+        list(map(frags.__setitem__, hs, opened))
+        list(map(frags.__setitem__, ls, closed))
+    frags[0] = b"[" + frags[0]
+    frags[-1] = frags[-1][:-1] + b"]"
+    return msgspec.Raw(b"".join(frags) % tuple(_json.encode(el.lps)[1:-1].split(b",")))
 
 
 class _Cand:

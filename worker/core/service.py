@@ -23,6 +23,9 @@ from schemas import (
     ErrorResponse,
     GenerateTokensChoice,
     GenerateTokensResponse,
+    LogprobsIn,
+    TokenLogprobIn,
+    TopLogprobIn,
 )
 from worker.config import ServedModelConfig
 from worker.core import stream as core_stream
@@ -81,14 +84,22 @@ class _CompletionBody(DerenderCompletionRequest, kw_only=True):
 def _bounded_body_decoders(vocab: int) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
     """``(chat, completion)`` one-decode decoders whose output and prompt token ids are typed
     ``Annotated[int, Meta(ge=0, lt=vocab)]`` (issue 13 item 1: the id bounds checked inside the
-    one msgspec decode, no per-id Python and no ``min``/``max`` pass). A body with an id outside
-    ``[0, vocab)`` fails this decode and takes the probe path, whose validation names the id
-    exactly as before (``derender.check_ids_and_logprobs`` / ``check_prompt_ids``). Built once
-    per vocabulary size."""
+    one msgspec decode, no per-id Python and no ``min``/``max`` pass), and so are the engine
+    logprobs' sampled and candidate ids, there also required (not null). A body with an id
+    outside ``[0, vocab)`` (or a null / missing logprob id) fails this decode and takes the probe
+    path, whose validation names the id exactly as before (``derender.check_ids_and_logprobs`` /
+    ``check_prompt_ids``). Built once per vocabulary size."""
     tid = Annotated[int, msgspec.Meta(ge=0, lt=vocab)]
     ids = list[tid] | None
-    choice = msgspec.defstruct("BoundedChoice", [("token_ids", ids, None)], bases=(GenerateTokensChoice,),
-                               kw_only=True)
+    top = msgspec.defstruct("BoundedTopLogprobIn", [("token_id", tid)], bases=(TopLogprobIn,), kw_only=True,
+                            gc=False)
+    entry = msgspec.defstruct("BoundedTokenLogprobIn",
+                              [("token_id", tid), ("top_logprobs", list[top], msgspec.field(default_factory=list))],
+                              bases=(TokenLogprobIn,), kw_only=True, gc=False)
+    lps = msgspec.defstruct("BoundedLogprobsIn", [("content", list[entry] | None, None)], bases=(LogprobsIn,),
+                            kw_only=True)
+    choice = msgspec.defstruct("BoundedChoice", [("token_ids", ids, None), ("logprobs", lps | None, None)],
+                               bases=(GenerateTokensChoice,), kw_only=True)
     resp = msgspec.defstruct("BoundedResponse", [("choices", list[choice], msgspec.field(default_factory=list)),
                                                  ("prompt_token_ids", ids, None)],
                              bases=(GenerateTokensResponse,), kw_only=True)
