@@ -127,23 +127,26 @@ class ParserStack:
             return "auto"
         return "off"
 
-    def initial_state(self, ctx: RequestContext, streaming: bool = False) -> StackState:
+    def initial_state(self, ctx: RequestContext, streaming: bool = False, mode: str | None = None) -> StackState:
         """Fresh state for one choice of a request. ``streaming``: the choice is streamed (the
         stream core's states): with ``tool_call_streaming="incremental"`` the tool parser then
-        streams arguments (calls from markup, in the auto / required / named modes)."""
-        mode = self.tool_mode(ctx)
-        if mode == "off" and ctx.tools and self.tool is not None and self.tool.strips_markup_when_off:
+        streams arguments (calls from markup, in the auto / required / named modes). ``mode``:
+        ``tool_mode(ctx)`` when the caller already has it (None: computed here)."""
+        if mode is None:
+            mode = self.tool_mode(ctx)
+        tool = self.tool
+        if mode == "off" and ctx.tools and tool is not None and tool.strips_markup_when_off:
             mode = "strip"
         st = StackState(
             mode=mode,
             named=ctx.named_tool(),
             include_reasoning=ctx.include_reasoning is not False,
             reasoning=self.reasoning.initial_state(ctx) if self.reasoning else None,
-            tool=self.tool.initial_state(ctx) if (self.tool and mode != "off") else None,
+            tool=tool.initial_state(ctx) if (tool and mode != "off") else None,
         )
         if (streaming and self.tool_call_streaming == "incremental" and st.tool is not None
-                and mode in ("auto", "required", "named") and self.tool.incremental):
-            self.tool.stream_arguments(st.tool)
+                and mode in ("auto", "required", "named") and tool.incremental):
+            tool.stream_arguments(st.tool)
         return st
 
     def load_state(self, raw: Any) -> StackState:
