@@ -83,7 +83,8 @@ def _json_calls(text: str, mode: str, named: str | None) -> list[ToolCallDelta] 
 
 
 class ParserStack:
-    """Reasoning + tool parsing for one served model (immutable; per-choice data in StackState).
+    """Reasoning + tool parsing for one served model (immutable: the properties read from its
+    parsers are computed once; per-choice data in StackState).
 
     ``reasoning``/``tool``: parser instances or None; ``enable_auto_tool_choice``: vLLM's flag;
     ``tool_call_streaming``: ``whole`` or ``incremental`` (``--tool-call-streaming``: streamed
@@ -97,20 +98,20 @@ class ParserStack:
         self.enable_auto_tool_choice = enable_auto_tool_choice
         self.tool_call_streaming = tool_call_streaming
 
-    @property
+    @cached_property
     def needs_special_tokens(self) -> bool:
         """True when a parser must see special tokens in the text (skip_special_tokens off)."""
         return bool((self.reasoning and self.reasoning.needs_special_tokens)
                     or (self.tool and self.tool.needs_special_tokens))
 
-    @property
+    @cached_property
     def wants_stop_token(self) -> bool:
         """True when a parser reads the final stop token id too (the core then feeds the ids
         before vLLM's stop-token trimming; the text is unchanged): gpt-oss's Harmony parsers on
         their own vocabulary, where ``<|call|>`` both ends generation and closes a call."""
         return bool((self.reasoning and self.reasoning.wants_stop_token) or (self.tool and self.tool.wants_stop_token))
 
-    @property
+    @cached_property
     def id_format(self) -> str:
         """Tool call id shape of this model's tool parser."""
         return self.tool.id_format if self.tool else "chatcmpl-tool"
