@@ -299,10 +299,14 @@ def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest, ids_i
     total = sum(len(g.choices) for g in grs)
     if total > rt.config.max_n:
         raise BadRequest(f"{total} choices exceed the maximum n ({rt.config.max_n})", param="generate_responses")
+    max_len = rt.config.max_model_len
     for pi, g in enumerate(grs):
         if not g.choices:
             raise BadRequest(f"generate_responses[{pi}].choices must not be empty", param="generate_responses")
         for c in g.choices:
+            ids = c.token_ids
+            if ids_in_vocab and ids is not None and c.logprobs is None and (max_len is None or len(ids) <= max_len):
+                continue  # (nothing ``_check_choice`` checks can fail: its message is not built)
             # an empty completion is valid OpenAI output (text ""); chat keeps vLLM's rejection
             _check_choice(rt, c, f"generate_responses[{pi}] choice {c.index}", allow_empty=True,
                           ids_in_vocab=ids_in_vocab)
