@@ -46,7 +46,7 @@ from schemas import (
     UsageInfo,
 )
 from worker.config import ServedModelConfig, tokenizer_mode
-from worker.core.answer import answer_has_stop, step_answer
+from worker.core.answer import step_answer
 from worker.core.detokenize import (
     IncrementalDetokenizer,
     detokenize_with_stop,
@@ -273,8 +273,12 @@ def validate_chat(rt: ModelRuntime, body: DerenderChatRequest, ids_in_vocab: boo
         check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
         check_prompt_ids(rt, body.generate_response.prompt_token_ids, "generate_response.prompt_token_ids")
     seen: set[int] = set()
+    max_len = rt.config.max_model_len
     for i, c in enumerate(choices):
         check_choice_index(rt, c.index, seen, "generate_response.choices")
+        ids = c.token_ids
+        if ids_in_vocab and ids and c.logprobs is None and (max_len is None or len(ids) <= max_len):
+            continue  # (nothing ``_check_choice`` checks can fail: its message is not built)
         _check_choice(rt, c, f"choice {c.index if c.index is not None else i}", ids_in_vocab=ids_in_vocab)
 
 
@@ -312,10 +316,14 @@ def validate_completion(rt: ModelRuntime, body: DerenderCompletionRequest, ids_i
     total = sum(len(g.choices) for g in grs)
     if total > rt.config.max_n:
         raise BadRequest(f"{total} choices exceed the maximum n ({rt.config.max_n})", param="generate_responses")
+    max_len = rt.config.max_model_len
     for pi, g in enumerate(grs):
         if not g.choices:
             raise BadRequest(f"generate_responses[{pi}].choices must not be empty", param="generate_responses")
         for c in g.choices:
+            ids = c.token_ids
+            if ids_in_vocab and ids is not None and c.logprobs is None and (max_len is None or len(ids) <= max_len):
+                continue  # (nothing ``_check_choice`` checks can fail: its message is not built)
             # an empty completion is valid OpenAI output (text ""); chat keeps vLLM's rejection
             _check_choice(rt, c, f"generate_responses[{pi}] choice {c.index}", allow_empty=True,
                           ids_in_vocab=ids_in_vocab)
@@ -404,25 +412,41 @@ def _text_of(rt: ModelRuntime, c: GenerateTokensChoice, prompt_ids, skip_special
 
 
 def _parse_choice(rt: ModelRuntime, ctx: RequestContext, c: GenerateTokensChoice, prompt_ids,
-                  skip: bool, req: ChatCompletionRequest, stops: tuple[str, ...]) -> tuple[Delta, _Text]:
+                  skip: bool, req: ChatCompletionRequest, stops: tuple[str, ...],
+                  mode: str | None = None) -> tuple[Delta, _Text]:
     """A chat choice through the parser stack: ``(delta, text)``. The request's stop strings
     apply to the answer, not to the reasoning (``worker.core.answer``): when the answer holds
     one, the ids are stepped one by one as the streaming path steps them; otherwise the whole
-    text is parsed in one step."""
+    text is parsed in one step. ``mode``: ``stack.tool_mode(ctx)`` when the caller has it."""
     stack = rt.stack
     out = _text_of(rt, c, prompt_ids, skip, req.spaces_between_special_tokens, req.include_stop_str_in_output)
     pids = out.parser_ids(stack)
-    if not stops or not answer_has_stop(stack, stack.initial_state(ctx), out.text, pids, stops):
-        st = stack.initial_state(ctx)
+    st = stack.initial_state(ctx, mode=mode)
+    if not stops:
         d = stack.feed(st, out.text, pids)
         return d.extend(stack.finish(st)), out
+    # ``answer_has_stop``'s test on the same state, kept when no stop string is in the answer:
+    # the halves of ``feed`` then ``finish`` (reasoning / answer halves touch disjoint parts of
+    # the state, so finishing the reasoning before feeding the answer gives the same deltas)
+    if stack.reasoning is None:
+        r, fr = Delta(content=out.text), Delta()
+    else:
+        r = stack.feed_reasoning(st, out.text, pids)
+        fr = stack.finish_reasoning(st)
+    if not any(s in r.content + fr.content for s in stops):
+        d = stack.feed_answer(st, r.content, pids)
+        d.reasoning = r.reasoning
+        d.reasoning_tokens = r.reasoning_tokens
+        f = stack.finish_answer(st, fr.content)
+        f.reasoning = fr.reasoning
+        return d.extend(f), out
     ids = stop_token_trimmed(c.token_ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids,
                              req.include_stop_str_in_output)
     detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=skip,
                                    spaces_between_special_tokens=req.spaces_between_special_tokens,
                                    prompt_token_ids=prompt_ids)
     extra = [out.stop_token] if out.stop_token is not None and stack.wants_stop_token else []
-    d, used, matched, _ = step_answer(stack, stack.initial_state(ctx), detok, ids,
+    d, used, matched, _ = step_answer(stack, stack.initial_state(ctx, mode=mode), detok, ids,
                                       rt.tokenizer.special_ids if skip else None, stops,
                                       req.include_stop_str_in_output, req.min_tokens or 0, 0, "", True,
                                       extra)
@@ -431,9 +455,12 @@ def _parse_choice(rt: ModelRuntime, ctx: RequestContext, c: GenerateTokensChoice
 
 def merge_tool_calls(request_id: str, choice_index: int, d: Delta, fmt: str) -> list[ToolCall]:
     """Join tool-call fragments by index into complete ``ToolCall``s with deterministic ids."""
+    tcs = d.tool_calls
+    if not tcs:
+        return []
     names: dict[int, str] = {}
     args: dict[int, list[str]] = {}
-    for tc in d.tool_calls:
+    for tc in tcs:
         if tc.name is not None and tc.index not in names:
             names[tc.index] = tc.name
         args.setdefault(tc.index, []).append(tc.arguments)
@@ -478,7 +505,7 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest, created: int | No
     completion_tokens = reasoning_tokens = 0
     stops = stop_strings(req.stop)
     for c in gr.choices:
-        d, out = _parse_choice(rt, ctx, c, prompt_ids, skip, req, stops)
+        d, out = _parse_choice(rt, ctx, c, prompt_ids, skip, req, stops, mode)
         finish_reason, stop_reason = out.finish(c)
         calls = merge_tool_calls(request_id, c.index, d, stack.id_format)
         content = d.content or None

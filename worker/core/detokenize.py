@@ -340,6 +340,37 @@ def check_stop_strings(output_text: str, new_char_count: int, stop: tuple[str, .
     return None
 
 
+def _whole_text(tok: Tokenizer, token_ids: list[int], skip_special_tokens, spaces_between_special_tokens,
+                prompt_token_ids: list[int] | None) -> str | None:
+    """``IncrementalDetokenizer(tok, ...).whole_output(token_ids)`` of a fresh detokenizer
+    without building one (the non-streaming path's one call): the same window, the same decode,
+    the same None whenever ``whole_output`` would refuse the shortcut (the caller then steps a
+    real detokenizer)."""
+    if tok.backend != "fast":
+        return None
+    skip = bool(skip_special_tokens)
+    if not skip and not spaces_between_special_tokens and tok.added_token_ids:  # (``_suppress_spaces``)
+        return None
+    if prompt_token_ids:
+        window = _prompt_tail(tok, prompt_token_ids, skip)
+        p = _window_text(tok, window, skip)
+        if p.endswith(_FFFD):  # (a prompt-primed prefix: ``whole_output`` refuses)
+            return None
+        try:
+            s = tok.raw_decode(window + token_ids, skip)
+        except OverflowError:
+            return None
+    else:
+        p = ""
+        try:
+            s = tok.raw_decode(token_ids, skip)
+        except OverflowError:
+            return None
+    if _FFFD in s or not s.startswith(p):
+        return None
+    return s[len(p):]
+
+
 def detokenize_with_stop(tok: Tokenizer, token_ids: list[int], stop: tuple[str, ...], *,
                          include_stop_str_in_output: bool = False, min_tokens: int = 0,
                          skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True,
@@ -352,15 +383,16 @@ def detokenize_with_stop(tok: Tokenizer, token_ids: list[int], stop: tuple[str, 
     match the text is cut before it (after it with ``include_stop_str_in_output``) and the ids
     after the matching one are dropped (``ids used``). No match: the whole text, all ids, None.
     ``token_ids`` are the ids to detokenize (stop token already trimmed)."""
-    kw = dict(skip_special_tokens=skip_special_tokens, spaces_between_special_tokens=spaces_between_special_tokens,
-              prompt_token_ids=prompt_token_ids)
-    d = IncrementalDetokenizer(tok, **kw)
-    text = d.whole_output(token_ids)
+    text = _whole_text(tok, token_ids, skip_special_tokens, spaces_between_special_tokens, prompt_token_ids)
     if text is None:
-        text = d.add(token_ids)
+        text = IncrementalDetokenizer(tok, skip_special_tokens=skip_special_tokens,
+                                      spaces_between_special_tokens=spaces_between_special_tokens,
+                                      prompt_token_ids=prompt_token_ids).add(token_ids)
     if not stop or not any(s in text for s in stop):
         return text, len(token_ids), None
-    d = IncrementalDetokenizer(tok, **kw)
+    d = IncrementalDetokenizer(tok, skip_special_tokens=skip_special_tokens,
+                               spaces_between_special_tokens=spaces_between_special_tokens,
+                               prompt_token_ids=prompt_token_ids)
     out = ""
     for k, t in enumerate(token_ids):
         new = d.add([t])

@@ -362,7 +362,7 @@ class DerenderService:
                 kind, req = one
                 request_id = req.generate_response.request_id if kind == "chat" else \
                     req.generate_responses[0].request_id
-                rt = self.runtime(req.model)
+                rt = self._runtimes.get(req.model) or self.runtime(req.model)
                 # the decode bounded every id by ``bound``: inside this model's vocabulary too?
                 in_vocab = bound is not None and bound <= rt.tokenizer.vocab_size
                 if kind == "chat":
@@ -638,7 +638,9 @@ def _one_decode(body: bytes, kind: str | None, decoders=_UNBOUNDED):
     try:
         if want == "chat":
             req = decoders[0].decode(body)
-            if _Probe.present(req.generate_responses) or _Probe.present(req.generate_chunk):
+            # (``_Probe.present`` of the other shapes' keys, inlined: a missing key is empty)
+            if (req.generate_responses and bytes(req.generate_responses) != b"null") or \
+                    (req.generate_chunk and bytes(req.generate_chunk) != b"null"):
                 return None
         elif want == "completion":
             req = decoders[1].decode(body)

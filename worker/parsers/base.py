@@ -15,6 +15,8 @@ Invariants every parser keeps (tests check them over the corpus):
 """
 from __future__ import annotations
 
+import json
+from json import encoder as _json_encoder
 from typing import Any, ClassVar
 
 import msgspec
@@ -221,17 +223,26 @@ def partial_suffix_len(text: str, marker: str) -> int:
 
     Used to hold back text that may be the start of a marker split across deltas.
     O(len(marker)) per call."""
-    n = min(len(text), len(marker) - 1)
-    while n > 0:
-        if marker.startswith(text[-n:]):
-            return n
-        n -= 1
+    size = len(text)
+    n = min(size, len(marker) - 1)
+    if n <= 0:
+        return 0
+    first = marker[0]
+    i = text.find(first, size - n)  # candidate starts, longest suffix first (C-level search)
+    while i >= 0:
+        if marker.startswith(text[i:]):
+            return size - i
+        i = text.find(first, i + 1)
     return 0
 
 
 def find_first(text: str, markers: tuple[str, ...], start: int = 0) -> tuple[int, str | None]:
     """Earliest occurrence in ``text[start:]`` of any of ``markers``: ``(position in text,
     marker)`` or ``(-1, None)``. Ties go to the longer marker."""
+    if len(markers) == 1:  # (most families: one marker, one C-level search)
+        m = markers[0]
+        i = text.find(m, start)
+        return (i, m) if i >= 0 else (-1, None)
     best, which = -1, None
     for m in markers:
         i = text.find(m, start)
@@ -242,4 +253,32 @@ def find_first(text: str, markers: tuple[str, ...], start: int = 0) -> tuple[int
 
 def hold_back(text: str, markers: tuple[str, ...]) -> int:
     """How many trailing chars of ``text`` might begin one of ``markers`` (max over markers)."""
+    if len(markers) == 1:
+        return partial_suffix_len(text, markers[0])
     return max((partial_suffix_len(text, m) for m in markers), default=0)
+
+
+def _make_dumps_non_ascii():
+    """``json.dumps(obj, ensure_ascii=False)`` as one prebuilt C encoder (the encoder and its
+    options are not rebuilt per call): same bytes, for the acyclic values a JSON parse returns
+    (no circular-reference check: a cycle would recurse until ``RecursionError``)."""
+    enc = json.JSONEncoder(ensure_ascii=False)
+    make = _json_encoder.c_make_encoder
+    if make is None:  # (no C accelerator: the stdlib's own path)
+        return enc.encode
+    c = make(None, enc.default, _json_encoder.encode_basestring, None, enc.key_separator, enc.item_separator,
+             False, False, True)
+    join = "".join
+
+    def dumps_non_ascii(obj: Any) -> str:
+        return join(c(obj, 0))
+
+    return dumps_non_ascii
+
+
+#: ``json.dumps(obj, ensure_ascii=False)`` of a parsed JSON value (``_make_dumps_non_ascii``)
+dumps_non_ascii = _make_dumps_non_ascii()
+#: ``json.loads(text)`` for a ``str`` (the module-level call's checks skipped): the same value,
+#: and a ``ValueError`` (``JSONDecodeError``) for text that is not one JSON value, a leading BOM
+#: included (only its message differs)
+json_loads = json.JSONDecoder().decode

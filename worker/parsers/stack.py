@@ -83,7 +83,8 @@ def _json_calls(text: str, mode: str, named: str | None) -> list[ToolCallDelta] 
 
 
 class ParserStack:
-    """Reasoning + tool parsing for one served model (immutable; per-choice data in StackState).
+    """Reasoning + tool parsing for one served model (immutable: the properties read from its
+    parsers are computed once; per-choice data in StackState).
 
     ``reasoning``/``tool``: parser instances or None; ``enable_auto_tool_choice``: vLLM's flag;
     ``tool_call_streaming``: ``whole`` or ``incremental`` (``--tool-call-streaming``: streamed
@@ -97,20 +98,20 @@ class ParserStack:
         self.enable_auto_tool_choice = enable_auto_tool_choice
         self.tool_call_streaming = tool_call_streaming
 
-    @property
+    @cached_property
     def needs_special_tokens(self) -> bool:
         """True when a parser must see special tokens in the text (skip_special_tokens off)."""
         return bool((self.reasoning and self.reasoning.needs_special_tokens)
                     or (self.tool and self.tool.needs_special_tokens))
 
-    @property
+    @cached_property
     def wants_stop_token(self) -> bool:
         """True when a parser reads the final stop token id too (the core then feeds the ids
         before vLLM's stop-token trimming; the text is unchanged): gpt-oss's Harmony parsers on
         their own vocabulary, where ``<|call|>`` both ends generation and closes a call."""
         return bool((self.reasoning and self.reasoning.wants_stop_token) or (self.tool and self.tool.wants_stop_token))
 
-    @property
+    @cached_property
     def id_format(self) -> str:
         """Tool call id shape of this model's tool parser."""
         return self.tool.id_format if self.tool else "chatcmpl-tool"
@@ -127,23 +128,26 @@ class ParserStack:
             return "auto"
         return "off"
 
-    def initial_state(self, ctx: RequestContext, streaming: bool = False) -> StackState:
+    def initial_state(self, ctx: RequestContext, streaming: bool = False, mode: str | None = None) -> StackState:
         """Fresh state for one choice of a request. ``streaming``: the choice is streamed (the
         stream core's states): with ``tool_call_streaming="incremental"`` the tool parser then
-        streams arguments (calls from markup, in the auto / required / named modes)."""
-        mode = self.tool_mode(ctx)
-        if mode == "off" and ctx.tools and self.tool is not None and self.tool.strips_markup_when_off:
+        streams arguments (calls from markup, in the auto / required / named modes). ``mode``:
+        ``tool_mode(ctx)`` when the caller already has it (None: computed here)."""
+        if mode is None:
+            mode = self.tool_mode(ctx)
+        tool = self.tool
+        if mode == "off" and ctx.tools and tool is not None and tool.strips_markup_when_off:
             mode = "strip"
         st = StackState(
             mode=mode,
             named=ctx.named_tool(),
             include_reasoning=ctx.include_reasoning is not False,
             reasoning=self.reasoning.initial_state(ctx) if self.reasoning else None,
-            tool=self.tool.initial_state(ctx) if (self.tool and mode != "off") else None,
+            tool=tool.initial_state(ctx) if (tool and mode != "off") else None,
         )
         if (streaming and self.tool_call_streaming == "incremental" and st.tool is not None
-                and mode in ("auto", "required", "named") and self.tool.incremental):
-            self.tool.stream_arguments(st.tool)
+                and mode in ("auto", "required", "named") and tool.incremental):
+            tool.stream_arguments(st.tool)
         return st
 
     def load_state(self, raw: Any) -> StackState:

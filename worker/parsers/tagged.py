@@ -58,8 +58,10 @@ from worker.parsers.base import (
     RequestContext,
     ToolCallDelta,
     ToolParser,
+    dumps_non_ascii,
     find_first,
     hold_back,
+    json_loads,
     names_ok,
 )
 from worker.parsers.incremental import LIST_ARGS, NAME_ARGS, ArgStream, JsonArgs, XmlArgs, advance, settle
@@ -158,7 +160,7 @@ def lex_json(st: TaggedState, s: str, end: int) -> None:
 
 
 #: ``json.dumps(x, ensure_ascii=False)`` without building an encoder per call (same options)
-_dumps_non_ascii = json.JSONEncoder(ensure_ascii=False).encode
+_dumps_non_ascii = dumps_non_ascii
 
 
 def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
@@ -166,7 +168,7 @@ def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
     None when the body is not such an object. Arguments are re-serialized with
     ``json.dumps(ensure_ascii=False)`` (what vLLM's Hermes parser returns)."""
     try:
-        obj = json.loads(body)
+        obj = json_loads(body)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
