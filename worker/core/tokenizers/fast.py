@@ -111,7 +111,7 @@ class _DecodeTables:
         self.skip: list[bytes | None] = [None] * size
         self.size, self._fast, self._specials = size, fast, specials
 
-    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """``tokenizers.Tokenizer.decode(ids, skip_special_tokens)`` (``ids``: a sequence of
         ints): the ids' bytes joined, decoded with ``errors="replace"`` (CPython's UTF-8 decoder
         replaces each maximal ill-formed subpart with one U+FFFD, as Rust's
@@ -196,6 +196,8 @@ class FastTokenizer(Tokenizer):
         if self.is_byte_level:
             self.token_bytes = _ByteTable(fast, self.added_token_ids, self.vocab_size).__getitem__
             self._tables = _decode_tables(fast, added, size)
+            if self._tables is not None:  # one Python frame less per decode (as token_bytes)
+                self.raw_decode = self._tables.decode
         self.eos_token_ids = config_eos_token_ids(self, d, [])
 
     @classmethod
@@ -253,7 +255,8 @@ class FastTokenizer(Tokenizer):
 
         On a byte-level tokenizer whose construction self-check passed (:func:`_decode_tables`)
         the same text comes from byte-table lookups, no ``tokenizers`` call
-        (:meth:`_DecodeTables.decode`; tests/test_table_decode.py)."""
+        (:meth:`_DecodeTables.decode`, which the constructor then binds as this instance's
+        ``raw_decode``; tests/test_table_decode.py)."""
         tables = self._tables
         if tables is None:
             return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
