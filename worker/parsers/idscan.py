@@ -1,13 +1,16 @@
 """C-level scans of a token-id list for a few ids of interest (issue 13).
 
 ``id_text(ids)`` turns a list of ids into one ``str`` whose code point ``k`` is ``ids[k]``
-(``array('I', ids)`` then a UTF-32 decode with ``surrogatepass``: ~10 ns per id, against
-~12 ns per id *and per searched id* for ``list.index`` and ~20 ns per id for
-``set.isdisjoint``). On it, "the next occurrence of id ``m`` at or after position ``p``" is
-``str.find(chr(m), p)`` (a ``wmemchr``), and "any id of a set?" is one regular-expression
-search over a character class built from the set's runs of consecutive ids: positions are the
-same as in the id list. Exact: an id the conversion cannot represent (negative, ``>= 2**32`` or
-above U+10FFFF) makes ``id_text`` return None, and the caller scans per id.
+(``array('I', ids)`` reinterpreted as a 4-byte wide-character array, ``tounicode``: ~10-12 ns
+per id plus ~1 us per call, against ~12 ns per id *and per searched id* for ``list.index`` and
+~20 ns per id for ``set.isdisjoint``). On it, "the next occurrence of id ``m`` at or after
+position ``p``" is ``str.find(chr(m), p)`` (a ``wmemchr``), and "any id of a set?" is one
+regular-expression search over a character class built from the set's runs of consecutive ids:
+positions are the same as in the id list. Ids in the surrogate range (U+D800-U+DFFF, ordinary
+ids of most vocabularies) are kept as lone surrogates, at no extra cost (a UTF-32 decode with
+``surrogatepass`` would call its error handler once per such id). Exact: an id the conversion
+cannot represent (negative, ``>= 2**32`` or above U+10FFFF, not an int) makes ``id_text``
+return None, and the caller scans per id.
 
 The last conversion is remembered by the list's identity (one entry, with the list held so its
 identity cannot be reused, and its length checked): the special-id check in
@@ -18,17 +21,18 @@ a caller that mutates one in place between two scans must not rely on this modul
 from __future__ import annotations
 
 import re
-import sys
 import weakref
-from array import array
+from array import array, typecodes
 
-#: array typecode of a 4-byte unsigned int, and the matching UTF-32 codec
-_CODE = next(c for c in "IL" if array(c).itemsize == 4)
-_UTF32 = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"
+#: a 4-byte wide-character typecode (``w``: Py_UCS4, Python >= 3.13; ``u``: wchar_t, 4 bytes
+#: on Linux and macOS) and a 4-byte unsigned int one; without both, ``id_text`` is always None
+_WIDE = "w" if "w" in typecodes else "u"
+_UINT = next((c for c in "IL" if array(c).itemsize == 4), None)
+_TEXT_OK = _UINT is not None and array(_WIDE).itemsize == 4
 
 #: id lists up to this long take ``set.isdisjoint`` / ``list.index`` (a stream chunk: the
-#: conversion's fixed cost is more than it saves there)
-SMALL = 8
+#: conversion's fixed cost, ~1 us, is more than it saves there; measured break-even ~30 ids)
+SMALL = 32
 
 #: special-id sets made of more runs of consecutive ids than this take ``set.isdisjoint``
 MAX_RUNS = 16
@@ -49,9 +53,11 @@ def id_text(ids: list[int], keep: bool = True) -> str | None:
     last = _last
     if last is not None and last[0] is ids and len(last[1]) == len(ids):
         return last[1]
+    if not _TEXT_OK:
+        return None
     try:
-        s = array(_CODE, ids).tobytes().decode(_UTF32, "surrogatepass")
-    except (OverflowError, TypeError, UnicodeDecodeError):
+        s = array(_WIDE, array(_UINT, ids).tobytes()).tounicode()
+    except (OverflowError, TypeError, ValueError):  # negative, >= 2**32, not an int; > U+10FFFF
         return None
     if keep:
         _last = (ids, s)
