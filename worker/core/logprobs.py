@@ -14,12 +14,13 @@ the first k+1 of that list keyed by token string (same-string entries collapse, 
 wins at the first key's position), ``text_offset`` = running sum of token string lengths from
 ``text_offset_start``.
 
-Cost (issue 13 item 3): the candidates are flattened once per record (:func:`candidates`, shared
-with the validation), the shown lists are selected by C-level passes over all of them (Python
+Cost (issue 13 item 3): the candidates are flattened once per record (:func:`candidates`; the
+non-streaming validation needs no flattening: its decode bounds the logprob ids), the shown lists are selected by C-level passes over all of them (Python
 only at irregular positions: duplicate ids, ranks out of order), token strings / bytes / JSON
 fragments come from a lazily filled per-tokenizer table, U+FFFD repair runs only at pieces that
 need it (cached per (id, context); pieces no context can complete are ``""`` from the table) and
-:func:`chat_logprobs_json` joins pre-encoded fragments with the logprobs encoded in one call.
+:func:`chat_logprobs_json` joins one pre-encoded fragment per shown object (a ``bytes %``
+format) filled with the logprobs encoded in one call.
 
 Streaming: keep the last 4 sampled ids (:func:`next_context`) and the running completion text
 offset between chunks (``DerenderStreamState.logprob_context_token_ids`` /
@@ -360,8 +361,8 @@ class Candidates:
     """An engine ``logprobs.content`` list (``entries``) flattened once, C-level: ``tids`` (the
     sampled ids), ``tops`` (each entry's ``top_logprobs`` list), ``counts`` (their lengths),
     ``flat`` (every candidate, position by position) and ``ids`` (their ``token_id``s, a
-    tuple). Read by the validation (``derender.check_ids_and_logprobs``) and the logprob
-    blocks (:func:`candidates`)."""
+    tuple). Read by the validation (``derender.check_ids_and_logprobs``, unless the decode
+    bounded the ids) and the logprob blocks (:func:`candidates`)."""
 
     __slots__ = ("entries", "tids", "tops", "counts", "flat", "ids")
 
@@ -375,9 +376,10 @@ class Candidates:
 
 
 def candidates(entries: list[TokenLogprobIn]) -> Candidates:
-    """``Candidates(entries)``: the validation and the logprob block each flatten the list they
-    read (~70 / ~200 us for 256 entries of 5 / 20 candidates, C-level), so neither holds a
-    record's candidates after it is done with them."""
+    """``Candidates(entries)``: the stream validation and the logprob block each flatten the list
+    they read (~70 / ~200 us for 256 entries of 5 / 20 candidates, C-level), so neither holds a
+    record's candidates after it is done with them (the non-streaming validation reads none:
+    ``derender.check_ids_and_logprobs(in_vocab=True)``)."""
     return Candidates(entries)
 
 
