@@ -20,6 +20,7 @@ from worker.core.service import DerenderService
 from worker.core.tokenizers import load_tokenizer
 from worker.parsers import make_reasoning_parser
 from worker.parsers.registry import REASONING_PARSERS
+from tests.harness.parsers import reference_reasoning_count as _reference_count
 from worker.parsers.think import ThinkReasoningParser, ThinkState
 
 TOKDIR = Path(__file__).parent / "data" / "tokenizers"
@@ -39,23 +40,6 @@ def _think_parsers():
 
 THINK = _think_parsers()
 
-
-def _reference_count(p: ThinkReasoningParser, r: bool, explicit: bool, ids: list[int]) -> tuple[int, bool, bool]:
-    """The id-level rule stepped one token at a time (module docstring of ``think``)."""
-    n = 0
-    for t in ids:
-        if t in p.start_ids:
-            r, explicit = True, p.spec.explicit_needs_end
-        elif t in p.end_ids:
-            r = False
-        elif t in p.implicit_end_ids:
-            if not explicit:
-                r = False
-            elif r:
-                n += 1
-        elif r:
-            n += 1
-    return n, r, explicit
 
 
 @pytest.mark.parametrize("name,p", THINK, ids=[n for n, _ in THINK])

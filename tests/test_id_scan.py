@@ -20,6 +20,7 @@ from hypothesis import strategies as hs
 
 from worker.core.tokenizers import load_tokenizer
 from worker.parsers import idscan, make_reasoning_parser
+from tests.harness.parsers import reference_reasoning_count as _reference_count
 from worker.parsers.think import ThinkReasoningParser, ThinkState
 
 TOKDIR = Path(__file__).parent / "data" / "tokenizers"
@@ -46,23 +47,6 @@ def _ids_strategy(p: ThinkReasoningParser, special: frozenset[int]):
     return hs.lists(hs.one_of(plain, plain, hs.sampled_from(markers), hs.sampled_from(sorted(special)[:8])),
                     min_size=idscan.SMALL + 1, max_size=700)
 
-
-def _reference_count(p: ThinkReasoningParser, r: bool, explicit: bool, ids: list[int]) -> tuple[int, bool, bool]:
-    """The id-level rule stepped one token at a time (``think`` module docstring)."""
-    n = 0
-    for t in ids:
-        if t in p.start_ids:
-            r, explicit = True, p.spec.explicit_needs_end
-        elif t in p.end_ids:
-            r = False
-        elif t in p.implicit_end_ids:
-            if not explicit:
-                r = False
-            elif r:
-                n += 1
-        elif r:
-            n += 1
-    return n, r, explicit
 
 
 def _reference_prompt_mode(p: ThinkReasoningParser, ids: list[int]) -> str | None:

@@ -466,3 +466,24 @@ VECTORS: list[V] = [
     T("9", "seed_oss", "seed", "<seed:tool_call><function=get_time><parameter=tz>CET</parameter></function>"
       "</seed:tool_call>", calls=[TM], finish="tool_calls"),
 ]
+
+
+def reference_reasoning_count(p, r: bool, explicit: bool, ids: list[int]) -> tuple[int, bool, bool]:
+    """A think parser's (``worker.parsers.think.ThinkReasoningParser``) id-level reasoning rule
+    stepped one token at a time: ``(reasoning ids counted, reasoning mode after, explicit block
+    after)`` from mode ``r`` / ``explicit`` (the ``think`` module docstring): the reference the
+    C-level ``_count`` scans are tested against (tests/test_hot_path.py, tests/test_id_scan.py)."""
+    n = 0
+    for t in ids:
+        if t in p.start_ids:
+            r, explicit = True, p.spec.explicit_needs_end
+        elif t in p.end_ids:
+            r = False
+        elif t in p.implicit_end_ids:
+            if not explicit:
+                r = False
+            elif r:
+                n += 1
+        elif r:
+            n += 1
+    return n, r, explicit

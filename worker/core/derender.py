@@ -100,6 +100,14 @@ def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str, allow_e
         check_ids_and_logprobs(rt, ids, c.logprobs, where, in_vocab=ids_in_vocab)
 
 
+def _check_length(lp: list, ids: list[int], where: str) -> None:
+    """One engine logprobs entry per output id (vLLM's engine output shape). Raises
+    ``BadRequest`` naming ``where``."""
+    if len(lp) != len(ids):
+        raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
+                         f"length ({len(ids)})", param=f"{where}.logprobs")
+
+
 def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: str, in_vocab: bool = False) -> None:
     """Checks shared by the non-streaming and streaming paths, for one choice's (or chunk's)
     ``ids`` and engine ``logprobs``: every id inside the vocabulary; logprobs, when given, one
@@ -113,9 +121,7 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
         lp = logprobs.content if logprobs is not None else None
         if lp is None:
             return
-        if len(lp) != len(ids):
-            raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
-                             f"length ({len(ids)})", param=f"{where}.logprobs")
+        _check_length(lp, ids, where)
         if lp and 0 <= cfg.max_logprobs < max(map(len, map(_get_tops, lp))):
             _first_bad_logprob(rt, lp, where)
         return
@@ -126,9 +132,7 @@ def check_ids_and_logprobs(rt: ModelRuntime, ids: list[int], logprobs, where: st
     lp = logprobs.content if logprobs is not None else None
     if lp is None:
         return
-    if len(lp) != len(ids):
-        raise BadRequest(f"logprobs.content length ({len(lp)}) in {where} differs from token_ids "
-                         f"length ({len(ids)})", param=f"{where}.logprobs")
+    _check_length(lp, ids, where)
     if len(lp) <= SMALL:  # a few entries (a stream chunk): checked one by one
         _first_bad_logprob(rt, lp, where)
         return
