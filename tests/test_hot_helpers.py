@@ -16,10 +16,10 @@ import random
 
 import pytest
 
+from worker.bench.floor import DEMO_TOKENIZER
 from worker.core.detokenize import IncrementalDetokenizer, _whole_text, detokenize_with_stop
 from worker.core.tokenizers import load_tokenizer
 from worker.parsers.base import dumps_non_ascii, find_first, hold_back, json_loads, partial_suffix_len
-from worker.bench.floor import DEMO_TOKENIZER
 
 
 def _ref_partial(text: str, marker: str) -> int:
@@ -58,7 +58,7 @@ def test_marker_helpers_match_their_definitions():
 @pytest.mark.parametrize("value", [
     {"city": "Paris", "unit": "c"}, {"é": "日本\u2028", "q": "\"\\/\n\t\x00"}, [1, -2, 2.5, 1e300, 1e-7, None, True],
     {"nested": {"a": [{"b": []}, {}]}}, {"inf": float("inf"), "nan": float("nan"), "ninf": float("-inf")},
-    {1: "int key", True: "bool key", None: "null key", 2.5: "float key"}, "plain string", 7, None, [],
+    {1: "int key", None: "null key", 2.5: "float key"}, {True: "bool key", False: "other bool key"}, "plain string", 7, None, [],
     {"big": 10 ** 40},
 ])
 def test_dumps_non_ascii_is_json_dumps(value):

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.parsers import reference_reasoning_count as _reference_count
 from worker.config import ServedModelConfig
 from worker.core.service import DerenderService
 from worker.core.tokenizers import load_tokenizer
 from worker.parsers import make_reasoning_parser
 from worker.parsers.registry import REASONING_PARSERS
-from tests.harness.parsers import reference_reasoning_count as _reference_count
 from worker.parsers.think import ThinkReasoningParser, ThinkState
 
 TOKDIR = Path(__file__).parent / "data" / "tokenizers"

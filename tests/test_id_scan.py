@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
+from tests.harness.parsers import reference_reasoning_count as _reference_count
 from worker.core.tokenizers import load_tokenizer
 from worker.parsers import idscan, make_reasoning_parser
-from tests.harness.parsers import reference_reasoning_count as _reference_count
 from worker.parsers.think import ThinkReasoningParser, ThinkState
 
 TOKDIR = Path(__file__).parent / "data" / "tokenizers"

@@ -41,7 +41,7 @@ MAX_RUNS = 16
 _last: tuple[list[int], str] | None = None
 
 #: tokenizer -> the character class of its special ids (``special_pattern``), or None
-_SPECIAL: "weakref.WeakKeyDictionary[object, re.Pattern[str] | None]" = weakref.WeakKeyDictionary()
+_SPECIAL: weakref.WeakKeyDictionary[object, re.Pattern[str] | None] = weakref.WeakKeyDictionary()
 
 
 def id_text(ids: list[int], keep: bool = True) -> str | None:
