@@ -85,7 +85,9 @@ class _Partition:
     inflight: set = field(default_factory=set)  # fetched offsets not finished (reply acked [+ state])
     stream_inflight: set = field(default_factory=set)  # the stream records among them
     store_wait: set = field(default_factory=set)  # the stream records among them waiting only for the state store
-    active: set = field(default_factory=set)  # inflight - store_wait (the in-flight window's records)
+    gap_wait: set = field(default_factory=set)  # the stream records among them held behind a gap (``pauses``)
+    gap_floor: int = 1 << 62  # at most the oldest offset in gap_wait (``pauses.PartitionPauses.window``)
+    active: set = field(default_factory=set)  # inflight - store_wait - gap_wait (the in-flight window's records)
     hi: int | None = None  # highest fetched offset + 1
     streams: dict = field(default_factory=dict)  # request id -> streams._Stream
     sacks: Any = None  # stream acker queue
@@ -97,6 +99,7 @@ class _Partition:
             if off in self.inflight:
                 self.store_wait.add(off)
                 self.active.discard(off)
+                self.gap_wait.discard(off)
 
     def store_done(self, offsets) -> None:
         """Records ``offsets`` no longer wait for the state store (loaded: they run again)."""
@@ -105,17 +108,35 @@ class _Partition:
                 self.store_wait.discard(off)
                 self.active.add(off)
 
+    def wait_gap(self, offset: int) -> None:
+        """Stream record ``offset`` is held behind a gap (its stream waits for a missing chunk,
+        or for chunk 0 of an unknown stream): out of the in-flight window, into the
+        ``stream-gap`` bound (``pauses``); the commit stays behind it."""
+        if offset in self.inflight:
+            self.gap_wait.add(offset)
+            self.gap_floor = min(self.gap_floor, offset)
+            self.active.discard(offset)
+            self.store_wait.discard(offset)
+
+    def gap_done(self, offset: int) -> None:
+        """Held stream record ``offset`` runs again (its gap closed, or the gap's 409 answers it)."""
+        if offset in self.gap_wait:
+            self.gap_wait.discard(offset)
+            self.active.add(offset)
+
     def abandon(self, offset: int) -> None:
         """A held stream record is given up (revoke/stop/failed step): never committed (it stays
-        in ``inflight``), out of the stream and state-store counts."""
+        in ``inflight``), out of the stream, state-store and gap counts."""
         self.stream_inflight.discard(offset)
         self.store_wait.discard(offset)
+        self.gap_wait.discard(offset)
 
     def finish(self, offset: int) -> None:
         """Record ``offset`` is finished (reply acked [+ checkpoint written]): committable."""
         self.inflight.discard(offset)
         self.stream_inflight.discard(offset)
         self.store_wait.discard(offset)
+        self.gap_wait.discard(offset)
         self.active.discard(offset)
 
     def update_committable(self) -> int | None:

@@ -517,12 +517,14 @@ class StreamRouter:
                 s.held_dups.append(msg)
             else:
                 s.held[seq] = msg
+            st.wait_gap(msg.offset)  # (out of the in-flight window: the partition's other records go on)
             if s.gap_deadline is None:
                 self._arm_gap(st, s)
             return
         await self._derender_publish(st, s, msg, seq)
         while not s.ended and s.next_seq in s.held:
             m = s.held.pop(s.next_seq)
+            st.gap_done(m.offset)
             await self._derender_publish(st, s, m, self.parse_seq(m))
         if s.held or s.held_dups:
             if s.ended:  # ended with later chunks held: they are chunks of an ended stream
@@ -531,11 +533,13 @@ class StreamRouter:
                 s.held_dups.clear()
                 s.gap_deadline = None
                 for m in later:
+                    st.gap_done(m.offset)
                     await self._old_or_ended(st, s, m, self.parse_seq(m))
             elif not s.held:  # only duplicates of already handled seqs remain
                 dups, s.held_dups = s.held_dups, []
                 s.gap_deadline = None
                 for m in dups:
+                    st.gap_done(m.offset)
                     await self._old_or_ended(st, s, m, self.parse_seq(m))
             else:
                 self._arm_gap(st, s)  # progress was made: the gap clock restarts
@@ -572,6 +576,8 @@ class StreamRouter:
         msgs = [s.held[k] for k in seqs]
         dups, s.held_dups = s.held_dups, []
         s.held.clear()
+        for m in (*msgs, *dups):
+            st.gap_done(m.offset)
         s.gap_deadline = None
         entry = ReplayEntry(last, 409, True, None, error_body(why, 409, s.rid))
         s.gap_from = s.next_seq  # a missing chunk arriving later is answered, not taken for a duplicate
