@@ -11,7 +11,8 @@ tokenizer.
   their own (``pauses.GAP_WAIT_FACTOR`` x ``--max-in-flight``, pause reason ``stream-gap``): what
   lies beyond waits for the gap's 409, nothing is lost.
 * ``test_a_stream_ended_by_a_409_answers_later_chunks_at_once_on_a_new_owner``: a stream ended
-  with a 409 (gap, unknown stream, state of another release) keeps a tombstone that says so; the
+  with a 409 (gap, unknown stream, state of another release, a stored checkpoint this worker
+  cannot read: ended at its next chunk, no gap wait) keeps a tombstone that says so; the
   next owner of the partition answers its later chunks with the "already ended" 409 at once
   (no second gap wait, no second "lost or expired" 409), a missing chunk arriving late included.
 """
@@ -139,10 +140,11 @@ def test_a_stream_ended_by_a_409_answers_later_chunks_at_once_on_a_new_owner(kaf
     tok = _tokenizer(qwen3_models)
     n = _names()
     u = uuid.uuid4().hex[:6]
-    rid_gap, rid_unk, rid_old = f"gap-{u}", f"unk-{u}", f"old-{u}"
+    rid_gap, rid_unk, rid_old, rid_bad = f"gap-{u}", f"unk-{u}", f"old-{u}", f"bad-{u}"
     _, gchunks = make_stream(tok, rid_gap, 1)
     _, uchunks = make_stream(tok, rid_unk, 2)
     _, ochunks = make_stream(tok, rid_old, 3)
+    _, bchunks = make_stream(tok, rid_bad, 4)
     redis = RedisSettings(url=REDIS_URL, prefix=redis_prefix, ttl_s=120)
     settings = _settings(kafka_bootstrap, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
                          dead_letter_topic=n.dlq, group_id=n.group, redis=redis, stream_gap_timeout_s=1.5)
@@ -167,12 +169,17 @@ def test_a_stream_ended_by_a_409_answers_later_chunks_at_once_on_a_new_owner(kaf
         # a stream whose stored state another release wrote (state version 3): its next chunk is the
         # core's 409 "written by another release"
         await store.put(rid_old, encode_checkpoint(msgspec.msgpack.encode([3, None]), []), 2)
+        # a stream whose stored checkpoint is unreadable here (not a checkpoint): its next new chunk
+        # ends it at once (its old chunk 1, answered before, is skipped)
+        await store.put(rid_bad, b"\xc1 not msgpack", 2)
         first, s1 = await owner([_chunk(rid_gap, gchunks[k], k) for k in (0, 1, 3)]
-                                + [_chunk(rid_unk, uchunks[5], 5), _chunk(rid_old, ochunks[3], 3)], 5)
-        tombs = {rid: await store.get(rid) for rid in (rid_gap, rid_unk, rid_old)}
+                                + [_chunk(rid_unk, uchunks[5], 5), _chunk(rid_old, ochunks[3], 3),
+                                   _chunk(rid_bad, bchunks[1], 1), _chunk(rid_bad, bchunks[3], 3)], 6)
+        tombs = {rid: await store.get(rid) for rid in (rid_gap, rid_unk, rid_old, rid_bad)}
         # the next owner: later chunks, and the missing chunk 2 of the gap stream arriving late
         second, s2 = await owner([_chunk(rid_gap, gchunks[4], 4), _chunk(rid_gap, gchunks[2], 2),
-                                  _chunk(rid_unk, uchunks[6], 6), _chunk(rid_old, ochunks[4], 4)], 5 + 4)
+                                  _chunk(rid_unk, uchunks[6], 6), _chunk(rid_old, ochunks[4], 4),
+                                  _chunk(rid_bad, bchunks[4], 4)], 6 + 5)
         await store.close()
         return first, s1, tombs, second[len(first):], s2
 
@@ -181,17 +188,20 @@ def test_a_stream_ended_by_a_409_answers_later_chunks_at_once_on_a_new_owner(kaf
     for r in first:
         by.setdefault(r.key.decode(), []).append((int(_h(r)[SEQ]), _h(r)[HDR_STATUS]))
     assert by == {rid_gap: [(0, b"200"), (1, b"200"), (3, b"409")], rid_unk: [(5, b"409")],
-                  rid_old: [(3, b"409")]}, by
-    assert s1.stream_gaps == 2
+                  rid_old: [(3, b"409")], rid_bad: [(3, b"409")]}, by
+    assert s1.stream_gaps == 2 and s1.stream_skipped == 1
+    bad = _error(next(r for r in first if r.key.decode() == rid_bad))["message"]
+    assert bad.startswith(f"stream {rid_bad!r}: its stored state (before {SEQ} 3) is unreadable (") and \
+        bad.endswith("the stream state was lost or expired; stream ended"), bad
     # each 409 left a tombstone in the existing layout (state None, the 409 in the replay window)
-    for rid, seq, gap_from in ((rid_gap, 3, 2), (rid_unk, 5, 0), (rid_old, 3, -1)):
+    for rid, seq, gap_from in ((rid_gap, 3, 2), (rid_unk, 5, 0), (rid_old, 3, -1), (rid_bad, 3, -1)):
         ck = decode_checkpoint(tombs[rid].state)
         assert (tombs[rid].seq, ck.state, ck.replies[-1].status, ck.gap_from) == (seq, None, 409, gap_from), rid
     # the new owner: one "already ended" 409 per later chunk, at once; no gap, no "lost or expired"
     assert s2.stream_gaps == 0
     got = [(r.key.decode(), int(_h(r)[SEQ]), _h(r)[HDR_STATUS], _h(r)[END]) for r in second]
     assert got == [(rid_gap, 4, b"409", b"1"), (rid_gap, 2, b"409", b"1"), (rid_unk, 6, b"409", b"1"),
-                   (rid_old, 4, b"409", b"1")], got
+                   (rid_old, 4, b"409", b"1"), (rid_bad, 4, b"409", b"1")], got
     msgs = [_error(r)["message"] for r in second]
     assert all("already ended" in m and "lost or expired" not in m for m in msgs), msgs
     assert msgs[0] == f"stream {rid_gap!r} already ended (last {SEQ} 3, ended after {SEQ} 2 was missing for 1.5s); " \
@@ -200,3 +210,4 @@ def test_a_stream_ended_by_a_409_answers_later_chunks_at_once_on_a_new_owner(kaf
     assert msgs[2] == f"stream {rid_unk!r} already ended (last {SEQ} 5, ended after {SEQ} 0 was missing for 1.5s); " \
                       f"chunk {SEQ} 6 ignored", msgs[2]
     assert msgs[3] == f"stream {rid_old!r} already ended (last {SEQ} 3); chunk {SEQ} 4 ignored", msgs[3]
+    assert msgs[4] == f"stream {rid_bad!r} already ended (last {SEQ} 3); chunk {SEQ} 4 ignored", msgs[4]

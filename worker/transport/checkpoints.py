@@ -88,20 +88,28 @@ class ReplayEntry(msgspec.Struct, array_like=True):
 
 class Checkpoint(msgspec.Struct, array_like=True):
     """The stored value of a stream: format version, state after the stored seq (None = ended)
-    and the replay window (ascending seq)."""
+    and the replay window (ascending seq); ``gap_from``: a tombstone of a stream that a gap ended
+    (a missing chunk, or chunk 0 of an unknown stream), the first missing seq: chunks from it on
+    were never answered alone (-1 otherwise, and not stored: a trailing item that releases before
+    it ignore, msgspec reading an array-like struct)."""
 
     v: int
     state: bytes | None
     replies: list[ReplayEntry]
+    gap_from: int = -1
 
 
 _ckpt_encoder = msgspec.msgpack.Encoder()
 _ckpt_decoder = msgspec.msgpack.Decoder(Checkpoint)
 
 
-def encode_checkpoint(state: bytes | None, replies: list[ReplayEntry]) -> bytes:
-    """The stored value (msgpack ``Checkpoint``) of a stream's ``state`` and replay window."""
-    return _ckpt_encoder.encode(Checkpoint(CHECKPOINT_VERSION, state, replies))
+def encode_checkpoint(state: bytes | None, replies: list[ReplayEntry], gap_from: int = -1) -> bytes:
+    """The stored value (msgpack ``Checkpoint``) of a stream's ``state`` and replay window (and,
+    for the tombstone of a stream a gap ended, ``gap_from`` >= 0: a fourth item; without it the
+    bytes are the three items every release wrote)."""
+    if gap_from < 0:
+        return _ckpt_encoder.encode((CHECKPOINT_VERSION, state, replies))
+    return _ckpt_encoder.encode(Checkpoint(CHECKPOINT_VERSION, state, replies, gap_from))
 
 
 def decode_checkpoint(data: bytes) -> Checkpoint:

@@ -16,7 +16,7 @@ import msgspec
 from worker.state import StateWrite
 from worker.transport.checkpoints import ReplayEntry
 
-__all__ = ["LiveStream", "end_stream", "keeps_tombstone", "resume_stream", "held_offsets", "trim_committed", "drop_streams", "record_pieces",
+__all__ = ["LiveStream", "end_stream", "keeps_tombstone", "resume_stream", "cannot_continue", "held_offsets", "trim_committed", "drop_streams", "record_pieces",
            "held_pieces"]
 
 _GAP = object()  # queue marker: the gap timer fired
@@ -58,6 +58,9 @@ class LiveStream:
     gap_from: int = -1  # ended by a gap: the first missing seq (seqs from it on were never answered alone)
     deleted: bool = False
     keep_tombstone: bool = False  # ended by an error reply: its stored tombstone is left to the TTL (``keeps_tombstone``)
+    #: why this worker cannot continue the stream (its stored checkpoint is unreadable:
+    #: ``cannot_continue``); its next new chunk ends it at once with a 409 saying so
+    broken: str | None = None
     ended_at: float = 0.0
     loading: bool = False  # being read from the store: its queue waits
     last_used: float = field(default_factory=time.monotonic)  # last chunk handed to it (idle eviction)
@@ -111,13 +114,14 @@ _Stream = LiveStream  # (the name the router and the tests use)
 
 def keeps_tombstone(status: int) -> bool:
     """Whether a stream ended by a reply of ``status`` keeps its stored tombstone until the TTL:
-    an error reply (413, 500, a 4xx of the core) ends a stream whose client may still send
-    chunks, so any owner (after a crash, or once the stream is forgotten here) must answer them
-    with the same ended-stream 409 instead of the "lost or expired" one. Not a completed
-    request (200: nothing follows) nor a 409 (a gap or lost state: the tombstone does not carry
-    which chunks were missing, and a missing chunk arriving late must not be taken for an
-    answered one; without the tombstone it is answered as an unknown stream)."""
-    return status not in (200, 409)
+    every error reply (413, 500, a 4xx of the core, the 409 of a gap, an unknown stream or a
+    state this worker cannot continue) ends a stream whose client may still send chunks, so any
+    owner (after a crash, a rebalance, or once the stream is forgotten here) must answer them
+    with the same ended-stream 409, never wait for a gap again and end it a second time (issue
+    23 item 2). A gap's tombstone says where the gap began (``Checkpoint.gap_from``), so that a
+    missing chunk arriving late is answered, not taken for an answered one. Not a completed
+    request (200: nothing follows)."""
+    return status != 200
 
 
 def end_stream(s: LiveStream, status: int = 200) -> None:
@@ -135,18 +139,29 @@ def end_stream(s: LiveStream, status: int = 200) -> None:
 def resume_stream(s: LiveStream, seq: int, ck) -> None:
     """Restore ``s`` from its stored checkpoint ``ck`` (``Checkpoint``: state, replay window) whose
     seq is ``seq``: the next expected seq, the state (None: a tombstone, the stream ended), the
-    replay window, and whether an ended stream's tombstone stays until the TTL (its ending reply's
-    status, ``keeps_tombstone``)."""
+    replay window, where a gap that ended it began (``ck.gap_from``), and whether an ended
+    stream's tombstone stays until the TTL (its ending reply's status, ``keeps_tombstone``)."""
     s.known = True
     s.next_seq = seq + 1
     s.state = ck.state
     s.ended = ck.state is None
     if s.ended:
         s.ended_at = time.monotonic()
+        s.gap_from = min(max(-1, ck.gap_from), seq)  # (bounded: a first missing seq is at most the last)
         last = next((e for e in ck.replies if e.seq == seq), None)  # the ending reply
-        s.keep_tombstone = last is not None and keeps_tombstone(last.status)
+        s.keep_tombstone = s.gap_from >= 0 or (last is not None and keeps_tombstone(last.status))
     for e in ck.replies:
         s.window[e.seq] = (e, -1)
+
+
+def cannot_continue(s: LiveStream, seq: int, why: str) -> None:
+    """``s`` has a stored checkpoint at ``seq`` (-1: unknown) that this worker cannot read
+    (``why``: another release's layout, damaged bytes): its chunks up to ``seq`` were answered
+    (skipped as old duplicates), its next new chunk ends it at once with a 409 naming ``why``
+    (``StreamRouter._handle``), never after a gap wait."""
+    s.known = True
+    s.next_seq = max(0, seq + 1)
+    s.broken = why
 
 
 def record_pieces(s: LiveStream, at: int, data: bytes) -> None:

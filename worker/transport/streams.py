@@ -115,6 +115,7 @@ from worker.transport.stream_registry import (
     _park,
     _Stream,
     _unpark,
+    cannot_continue,
     drop_streams,
     end_stream,
     held_offsets,
@@ -426,9 +427,11 @@ class StreamRouter:
                 try:
                     ck = decode_checkpoint(got.state)
                 except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                    log.error("stream %r: unreadable checkpoint in the store (%s); treating as unknown", rid, e)
-                    ck = None
-                if ck is not None:
+                    why = f"{type(e).__name__}: {str(e)[:200]}"
+                    log.error("stream %r: unreadable checkpoint in the store at seq %d (%s); its next chunk ends it",
+                              rid, got.seq, why)
+                    cannot_continue(s, got.seq, why)
+                else:
                     resume_stream(s, got.seq, ck)
                     log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
             s.loading = False
@@ -512,6 +515,9 @@ class StreamRouter:
         if seq < s.next_seq or s.ended:
             await self._old_or_ended(st, s, msg, seq)
             return
+        if s.broken is not None:  # its stored state cannot be continued here: no gap wait
+            await self._end_broken(st, s, msg, seq)
+            return
         if seq > s.next_seq:
             if seq in s.held:
                 s.held_dups.append(msg)
@@ -586,6 +592,20 @@ class StreamRouter:
         await self._publish(st, s, msgs[-1], entry, write=True, extra_offsets=[m.offset for m in msgs[:-1]])
         for m in dups:
             await self._old_or_ended(st, s, m, self.parse_seq(m))
+
+    async def _end_broken(self, st, s: _Stream, msg, seq: int) -> None:
+        """End stream ``s``, whose stored checkpoint this worker cannot read (``s.broken``), at its
+        new chunk ``msg`` (``seq`` >= next expected) with one 409; its tombstone (kept until the
+        TTL) makes every later owner answer its later chunks with the ended-stream 409."""
+        why = (f"stream {s.rid!r}: its stored state (before {HDR_SEQ} {s.next_seq}) is unreadable ({s.broken}; "
+               f"written by another release, or damaged): the stream state was lost or expired; stream ended")
+        log.warning("%s", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
+        if seq > s.next_seq:
+            s.gap_from = s.next_seq  # (the chunks between were never answered: a late one gets the 409)
+        s.next_seq = seq + 1
+        end_stream(s, 409)
+        entry = ReplayEntry(seq, 409, True, None, error_body(why, 409, s.rid))
+        await self._publish(st, s, msg, entry, write=True)
 
     async def _old_or_ended(self, st, s: _Stream, msg, seq: int) -> None:
         s.end_offset = max(s.end_offset, msg.offset) if s.ended else s.end_offset
@@ -676,7 +696,8 @@ class StreamRouter:
         if write and s is not None:
             s.window[entry.seq] = (entry, msg.offset)
             sv, kept, touch = settings_write(self.store, s)
-            wr = CheckpointWrite(st, s.rid, entry.seq, encode_checkpoint(s.state, [e for e, _ in s.window.values()]),
+            ck = encode_checkpoint(s.state, [e for e, _ in s.window.values()], s.gap_from if s.ended else -1)
+            wr = CheckpointWrite(st, s.rid, entry.seq, ck,
                                  [msg.offset, *(extra_offsets or ())], s, at=pieces.at, data=pieces.data,
                                  touch=pieces.touch or touch, settings=sv, settings_kept=kept)
         try:
