@@ -11,8 +11,9 @@ was written), up to the oldest unfinished offset of each partition. Order is kep
 per partition: a partition's non-streaming replies are published in offset order, stream chunks
 in order per stream, and replies of other keys may overtake a stream chunk that waits (for its
 state, for a missing chunk). A crash can therefore repeat replies of uncommitted messages, never
-lose them; a partition is paused while ``--max-in-flight`` records past its oldest unfinished one
-are read, which bounds those repeats. SIGTERM/SIGINT stop fetching, finish and publish in-flight work (at most
+lose them; a partition is paused while ``--max-in-flight`` records past its oldest unfinished
+active one are read, which bounds those repeats (stream chunks waiting for the state store or
+behind a gap have bounds of their own: ``worker.transport.pauses``). SIGTERM/SIGINT stop fetching, finish and publish in-flight work (at most
 ``--drain-timeout`` seconds), commit, exit; a second signal gives up the drain. After a fatal
 error (a reply and its dead letter both lost, a checkpoint write failed) the worker stops by
 itself: the drain then waits only for work that can still finish, never for the lost records.

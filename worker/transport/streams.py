@@ -61,15 +61,20 @@ Design
   missing ones arrive, at most ``--stream-gap-timeout`` seconds since the stream last progressed;
   then one 409 error reply ends the stream (``derender-stream-end: 1``). A stream with no state
   and no chunk 0 (unknown stream: its state was lost or expired, or chunk 0 was never sent) is a
-  gap too and ends the same way, the 409 saying so.
+  gap too and ends the same way, the 409 saying so. A held chunk leaves the partition's in-flight
+  window (``st.wait_gap``): the partition's other records go on (only its commit waits), bounded
+  by the ``stream-gap`` pause (``worker.transport.pauses``). A stream whose stored checkpoint
+  cannot be read here (``stream_registry.cannot_continue``) is not waited for: its next new chunk
+  ends it with a 409 at once.
 * **End of stream.** The reply of the chunk that completes the request (every choice finished,
   usage sent), and every error reply, carries ``derender-stream-end: 1``. Its checkpoint is a
-  tombstone (state None, window kept). A stream whose request completed has its key deleted once
-  the offsets past it are committed (fenced on the seq), otherwise its TTL removes it; a stream
-  ended by an error reply (413, 500, a 4xx; not the 409 of a gap or lost state), whose client may
-  still send chunks, keeps its tombstone until the TTL, so that every owner answers those chunks
-  alike (``stream_registry.keeps_tombstone``). Later chunks
-  of an ended stream get a 409 error reply (duplicates are replayed/skipped as above).
+  tombstone (state None, window kept; a gap's also keeps the first missing seq,
+  ``Checkpoint.gap_from``). A stream whose request completed has its key deleted once the offsets
+  past it are committed (fenced on the seq), otherwise its TTL removes it; a stream ended by an
+  error reply (413, 500, a 4xx, every 409), whose client may still send chunks, keeps its
+  tombstone until the TTL, so that every owner answers those chunks alike, at once, and a
+  stream ends once (``stream_registry.keeps_tombstone``). Later chunks of an ended stream get a
+  409 error reply (duplicates are replayed/skipped as above).
 """
 from __future__ import annotations
 
