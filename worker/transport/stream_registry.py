@@ -16,7 +16,7 @@ import msgspec
 from worker.state import StateWrite
 from worker.transport.checkpoints import ReplayEntry
 
-__all__ = ["LiveStream", "end_stream", "keeps_tombstone", "resume_stream", "cannot_continue", "held_offsets", "trim_committed", "drop_streams", "record_pieces",
+__all__ = ["LiveStream", "end_stream", "keeps_tombstone", "resume_stream", "cannot_continue", "take_held", "held_offsets", "trim_committed", "drop_streams", "record_pieces",
            "held_pieces"]
 
 _GAP = object()  # queue marker: the gap timer fired
@@ -182,6 +182,19 @@ def held_pieces(s: LiveStream, start: int, end: int) -> bytes | None:
     if s.pieces is None or start < s.pieces_at or end > s.pieces_at + len(s.pieces):
         return None
     return bytes(s.pieces[start - s.pieces_at:end - s.pieces_at])
+
+
+def take_held(st, s: LiveStream) -> tuple[list, list]:
+    """``(held, dups)``: the chunks ``s`` holds behind its gap (ascending seq) and the duplicates
+    of held seqs, taken out of it (its gap clock stopped); partition ``st`` counts them as
+    running again (``gap_done``: the caller answers them now)."""
+    held = [s.held[k] for k in sorted(s.held)]
+    dups, s.held_dups = s.held_dups, []
+    s.held.clear()
+    s.gap_deadline = None
+    for m in (*held, *dups):
+        st.gap_done(m.offset)
+    return held, dups
 
 
 def held_offsets(streams: dict) -> set[int]:

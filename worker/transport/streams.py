@@ -127,6 +127,7 @@ from worker.transport.stream_registry import (
     held_pieces,
     record_pieces,
     resume_stream,
+    take_held,
     trim_committed,
 )
 
@@ -288,6 +289,20 @@ async def stored_pieces(store: Any, outage: OutageClock, s: _Stream, start: int,
         return start, b""
     rest = held_pieces(s, stop, end) if end > stop else b""
     return start, old + (rest or b"")
+
+
+def _gap_why(s: _Stream, gap_timeout_s: float) -> str:
+    """The 409 message of stream ``s`` ended by a gap (its held seqs) after ``gap_timeout_s``."""
+    seqs = sorted(s.held)
+    if not s.known and s.next_seq == 0:
+        # chunks of a stream share its key, hence its partition, hence arrive in order: a later
+        # chunk with no stored state means the state was lost or expired (state store
+        # restarted without persistence, flushed, TTL passed) or chunk 0 was never produced
+        return (f"unknown stream {s.rid!r}: no state for it; its stream state was lost or expired (or its "
+                f"first chunk, {HDR_SEQ} 0, was never sent); got {HDR_SEQ} {', '.join(map(str, seqs))}, "
+                f"waited {gap_timeout_s:g}s; stream ended")
+    return (f"stream {s.rid!r}: chunk(s) {s.next_seq}..{seqs[0] - 1} missing after "
+            f"{gap_timeout_s:g}s (held {HDR_SEQ} {', '.join(map(str, seqs))}); stream ended")
 
 
 class StreamRouter:
@@ -538,19 +553,9 @@ class StreamRouter:
             st.gap_done(m.offset)
             await self._derender_publish(st, s, m, self.parse_seq(m))
         if s.held or s.held_dups:
-            if s.ended:  # ended with later chunks held: they are chunks of an ended stream
-                later = [s.held[k] for k in sorted(s.held)] + s.held_dups
-                s.held.clear()
-                s.held_dups.clear()
-                s.gap_deadline = None
-                for m in later:
-                    st.gap_done(m.offset)
-                    await self._old_or_ended(st, s, m, self.parse_seq(m))
-            elif not s.held:  # only duplicates of already handled seqs remain
-                dups, s.held_dups = s.held_dups, []
-                s.gap_deadline = None
-                for m in dups:
-                    st.gap_done(m.offset)
+            if s.ended or not s.held:  # ended with later chunks held, or only duplicates left
+                later, dups = take_held(st, s)
+                for m in (*later, *dups):
                     await self._old_or_ended(st, s, m, self.parse_seq(m))
             else:
                 self._arm_gap(st, s)  # progress was made: the gap clock restarts
@@ -570,26 +575,11 @@ class StreamRouter:
     async def _gap_check(self, st, s: _Stream) -> None:
         if not s.held or s.gap_deadline is None or time.monotonic() < s.gap_deadline:
             return
-        seqs = sorted(s.held)
-        last = seqs[-1]
-        if not s.known and s.next_seq == 0:
-            # chunks of a stream share its key, hence its partition, hence arrive in order: a later
-            # chunk with no stored state means the state was lost or expired (state store
-            # restarted without persistence, flushed, TTL passed) or chunk 0 was never produced
-            why = (f"unknown stream {s.rid!r}: no state for it; its stream state was lost or expired (or its "
-                   f"first chunk, {HDR_SEQ} 0, was never sent); got {HDR_SEQ} {', '.join(map(str, seqs))}, "
-                   f"waited {self.gap_timeout_s:g}s; stream ended")
-        else:
-            why = (f"stream {s.rid!r}: chunk(s) {s.next_seq}..{seqs[0] - 1} missing after "
-                   f"{self.gap_timeout_s:g}s (held {HDR_SEQ} {', '.join(map(str, seqs))}); stream ended")
+        why = _gap_why(s, self.gap_timeout_s)
         log.warning("%s", why)
         self.ctx.stats.stream_gaps += 1
-        msgs = [s.held[k] for k in seqs]
-        dups, s.held_dups = s.held_dups, []
-        s.held.clear()
-        for m in (*msgs, *dups):
-            st.gap_done(m.offset)
-        s.gap_deadline = None
+        msgs, dups = take_held(st, s)
+        last = self.parse_seq(msgs[-1])
         entry = ReplayEntry(last, 409, True, None, error_body(why, 409, s.rid))
         s.gap_from = s.next_seq  # a missing chunk arriving later is answered, not taken for a duplicate
         s.next_seq = last + 1
@@ -603,7 +593,7 @@ class StreamRouter:
         new chunk ``msg`` (``seq`` >= next expected) with one 409; its tombstone (kept until the
         TTL) makes every later owner answer its later chunks with the ended-stream 409."""
         why = (f"stream {s.rid!r}: its stored state (before {HDR_SEQ} {s.next_seq}) is unreadable ({s.broken}; "
-               f"written by another release, or damaged): the stream state was lost or expired; stream ended")
+               "written by another release, or damaged): the stream state was lost or expired; stream ended")
         log.warning("%s", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
         if seq > s.next_seq:
             s.gap_from = s.next_seq  # (the chunks between were never answered: a late one gets the 409)
@@ -626,10 +616,8 @@ class StreamRouter:
                      s.rid, HDR_SEQ, seq)
             self.ctx.finished(st, msg.offset)
         else:
-            why = f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}"
-            if late:
-                why += f", ended after {HDR_SEQ} {s.gap_from} was missing for {self.gap_timeout_s:g}s"
-            why += f"); chunk {HDR_SEQ} {seq} ignored"
+            gap = f", ended after {HDR_SEQ} {s.gap_from} was missing for {self.gap_timeout_s:g}s" if late else ""
+            why = f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}{gap}); chunk {HDR_SEQ} {seq} ignored"
             log.info("%s: answered 409", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
             entry = ReplayEntry(seq, 409, True, None, error_body(why, 409, s.rid))
             await self._publish(st, s, msg, entry)
