@@ -7,7 +7,7 @@ one A worker and wait for its exit, start the next B, wait until ready, SIGTERM 
 worktree), B = this tree; ``rolling-rollback``: the reverse. The load is the ``redis-stall-*``
 producer (``scenarios._mixed_load``): 40 live streams of 1-4 token chunks (one chunk per 0.5 s
 per stream, streams of 20+ chunks) over 4 partitions plus non-streaming records at a steady
-100/s, from before the first step to after the last one.
+120/s, from before the first step to after the last one.
 
 Figures (``roll_figures``): records lost (no reply at all), error replies by status (replies
 that are not the core's answer), duplicates (byte-identical / differing), replies per second of
@@ -48,7 +48,7 @@ from tests.chaos.scenarios import Rig, _mixed_load, free_port
 LIVE_STREAMS = 40
 CHUNK_EVERY_S = 0.5
 MIN_CHUNKS = 20  # streams of 20+ chunks: each lives 10-25 s, across roll steps
-SINGLES_PER_S = 100.0
+SINGLES_PER_S = 120.0
 PRE_S, POST_S, MAX_LOAD_S = 4.0, 4.0, 120.0  # load before the first step / after the last one; cap
 READY_TIMEOUT_S = 120.0
 SIGTERM_TIMEOUT_S = 25.0  # the Rig's --drain-timeout (10 s) + margin (the Deployment: 30 s / 45 s grace)
@@ -108,8 +108,13 @@ class RollingPool:
         self.rig.phase(f"{w.name}_exited")
         return round(time.monotonic() - t, 1)
 
-    def log_errors(self) -> dict[str, int]:
-        return {w.name: len(w.grep(r" ERROR |Traceback|CRITICAL")) for w in self.rig.workers}
+    def log_errors(self) -> dict[str, list]:
+        """Per worker: [number of ERROR / CRITICAL / traceback lines, the first two of them (truncated)]."""
+        out = {}
+        for w in self.rig.workers:
+            lines = w.grep(r" ERROR |Traceback|CRITICAL|Error: ")
+            out[w.name] = [len(lines), [x[:240] for x in lines[:2]]]
+        return out
 
 
 def _first(recs: list) -> float:
@@ -138,6 +143,7 @@ def roll_figures(records: list, singles: list, streams: list[Stream], sent_at: d
             want[(st.id.encode(), k)] = (st.want[k], st.status[k])
     lost_singles = lost_chunks = identical = differing = 0
     errors: Counter = Counter()
+    examples: dict[str, str] = {}  # status -> the first error reply's message (truncated)
     wrong = 0
     bad_keys: set = set()
     for key, (body, status) in want.items():
@@ -158,6 +164,7 @@ def roll_figures(records: list, singles: list, streams: list[Stream], sent_at: d
                 st_ = h(r).get(STATUS, b"?").decode(errors="replace")
                 if st_.isdigit() and int(st_) >= 400:
                     errors[st_] += 1
+                    examples.setdefault(st_, r.value[:200].decode(errors="replace"))
                 else:
                     wrong += 1
     unexpected = sum(len(v) for k, v in got.items() if k not in want)
@@ -182,7 +189,7 @@ def roll_figures(records: list, singles: list, streams: list[Stream], sent_at: d
     return {
         "singles": len(singles), "streams": len(streams), "chunks": sum(len(st.chunks) for st in streams),
         "lost": lost_singles + lost_chunks, "lost_singles": lost_singles, "lost_chunks": lost_chunks,
-        "error_replies": dict(errors), "wrong_replies": wrong, "unexpected_replies": unexpected,
+        "error_replies": dict(errors), "error_examples": examples, "wrong_replies": wrong, "unexpected_replies": unexpected,
         "duplicates_identical": identical, "duplicates_differing": differing,
         "streams_lost": streams_lost, "streams_ended_409": ended_409,
         "replies_per_s": per_s, "singles_replies_per_s": per_s_singles,
