@@ -5,7 +5,7 @@ one A worker and wait for its exit, start the next B, wait until ready, SIGTERM 
 
 ``rolling-upgrade``: A = the previous release (``tests/chaos/releases.py``, a detached git
 worktree), B = this tree; ``rolling-rollback``: the reverse. The load is the ``redis-stall-*``
-producer (``scenarios._mixed_load``): 40 live streams of 1-4 token chunks (one chunk per 0.5 s
+producer (``load.mixed_load``): 40 live streams of 1-4 token chunks (one chunk per 0.5 s
 per stream, streams of 20+ chunks) over 4 partitions plus non-streaming records at a steady
 120/s, from before the first step to after the last one.
 
@@ -42,8 +42,9 @@ from tests.chaos.harness import (
     make_singles,
     make_streams,
 )
+from tests.chaos.load import mixed_load
 from tests.chaos.releases import previous_release, release_tree
-from tests.chaos.scenarios import Rig, _mixed_load, free_port
+from tests.chaos.scenarios import Rig, free_port
 
 LIVE_STREAMS = 40
 CHUNK_EVERY_S = 0.5
@@ -242,7 +243,7 @@ def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]
             singles = make_singles(int(SINGLES_PER_S * MAX_LOAD_S), "rq", small=True)
             marks: dict[str, Any] = {}
             stop = threading.Event()
-            load = threading.Thread(target=lambda: asyncio.run(_mixed_load(
+            load = threading.Thread(target=lambda: asyncio.run(mixed_load(
                 rig.bs, rig.inp, streams, singles, live=LIVE_STREAMS, seconds=MAX_LOAD_S,
                 singles_per_s=SINGLES_PER_S, chunk_every_s=CHUNK_EVERY_S, marks=marks, stop=stop)), daemon=True)
             load.start()
