@@ -87,13 +87,20 @@ class RollingPool:
         self.ports[w.name], self.release[w.name] = port, release
         return w
 
-    def wait_ready(self, w: WorkerProc) -> float:
-        """Seconds until ``/readyz`` answers 200 (``AssertionError`` when the worker exits first
-        or ``READY_TIMEOUT_S`` passes)."""
+    def wait_ready(self, w: WorkerProc) -> float | None:
+        """Seconds until ``/readyz`` answers 200; None when the worker exits first (a crash: it
+        goes to ``unbidden`` and its status to ``exits``) or is not ready in ``READY_TIMEOUT_S``:
+        the rollout stalls there, as the Deployment's would (maxUnavailable 0)."""
         t = time.monotonic()
         while _readyz(self.ports[w.name]) != 200:
-            assert w.alive, f"{w.name} exited ({w.p.returncode}) before it was ready:\n{w.text()}"
-            assert time.monotonic() - t < READY_TIMEOUT_S, f"{w.name} not ready:\n{w.text(15)}"
+            if not w.alive:
+                w.drain_output()
+                self.unbidden.append(w.name)
+                self.exits[w.name] = w.p.returncode
+                w.killed = True
+                return None
+            if time.monotonic() - t > READY_TIMEOUT_S:
+                return None
             time.sleep(0.2)
         self.rig.phase(f"{w.name}_ready")
         return round(time.monotonic() - t, 1)
@@ -237,7 +244,7 @@ def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]
             pool = RollingPool(rig, {"previous": old, "current": REPO})
             olds = [pool.start(a), pool.start(a)]
             for w in olds:
-                pool.wait_ready(w)
+                assert pool.wait_ready(w) is not None, f"{w.name} not ready ({w.p.returncode}):\n{w.text()}"
             rig.wait_ready(olds)
             streams = [st for st in make_streams(400, "rs") if len(st.chunks) >= MIN_CHUNKS]
             singles = make_singles(int(SINGLES_PER_S * MAX_LOAD_S), "rq", small=True)
@@ -253,6 +260,10 @@ def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]
             for i, w_old in enumerate(olds):  # maxSurge 1, maxUnavailable 0
                 w_new = pool.start(b)
                 ready_s = pool.wait_ready(w_new)
+                if ready_s is None:  # the rollout stalls: the A workers left keep serving
+                    steps.append({"step": i, "started": w_new.name, "ready_s": None, "stalled": True,
+                                  "exit": pool.exits.get(w_new.name)})
+                    break
                 exit_s = pool.terminate(w_old)
                 steps.append({"step": i, "started": w_new.name, "ready_s": ready_s, "sigterm": w_old.name,
                               "exit_s": exit_s, "exit": pool.exits[w_old.name]})
@@ -267,9 +278,9 @@ def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]
                          for st in streams if (n := marks["chunks"].get(st.id, 0))]
             n_want = len(sent) + sum(len(st.chunks) for st in published)
             collect_s = _collect(rig, n_want)
-            news = [w for w in rig.workers if w not in olds]
-            for w in news:
-                pool.terminate(w)
+            for w in rig.workers:  # the pool left at the end (a stalled rollout: A workers too)
+                if not w.killed:
+                    pool.terminate(w)
             records = [r for _, r in rig.collector.records]
             figs = rig.figures(release_a=a, release_b=b, previous_release=prev, steps=steps,
                                load_s=round(load_s, 1), collect_s=collect_s,
@@ -300,6 +311,7 @@ def _check(figs: dict[str, Any]) -> None:
          max(figs["slowest_single_s"], figs["slowest_chunk_s"]) < SLOWEST_LIMIT_S),
         ("a SIGTERM'd worker's exit status not 0", all(c == 0 for c in figs["exit_status"].values())),
         ("a worker exited on its own", not figs["exited_unbidden"]),
+        ("the rollout stalled", not any(st.get("stalled") for st in figs["steps"])),
         ("dead letters", figs["dead_letters"] == 0),
     ) if not ok]
     assert not broken, f"rolling {figs['release_a']} -> {figs['release_b']}: {', '.join(broken)}: " + json.dumps(figs)
