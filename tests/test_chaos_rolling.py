@@ -43,7 +43,7 @@ def test_a_clean_roll_passes():
     f = _figs(recs)
     assert (f["lost"], f["streams_lost"], f["error_replies"], f["duplicates_identical"]) == (0, 0, {}, 1)
     assert f["singles_replies_per_s"] == [1, 1, 1, 2] and f["zero_single_reply_seconds"] == []
-    assert f["slowest_single_s"] == pytest.approx(0.2, abs=0.01)
+    assert f["slowest_single_s"] == pytest.approx(0.2, abs=0.01) and f["longest_single_reply_gap_s"] == 1.0
     _check(dict(f, release_a="a", release_b="b", exit_status={"w": 0}, exited_unbidden=[], dead_letters=0,
                   steps=[{"step": 0, "ready_s": 5.0}]))
 
@@ -57,7 +57,7 @@ def test_a_lost_stream_a_stall_and_a_crash_are_each_named():
     assert (f["lost_singles"], f["lost_chunks"], f["streams_lost"], f["streams_ended_409"]) == (1, 1, 1, 1)
     assert f["error_replies"] == {"409": 1} and f["duplicates_differing"] == 1
     assert f["zero_single_reply_seconds"] == [2, 3] and f["slowest_single_s"] == pytest.approx(6.0, abs=0.01)
-    assert f["singles_over_5s"] == 1 and f["slowest_single_at_s"] == 2.0
+    assert f["singles_over_5s"] == 1 and f["slowest_single_at_s"] == 2.0 and f["longest_single_reply_gap_s"] == 2.9
     with pytest.raises(AssertionError) as e:
         _check(dict(f, release_a="a", release_b="b", exit_status={"w": 1}, exited_unbidden=["w"], dead_letters=0,
                     steps=[{"step": 0, "ready_s": None, "stalled": True}]))

@@ -116,6 +116,18 @@ class RollingPool:
         self.rig.phase(f"{w.name}_exited")
         return round(time.monotonic() - t, 1)
 
+    def group_events(self, t0: float) -> list[list]:
+        """``[s since t0, worker, "revoke" | "assign" | "sigterm"]`` from the workers' logs (arrival
+        times): where the group's rebalances fell in the timeline."""
+        kinds = (("revoking partitions", "revoke"), ("assigned partitions", "assign"), ("stop requested", "sigterm"))
+        out = []
+        for w in self.rig.workers:
+            for t, x in w.lines:
+                for needle, kind in kinds:
+                    if needle in x:
+                        out.append([round(t - t0, 1), w.name.rsplit("-", 1)[-1], kind])
+        return sorted(out)
+
     def log_errors(self) -> dict[str, list]:
         """Per worker: [number of ERROR / CRITICAL / traceback lines, the first two of them (truncated)]."""
         out = {}
@@ -189,6 +201,9 @@ def roll_figures(records: list, singles: list, streams: list[Stream], sent_at: d
                 per_s[k] += 1
                 if key[1] is None:
                     per_s_singles[k] += 1
+    single_times = sorted(t for (c, seq), recs in got.items() if seq is None
+                          for t in [r.timestamp / 1000 - t0_wall for r in recs] if 0 <= t < load_s)
+    gaps = [b - a for a, b in zip([0.0, *single_times], [*single_times, load_s])]
     lat_s = [(_first(got[k]) - sent_at[(k[0].decode(), k[1])], k) for k in want if got.get(k)]
     single_lat = [x for x in lat_s if x[1][1] is None]
     chunk_lat = [x for x in lat_s if x[1][1] is not None]
@@ -203,6 +218,7 @@ def roll_figures(records: list, singles: list, streams: list[Stream], sent_at: d
         "replies_per_s": per_s, "singles_replies_per_s": per_s_singles,
         "zero_reply_seconds": [k for k, n in enumerate(per_s) if n == 0],
         "zero_single_reply_seconds": [k for k, n in enumerate(per_s_singles) if n == 0],
+        "longest_single_reply_gap_s": round(max(gaps), 2),
         "slowest_single_s": round(slow_single[0], 2), "slowest_chunk_s": round(slow_chunk[0], 2),
         "slowest_single_at_s": round(sent_at[(slow_single[1][0].decode(), None)] - t0_wall, 1)
         if slow_single[1] else None,
@@ -288,6 +304,7 @@ def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]
                                               marks["sent_at"], marks["t0_wall"], load_s),
                                dead_letters=sum(1 for r in records if r.topic == rig.dlq),
                                exit_status=pool.exits, exited_unbidden=pool.unbidden,
+                               group_events=pool.group_events(marks["t0"]),
                                error_log_lines=pool.log_errors())
             _check(figs)
             assert rig.collector.error is None, f"collector failed: {rig.collector.error!r}"
