@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 - report every scenario, then fail
             failed.append(name)
             print(json.dumps({"ok": False, "scenario": name, "wall_s": round(time.monotonic() - t, 1),
-                              "error": f"{type(e).__name__}: {e}"[:4000]}), flush=True)
+                              "error": f"{type(e).__name__}: {e}"[:16000]}), flush=True)
             traceback.print_exc()
     print(f"chaos ({size}): {len(names) - len(failed)}/{len(names)} scenarios passed in "
           f"{time.monotonic() - t0:.0f}s" + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
