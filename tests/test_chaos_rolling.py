@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.chaos.harness import CORR, END, SEQ, STATUS, Single, Stream
+from tests.chaos.harness import CORR, END, REPO, SEQ, STATUS, Single, Stream
 from tests.chaos.releases import PREVIOUS_RELEASE, NotAGitCheckout, resolve
 from tests.chaos.rolling import _check, roll_figures
 
@@ -74,3 +74,27 @@ def test_the_previous_release_is_a_full_hash_and_a_missing_one_fails_clearly():
             resolve("0" * 40)
     except NotAGitCheckout as e:
         pytest.skip(str(e))
+
+
+def test_outside_a_git_checkout_the_roll_is_skipped_with_its_reason(tmp_path, monkeypatch):
+    import tests.chaos.releases as releases
+    monkeypatch.setattr(releases, "REPO", tmp_path)  # (an unpacked sdist: no .git)
+    with pytest.raises(NotAGitCheckout, match="not a git checkout"):
+        resolve(PREVIOUS_RELEASE)
+
+
+def test_the_previous_release_tree_is_checked_out_and_removed():
+    import subprocess
+
+    from tests.chaos.releases import release_tree
+    try:
+        with release_tree(PREVIOUS_RELEASE) as tree:
+            assert (tree / "worker" / "cli").exists() or (tree / "worker" / "cli.py").exists()
+            head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+            assert head.stdout.strip() == PREVIOUS_RELEASE
+    except NotAGitCheckout as e:
+        pytest.skip(str(e))
+    assert not tree.exists()
+    listed = subprocess.run(["git", "-C", str(REPO), "worktree", "list", "--porcelain"], capture_output=True,
+                            text=True, check=True).stdout
+    assert listed and str(tree) not in listed
