@@ -196,9 +196,11 @@ class Broker(TansuBroker):
 
 class WorkerProc:
     """A ``python -m worker.cli run`` subprocess in its own session (so that the pool children of a
-    kill -9'd main process can be found), stderr lines kept with their arrival time."""
+    kill -9'd main process can be found), stderr lines kept with their arrival time. ``tree``: the
+    source tree whose ``worker`` package runs (default: this one; ``tests/chaos/releases.py``:
+    another release's)."""
 
-    def __init__(self, name: str, args: list[str], env: dict | None = None):
+    def __init__(self, name: str, args: list[str], env: dict | None = None, tree: Path = REPO):
         self.name = name
         self.args = args
         self.lines: list[tuple[float, str]] = []
@@ -206,9 +208,9 @@ class WorkerProc:
         self.peak_kb = 0
         self.exit_t: float | None = None
         cmd = [sys.executable, "-m", "worker.cli", "--log-level", "INFO", "run", *args]
-        self.p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        self.p = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                   errors="replace", start_new_session=True,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO),
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(tree),
                                        **(env or {})})
         self.sid = self.p.pid
         _SPAWNED.append(self.p)

@@ -48,6 +48,7 @@ from tests.chaos.harness import (
     session_pids,
     stream_records,
 )
+from tests.chaos.load import mixed_load
 
 SIZES: dict[str, dict[str, int]] = {
     "reduced": dict(batch=600, streams=16, outage_singles=200, fuzz_bad=1500, fuzz_valid=500, fuzz_huge=2,
@@ -527,46 +528,6 @@ def abandoned_streams(size: str = "reduced", state: str = "redis") -> dict[str, 
         rig.close()
 
 
-async def _mixed_load(bs: str, topic: str, streams: list, singles: list, *, live: int, seconds: float,
-                      singles_per_s: float, chunk_every_s: float, marks: dict[str, float]) -> None:
-    """Publish for ``seconds``: ``singles_per_s`` non-streaming records per second (from
-    ``singles``, in order) and, for ``live`` stream slots, one chunk every ``chunk_every_s``
-    seconds; a slot whose stream ended takes the next of ``streams``. Fills ``marks``: ``t0``
-    (monotonic start), ``sent_singles``, ``chunks`` (stream id -> chunks published)."""
-    from aiokafka import AIOKafkaProducer
-    p = AIOKafkaProducer(bootstrap_servers=bs, enable_idempotence=False, linger_ms=5)
-    await p.start()
-    try:
-        tick = 0.1
-        slots = [[st, 0, i * chunk_every_s / live] for i, st in enumerate(streams[:live])]  # stream, next seq, due
-        nxt = live
-        sent_singles = 0
-        sent_chunks: dict[str, int] = marks.setdefault("chunks", {})  # stream id -> chunks published
-        t0 = marks["t0"] = time.monotonic()
-        while (now := time.monotonic() - t0) < seconds:
-            want = min(len(singles), int(now * singles_per_s) + 1)
-            for s in singles[sent_singles:want]:
-                await p.send(topic, s.value, key=s.id.encode(), headers=[(CORR, s.id.encode())],
-                             timestamp_ms=CREATED_S * 1000)
-            sent_singles = want
-            for slot in slots:
-                st, seq, due = slot
-                if st is None or due > now:
-                    continue
-                await p.send(topic, st.chunks[seq], key=st.id.encode(), headers=[(SEQ, str(seq).encode())],
-                             timestamp_ms=CREATED_S * 1000)
-                slot[1], slot[2] = seq + 1, due + chunk_every_s
-                sent_chunks[st.id] = seq + 1
-                if seq + 1 >= len(st.chunks):
-                    slot[0], slot[1] = (streams[nxt], 0) if nxt < len(streams) else (None, 0)
-                    nxt += 1
-            await asyncio.sleep(max(0.0, tick - (time.monotonic() - t0 - now)))
-        await p.flush()
-        marks["sent_singles"] = sent_singles
-    finally:
-        await p.stop()
-
-
 def redis_stall(size: str = "reduced", how: str = "pause", stall_s: float = 8.0) -> dict[str, Any]:
     """Mixed load (40 live streams over 4 partitions, non-streaming records at a steady rate, two
     workers, the default ``--max-in-flight``), then Redis stalls for ``stall_s`` seconds (``how``:
@@ -585,7 +546,7 @@ def redis_stall(size: str = "reduced", how: str = "pause", stall_s: float = 8.0)
         streams = [st for st in make_streams(sz["stall_streams"], "st") if len(st.chunks) >= 4]
         singles = make_singles(int(rate * seconds) + 1, "ss", small=True)
         marks: dict[str, float] = {}
-        load = threading.Thread(target=lambda: asyncio.run(_mixed_load(
+        load = threading.Thread(target=lambda: asyncio.run(mixed_load(
             rig.bs, rig.inp, streams, singles, live=40, seconds=seconds, singles_per_s=rate, chunk_every_s=0.5,
             marks=marks)), daemon=True)
         load.start()

@@ -1,0 +1,70 @@
+"""The release a rolling upgrade rolls from (and a rollback rolls back to), checked out as a
+detached ``git worktree`` of the repository the tests run in (``tests/chaos/rolling.py``).
+
+``PREVIOUS_RELEASE`` is the one place that names it: each release bumps it to the commit of the
+previous release's main (the release that may still be running when this one is deployed).
+``CHAOS_PREVIOUS_RELEASE=<commit>`` overrides it for a manual probe (for example an older main
+whose stream state format differs), never in CI."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.chaos.harness import REPO
+
+#: the previous release's main (full hash); bumped by every release to the main it replaces
+PREVIOUS_RELEASE = "e8f2be210e273f8a3494de24a420e7e56c723341"
+
+
+class NotAGitCheckout(RuntimeError):
+    """The tests do not run in a git checkout (an sdist, an unpacked archive): there is no
+    previous release to check out, so the rolling scenarios cannot run (a skip, with this reason)."""
+
+
+def previous_release() -> str:
+    """The commit to roll from / back to: ``CHAOS_PREVIOUS_RELEASE`` when set, else ``PREVIOUS_RELEASE``."""
+    return os.environ.get("CHAOS_PREVIOUS_RELEASE") or PREVIOUS_RELEASE
+
+
+def _git(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=check, timeout=120)
+
+
+def resolve(commit: str) -> str:
+    """Full hash of ``commit`` in the repository of the tests.
+
+    Raises ``NotAGitCheckout`` (no git, or not a checkout) and ``AssertionError`` (the commit is
+    not in this clone: a shallow or partial clone, or a hash that was never on main)."""
+    if shutil.which("git") is None:
+        raise NotAGitCheckout("git not installed: cannot check out the previous release")
+    top = _git("rev-parse", "--show-toplevel", check=False)
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != REPO:
+        raise NotAGitCheckout(f"{REPO} is not a git checkout (sdist?): no previous release to roll from")
+    r = _git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False)
+    assert r.returncode == 0, (
+        f"the previous release {commit} (tests/chaos/releases.py PREVIOUS_RELEASE) is not in this clone "
+        f"of {REPO}: a shallow clone? (git fetch --unshallow) or a commit that is not on main")
+    return r.stdout.strip()
+
+
+@contextlib.contextmanager
+def release_tree(commit: str) -> Iterator[Path]:
+    """A detached ``git worktree`` of ``commit`` in a temporary folder (its ``worker`` package
+    runs with ``PYTHONPATH`` and the working directory set to it); removed afterwards.
+
+    Raises as ``resolve``; ``subprocess.CalledProcessError`` when git cannot add the worktree."""
+    full = resolve(commit)
+    tmp = Path(tempfile.mkdtemp(prefix="chaos-release-"))
+    tree = tmp / full[:12]
+    try:
+        _git("worktree", "add", "--detach", str(tree), full)
+        yield tree
+    finally:
+        _git("worktree", "remove", "--force", str(tree), check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+        _git("worktree", "prune", check=False)

@@ -1,0 +1,100 @@
+"""The rolling scenarios' figures and verdict (``tests/chaos/rolling.py``: ``roll_figures``,
+``_check``) on hand-made reply records, and the previous release's lookup
+(``tests/chaos/releases.py``). The scenarios themselves run in ``tests/test_chaos.py -k rolling``."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests.chaos.harness import CORR, END, REPO, SEQ, STATUS, Single, Stream
+from tests.chaos.releases import PREVIOUS_RELEASE, NotAGitCheckout, resolve
+from tests.chaos.rolling import _check, roll_figures
+
+T0 = 1_000.0
+ENDED = b'{"error":{"message":"stored stream state has version 3, expected 6","code":409}}'
+
+
+def _rec(corr: str, value: bytes, status: int, at: float, seq: int | None = None, end: bool = False):
+    headers = [(CORR, corr.encode()), (STATUS, str(status).encode())]
+    if seq is not None:
+        headers.append((SEQ, str(seq).encode()))
+    if end:
+        headers.append((END, b"1"))
+    return SimpleNamespace(topic="rep", value=value, headers=headers, timestamp=int(at * 1000))
+
+
+def _world():
+    singles = [Single(f"q{i}", b"v", b"a%d" % i, 200) for i in range(4)]
+    streams = [Stream("s", [b"c0", b"c1", b"c2"], [b"w0", b"w1", b"w2"], [200, 200, 200])]
+    sent = {(f"q{i}", None): T0 + i for i in range(4)} | {("s", k): T0 + k for k in range(3)}
+    return singles, streams, sent
+
+
+def _figs(records, load_s: float = 4.0):
+    singles, streams, sent = _world()
+    return roll_figures(records, singles, streams, sent, T0, load_s)
+
+
+def test_a_clean_roll_passes():  # (a 1 s pause: no second without a reply here, but see MAX_REPLY_GAP_S)
+    recs = [_rec(f"q{i}", b"a%d" % i, 200, T0 + i + 0.2) for i in range(4)]
+    recs += [_rec("s", b"w%d" % k, 200, T0 + k + 0.1, seq=k) for k in range(3)]
+    recs.append(_rec("q1", b"a1", 200, T0 + 3.5))  # a redelivery: an identical duplicate
+    f = _figs(recs)
+    assert (f["lost"], f["streams_lost"], f["error_replies"], f["duplicates_identical"]) == (0, 0, {}, 1)
+    assert f["singles_replies_per_s"] == [1, 1, 1, 2] and f["zero_single_reply_seconds"] == []
+    assert f["slowest_single_s"] == pytest.approx(0.2, abs=0.01) and f["longest_single_reply_gap_s"] == 1.0
+    _check(dict(f, release_a="a", release_b="b", exit_status={"w": 0}, exited_unbidden=[], dead_letters=0,
+                  steps=[{"step": 0, "ready_s": 5.0}]))
+
+
+def test_a_lost_stream_a_stall_and_a_crash_are_each_named():
+    recs = [_rec("q0", b"a0", 200, T0 + 0.1), _rec("q1", b"a1", 200, T0 + 1.1),
+            _rec("q2", b"a2", 200, T0 + 8.0)]  # q2 waited 6 s; q3 never answered; 2.9 s without a reply
+    recs += [_rec("s", b"w0", 200, T0 + 0.1, seq=0), _rec("s", ENDED, 409, T0 + 1.2, seq=1, end=True),
+             _rec("s", b"w1", 200, T0 + 1.3, seq=1)]  # seq 2: no reply of its own
+    f = _figs(recs)
+    assert (f["lost_singles"], f["lost_chunks"], f["streams_lost"], f["streams_ended_409"]) == (1, 1, 1, 1)
+    assert f["error_replies"] == {"409": 1} and f["duplicates_differing"] == 1
+    assert f["zero_single_reply_seconds"] == [2, 3] and f["slowest_single_s"] == pytest.approx(6.0, abs=0.01)
+    assert f["singles_over_5s"] == 1 and f["slowest_single_at_s"] == 2.0 and f["longest_single_reply_gap_s"] == 2.9
+    with pytest.raises(AssertionError) as e:
+        _check(dict(f, release_a="a", release_b="b", exit_status={"w": 1}, exited_unbidden=["w"], dead_letters=0,
+                    steps=[{"step": 0, "ready_s": None, "stalled": True}]))
+    for what in ("records lost", "streams lost", "error replies", "differing duplicates",
+                 "without a non-streaming reply", "slower than 5 s", "exit status not 0", "on its own",
+                 "rollout stalled"):
+        assert what in str(e.value)
+
+
+def test_the_previous_release_is_a_full_hash_and_a_missing_one_fails_clearly():
+    assert len(PREVIOUS_RELEASE) == 40 and int(PREVIOUS_RELEASE, 16) >= 0
+    try:
+        with pytest.raises(AssertionError, match="not in this clone"):
+            resolve("0" * 40)
+    except NotAGitCheckout as e:
+        pytest.skip(str(e))
+
+
+def test_outside_a_git_checkout_the_roll_is_skipped_with_its_reason(tmp_path, monkeypatch):
+    import tests.chaos.releases as releases
+    monkeypatch.setattr(releases, "REPO", tmp_path)  # (an unpacked sdist: no .git)
+    with pytest.raises(NotAGitCheckout, match="not a git checkout"):
+        resolve(PREVIOUS_RELEASE)
+
+
+def test_the_previous_release_tree_is_checked_out_and_removed():
+    import subprocess
+
+    from tests.chaos.releases import release_tree
+    try:
+        with release_tree(PREVIOUS_RELEASE) as tree:
+            assert (tree / "worker" / "cli").exists() or (tree / "worker" / "cli.py").exists()
+            head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+            assert head.stdout.strip() == PREVIOUS_RELEASE
+    except NotAGitCheckout as e:
+        pytest.skip(str(e))
+    assert not tree.exists()
+    listed = subprocess.run(["git", "-C", str(REPO), "worktree", "list", "--porcelain"], capture_output=True,
+                            text=True, check=True).stdout
+    assert listed and str(tree) not in listed
