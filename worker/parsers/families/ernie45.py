@@ -31,3 +31,5 @@ class Ernie45ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<tool_call>",)
     ends = ("</tool_call>",)
+    #: Hermes-like: a block open at EOS whose JSON is complete is a call
+    eos_closes = True

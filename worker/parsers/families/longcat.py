@@ -13,3 +13,5 @@ class LongcatToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<longcat_tool_call>",)
     ends = ("</longcat_tool_call>",)
+    #: Hermes-derived: a block open at EOS whose JSON is complete is a call
+    eos_closes = True

@@ -36,5 +36,7 @@ class HermesToolParser(TaggedToolParser):
 
     starts = ("<tool_call>",)
     ends = ("</tool_call>",)
+    #: a block open at EOS whose JSON is complete is a call (``TaggedToolParser.eos_closes``)
+    eos_closes = True
     #: the ``{"name", "arguments"}`` head, trailing whitespace held (module docstring)
     stream_spec = JsonArgs(head=NAME_ARGS_HEAD, hold_ws=True)
