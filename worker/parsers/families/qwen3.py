@@ -27,7 +27,8 @@ class Qwen3ReasoningParser(ThinkReasoningParser):
     """Qwen3 reasoning: ``<think>`` optional at the start, reasoning until ``</think>``."""
 
     spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
-                     turn_token="<|im_start|>", implicit_end=("<tool_call>",), explicit_needs_end=True)
+                     turn_token="<|im_start|>", implicit_end=("<tool_call>",), explicit_needs_end=True,
+                     hold_implicit=True, implicit_close=("</tool_call>",))
 
 
 @register_tool("hermes", "Qwen2.5/Qwen3, Hermes 2/3, many fine-tunes", '<tool_call>{"name", "arguments"}</tool_call>')
