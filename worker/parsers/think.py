@@ -4,9 +4,10 @@ default mode. Most reasoning families are one ``ThinkSpec`` plus a registration 
 
 Rules (from the models' chat templates and vLLM's reasoning parsers):
 
-* ``mode`` starts as ``start``: a leading start marker is stripped; after it (or when the output
-  does not begin with one) the parser is in reasoning when ``default_reasoning`` is true (templates
-  that pre-open the block, Qwen3 2507, DeepSeek R1) else in content;
+* ``mode`` starts as ``start``: a leading start marker is stripped, with any whitespace before it
+  (vLLM's ``test_reasoning[new_line]``: ``"\n<think>…"``); after it (or when the output does not
+  begin with one) the parser is in reasoning when ``default_reasoning`` is true (templates that
+  pre-open the block, Qwen3 2507, DeepSeek R1) else in content;
 * the initial mode also comes from the request: ``enable_thinking=false`` / ``thinking=false``
   start in content; and from the prompt's last assistant turn (ids after the last
   ``turn_token``): a closed block (end id after the last start id) starts in content, an open one
@@ -15,6 +16,16 @@ Rules (from the models' chat templates and vLLM's reasoning parsers):
   (e.g. Qwen3's ``<tool_call>``) also ends it, except, with ``explicit_needs_end``, in a block
   the output opened with a start marker: there the model may quote tool-call syntax while
   reasoning and only the end marker closes the block (Qwen3, bug-029);
+* ``hold_implicit`` (Qwen3): in such an explicit block an implicit end marker is held (mode
+  ``held``) with the tool-call blocks it opens and the whitespace between them: the end marker
+  arriving later means the calls were quoted (reasoning, bug-029); the output ending first means
+  the model called the tools without closing its reasoning (content, vLLM's
+  ``tool_call_with_think_no_end``); other text after a closed block means quoted. Same answer in
+  both modes; the held text is streamed once decided. Limit: ``reasoning_tokens`` follows the
+  ids, where the explicit rule holds (an implicit-end id in an explicit block is a reasoning
+  token), so the ids of calls surfaced that way still count as reasoning tokens;
+* after a block closed by an end marker, a repeated end marker in the content is dropped
+  (vLLM's ``test_duplicate_think_end_absorbed``); not for ``start_anywhere`` families;
 * ``reasoning_tokens`` counts token ids seen in reasoning mode, markers excluded, following the
   id stream (so it is split-independent and counts tokens whose text is empty);
 * ``strip_trailing_ws`` (families whose template writes whitespace before the end marker as
