@@ -269,7 +269,8 @@ def parse_dsml_body(body: str, types: dict[str, dict[str, Any]], complete: bool
 
 @register_tool("deepseek_v4", "DeepSeek V4", '<｜DSML｜tool_calls><｜DSML｜invoke name=…><｜DSML｜parameter …>',
                "the V3.2 fence `function_calls` (SGLang PR 40237; not in vLLM); a parameter without its closer "
-               "ends at the next parameter or the invoke's end (vLLM PR 54838)")
+               "ends at the next parameter or the invoke's end (vLLM PR 54838); invokes without the fence; a "
+               "parameter without `string=` (vLLM 0.33 tests)")
 class DeepSeekV4ToolParser(TaggedToolParser):
     """DeepSeek V4 DSML calls (one fenced block, one or more invokes)."""
 

@@ -28,7 +28,8 @@ from worker.parsers.tagged import TaggedState, TaggedToolParser
 @register_tool("deepseek_v32", "DeepSeek-V3.2, V3.2-Speciale",
                '<｜DSML｜function_calls><｜DSML｜invoke name="f"><｜DSML｜parameter name="k" string="true">v'
                "</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>",
-               "a parameter without its closer ends at the next parameter or the invoke's end (vLLM PR 54838)")
+               "a parameter without its closer ends at the next parameter or the invoke's end (vLLM PR 54838); "
+               "invokes without the fence; a parameter without `string=` (vLLM 0.33 tests)")
 class DeepSeekV32ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<｜DSML｜function_calls>",)

@@ -8,7 +8,8 @@ from worker.parsers.tagged import TaggedToolParser
 
 
 @register_tool("longcat", "Meituan LongCat-Flash-Chat / Thinking",
-               '<longcat_tool_call>{"name", "arguments"}</longcat_tool_call>')
+               '<longcat_tool_call>{"name", "arguments"}</longcat_tool_call>',
+               "a block open at the end of the output whose JSON is complete (vLLM's Hermes test `tool_call_until_eos`)")
 class LongcatToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<longcat_tool_call>",)

@@ -128,7 +128,9 @@ def parse_mistral_body(body: str) -> list[tuple[str, str]] | None:
     return calls  # type: ignore[return-value]
 
 
-@register_tool("mistral", "Mistral 7B v0.3, Mistral v7 tokenizers", "[TOOL_CALLS] [{\"name\", \"arguments\"}, …]")
+@register_tool("mistral", "Mistral 7B v0.3, Mistral v7 tokenizers", "[TOOL_CALLS] [{\"name\", \"arguments\"}, …]",
+               "text after the list, junk before it, bare objects, non-object entries, several `[TOOL_CALLS]` "
+               "(vLLM 0.33 pre-v11 tests)")
 class MistralToolParser(JsonTailToolParser):
     """``[TOOL_CALLS]`` + JSON list."""
 

@@ -31,7 +31,8 @@ class Qwen3ReasoningParser(ThinkReasoningParser):
                      hold_implicit=True, implicit_close=("</tool_call>",))
 
 
-@register_tool("hermes", "Qwen2.5/Qwen3, Hermes 2/3, many fine-tunes", '<tool_call>{"name", "arguments"}</tool_call>')
+@register_tool("hermes", "Qwen2.5/Qwen3, Hermes 2/3, many fine-tunes", '<tool_call>{"name", "arguments"}</tool_call>',
+               "a block open at the end of the output whose JSON is complete (vLLM's Hermes test `tool_call_until_eos`)")
 class HermesToolParser(TaggedToolParser):
     """Hermes / Qwen tool calls: one JSON object per ``<tool_call>`` block."""
 
