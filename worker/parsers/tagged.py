@@ -166,7 +166,8 @@ _dumps_non_ascii = dumps_non_ascii
 def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
     """Parse ``{"name": ..., "arguments"|"parameters": {...}}`` -> ``[(name, arguments JSON)]``;
     None when the body is not such an object. Arguments are re-serialized with
-    ``json.dumps(ensure_ascii=False)`` (what vLLM's Hermes parser returns)."""
+    ``json.dumps(ensure_ascii=False)`` (what vLLM's Hermes parser returns); string arguments
+    holding a JSON object are kept as written, any other string is serialized as a string."""
     try:
         obj = json_loads(body)
     except ValueError:
@@ -174,8 +175,12 @@ def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        return [(obj["name"], args)]
+    if isinstance(args, str):  # arguments the model serialized itself: kept when they hold an
+        try:  # object, else the string is serialized (vLLM's Hermes tests
+            ok = isinstance(json_loads(args), dict)  # ``*_serialized_arguments`` / ``*_bare_string_arguments``)
+        except ValueError:
+            ok = False
+        return [(obj["name"], args if ok else _dumps_non_ascii(args))]
     return [(obj["name"], _dumps_non_ascii(args))]
 
 
