@@ -64,7 +64,8 @@ def test_vector(doc, v):
 
 def _markers(doc) -> list[str]:
     return {"qwen3": ["<think>", "</think>", "<tool_call>", "</tool_call>"],
-            "mistral-7b-v0.3": ["[TOOL_CALLS]"], "deepseek-v4": ["<think>", "</think>"]}[doc["tokenizer"]]
+            "mistral-7b-v0.3": ["[TOOL_CALLS]"], "deepseek-v4": ["<think>", "</think>"],
+            "llama3": ["<|python_tag|>"]}[doc["tokenizer"]]
 
 
 def test_markers_are_single_ids():
