@@ -124,4 +124,4 @@ def matches(doc: dict[str, Any], v: dict[str, Any], got: dict[str, Any]) -> bool
     if (got["reasoning"], got["content"], got["tool_calls"]) != (want["reasoning"], want["content"],
                                                                  want["tool_calls"]):
         return False
-    return "arguments_text" not in v or v.get("deviation") or got["arguments_text"] == v["arguments_text"]
+    return "arguments_text" not in v or bool(v.get("deviation")) or got["arguments_text"] == v["arguments_text"]
