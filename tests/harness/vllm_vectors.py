@@ -7,7 +7,8 @@ parsers, ``tokenizer`` (a directory of ``tests/data/tokenizers``), ``vllm_file``
 (the vLLM test id), ``streaming`` (the vLLM test's mode), ``output`` (model output text), the
 expected ``reasoning`` / ``content`` (None as vLLM writes it: empty here) / ``tool_calls``
 (``[{name, arguments}]``, arguments compared as JSON; ``arguments_text``: the exact text when the
-vLLM test checks it), optional ``chat_template_kwargs``, ``tools``, and ``deviation`` (``ours``:
+vLLM test checks it), optional ``chat_template_kwargs``, ``tools``, ``tool_parser`` (a vector's own), ``checks`` (what the
+vLLM test asserts, ``matches``), and ``deviation`` (``ours``:
 our answer, ``reason``, ``source``) or ``nonstreaming_only`` (why the streamed runs are not
 compared).
 """
@@ -113,15 +114,20 @@ def expected(doc: dict[str, Any], v: dict[str, Any]) -> dict[str, Any]:
     if dev:
         for k, x in dev["ours"].items():
             want[k] = x if k == "tool_calls" else (x or "")
-    if doc["kind"] == "reasoning" and doc.get("tool_parser") is None:
+    if doc["kind"] == "reasoning" and v.get("tool_parser", doc.get("tool_parser")) is None:
         want["tool_calls"] = []
     return want
 
 
 def matches(doc: dict[str, Any], v: dict[str, Any], got: dict[str, Any]) -> bool:
-    """``got`` is the vector's expected answer (``expected``), argument texts too when given."""
+    """``got`` is the vector's expected answer (``expected``) in what the vLLM test checks
+    (``checks``: ``reasoning`` / ``content`` / ``tool_calls``, or ``tool_names`` for the calls'
+    names only; default all three), argument texts too when given."""
     want = expected(doc, v)
-    if (got["reasoning"], got["content"], got["tool_calls"]) != (want["reasoning"], want["content"],
-                                                                 want["tool_calls"]):
-        return False
+    for k in v.get("checks", ("reasoning", "content", "tool_calls")):
+        if k == "tool_names":
+            if [c["name"] for c in got["tool_calls"]] != [c["name"] for c in want["tool_calls"]]:
+                return False
+        elif got[k] != want[k]:
+            return False
     return "arguments_text" not in v or bool(v.get("deviation")) or got["arguments_text"] == v["arguments_text"]
