@@ -92,6 +92,9 @@ class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: text after a closed block means quoted (module docstring)
     hold_implicit: bool = False
     implicit_close: tuple[str, ...] = ()
+    #: after a block closed by an end marker, the end marker repeated in the content is dropped
+    #: (off for text headers that are ordinary prose, Granite's ``Here is my response:``)
+    drop_repeated_end: bool = True
 
 
 #: prompt ids ``prompt_mode`` reads from the end before it falls back to the whole prompt
@@ -389,7 +392,7 @@ class ThinkReasoningParser(ReasoningParser):
                 state.mode = "content"
                 continue
             # content
-            if state.closed and not spec.start_anywhere:  # a repeated end marker is dropped
+            if state.closed and spec.drop_repeated_end and not spec.start_anywhere:  # repeated end: dropped
                 j, m = find_first(s, spec.end, i)
                 if j >= 0:
                     out.content += s[i:j]

@@ -30,7 +30,8 @@ from worker.parsers.think import ThinkReasoningParser, ThinkSpec
                     "'Here is my thought process:' … 'Here is my response:' (text headers)")
 class GraniteReasoningParser(ThinkReasoningParser):
     spec = ThinkSpec(start=("Here is my thought process:", "Here's my thought process:"),
-                     end=("Here is my response:", "Here's my response:"), default_reasoning=False)
+                     end=("Here is my response:", "Here's my response:"), default_reasoning=False,
+                     drop_repeated_end=False)
 
 
 def _granite_list(body: str):
