@@ -21,7 +21,8 @@ Rules (from the models' chat templates and vLLM's reasoning parsers):
   arriving later means the calls were quoted (reasoning, bug-029); the output ending first means
   the model called the tools without closing its reasoning (content, vLLM's
   ``tool_call_with_think_no_end``); other text after a closed block means quoted. Same answer in
-  both modes; the held text is streamed once decided. Limit: ``reasoning_tokens`` follows the
+  both modes; the held text is streamed once decided. It stays in the state (the size of the
+  held call blocks, like an open call's body, but not spilled to pieces). Limit: ``reasoning_tokens`` follows the
   ids, where the explicit rule holds (an implicit-end id in an explicit block is a reasoning
   token), so the ids of calls surfaced that way still count as reasoning tokens;
 * after a block closed by an end marker, a repeated end marker in the content is dropped
