@@ -178,6 +178,9 @@ class MarkerToolParser(AppendedBody, ToolParser):
     markers: ClassVar[tuple[str, ...]] = ()
     at_start: ClassVar[bool] = False
     after_text: ClassVar[bool] = False
+    #: ``after_text``: whitespace ending the text before a body that parses is dropped (held
+    #: back while streaming; emitted when more text follows or the body is not calls)
+    strip_before_body: ClassVar[bool] = False
     parse_body: ClassVar[Callable[[str], list[tuple[str, str]] | None]] = staticmethod(json_call_list)
 
     def __init__(self, tok):
@@ -236,6 +239,16 @@ class MarkerToolParser(AppendedBody, ToolParser):
                 return
             st.phase = "text"
             t, st.ws = st.ws + t, ""
+            if self.strip_before_body:
+                st.ws, t = t[len(t.rstrip()):], t.rstrip()
+            out.content += t
+            return
+        if self.strip_before_body:
+            r = st.ws + t
+            k = len(r.rstrip())
+            out.content += r[:k]
+            st.ws = r[k:]
+            return
         out.content += t
 
     def feed(self, state: MarkerState, text: str, token_ids: list[int]) -> Delta:
@@ -290,7 +303,7 @@ class MarkerToolParser(AppendedBody, ToolParser):
         rest, st.buf = st.buf, ""
         if st.phase != "body":
             self._content(st, out, rest)
-            if st.phase == "start" and st.ws:
+            if st.ws:
                 out.content += st.ws
             st.ws = ""
             return out

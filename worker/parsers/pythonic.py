@@ -5,8 +5,11 @@
 Engine: ``MarkerToolParser`` with ``at_start`` (the list is the whole output: its first
 non-whitespace text is the opening marker, e.g. ``[`` or a wrapper token) and a parser built on
 Python's ``ast`` (no evaluation: ``ast.literal_eval`` on each argument value). Anything that is
-not exactly a list of ``name(kw=literal, ...)`` calls (positional arguments, trailing text,
-non-literal values) comes back as content, verbatim.
+not a list of ``name(kw=literal, ...)`` calls (positional arguments, trailing text) comes back as
+content, verbatim. Within such a list (vLLM's newer pythonic tests), a call with a value JSON
+cannot hold (a name, bytes, ``1e999``) is dropped and its siblings kept; a list that does not
+parse (a broken quote in one call) keeps the calls of the pieces between calls that do; with no
+call left it is content.
 
 Prose before the list (``after_text``, bug-016): a ``[`` later in the output opens the list
 when it is followed by ``name(`` with ``name`` a declared tool; the prose is content.
@@ -62,27 +65,78 @@ def _value(node: ast.AST, json_literals: bool) -> Any:
 _AST_LOCK = threading.Lock()
 
 
+#: a call's closing parenthesis before the next call of the list (``_salvage`` split points)
+_CALL_SPLIT = re.compile(r"\)\s*,")
+
+
+def _call_args(call: ast.Call, json_literals: bool) -> str | None:
+    """The JSON arguments of one well-formed call, or None when a value is not a literal JSON
+    can hold (bytes, ``1e999``, a name): vLLM's newer tests drop that call, not its siblings
+    (``test_bad_sibling_call_does_not_drop_good_calls``, ``test_non_finite_argument_rejected``;
+    ``Infinity`` is not JSON)."""
+    try:
+        args = {kw.arg: _value(kw.value, json_literals) for kw in call.keywords}
+        return json.dumps(args, ensure_ascii=False, allow_nan=False)
+    except Exception:  # noqa: BLE001  (ValueError, TypeError, RecursionError ...)
+        return None
+
+
+def _calls_of(src: str, json_literals: bool) -> list[tuple[str, str]] | None:
+    """Calls of a list that parses (a call with a value JSON cannot hold dropped); None when
+    ``src`` is not a list of ``name(kw=...)`` calls or no call is left. Raises SyntaxError."""
+    with _AST_LOCK:
+        tree = ast.parse(src.strip(), mode="eval")
+    lst = tree.body
+    if not isinstance(lst, ast.List) or not lst.elts:
+        return None
+    out = []
+    for call in lst.elts:
+        if not isinstance(call, ast.Call) or call.args or not isinstance(call.func, ast.Name) or \
+                any(kw.arg is None for kw in call.keywords):
+            return None
+        args = _call_args(call, json_literals)
+        if args is not None:
+            out.append((call.func.id, args))
+    return out or None
+
+
+def _salvage(src: str, json_literals: bool) -> list[tuple[str, str]] | None:
+    """The calls of a ``[...]`` list that does not parse as a whole (a broken quote in one
+    call): each piece between a call's ``)`` and the next ``,`` at most ``_MAX_CUTS`` pieces,
+    parsed on its own; the pieces that are calls are kept (vLLM's newer
+    ``test_good_call_survives_unparsable_sibling``); None when none is."""
+    body = src.strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return None
+    inner = body[1:-1]
+    pieces, pos = [], 0
+    for m in _CALL_SPLIT.finditer(inner):
+        pieces.append(inner[pos:m.start() + 1])
+        pos = m.end()
+        if len(pieces) >= _MAX_CUTS:
+            return None
+    pieces.append(inner[pos:])
+    if len(pieces) < 2:
+        return None
+    out = []
+    for piece in pieces:
+        try:
+            calls = _calls_of("[" + piece + "]", json_literals)
+        except Exception:  # noqa: BLE001
+            calls = None
+        out.extend(calls or ())
+    return out or None
+
+
 def parse_pythonic_list(src: str, json_literals: bool = False) -> list[tuple[str, str]] | None:
     """``[f(a=1), g(b="x")]`` -> ``[("f", '{"a": 1}'), ("g", '{"b": "x"}')]``; None when ``src``
-    is not exactly such a list. Never raises."""
+    is not such a list. A call whose values JSON cannot hold is dropped (``_call_args``); a list
+    that does not parse keeps the calls of its pieces that do (``_salvage``). Never raises."""
     try:
-        with _AST_LOCK:
-            tree = ast.parse(src.strip(), mode="eval")
-        lst = tree.body
-        if not isinstance(lst, ast.List) or not lst.elts:
-            return None
-        out = []
-        for call in lst.elts:
-            if not isinstance(call, ast.Call) or call.args or not isinstance(call.func, ast.Name):
-                return None
-            args = {}
-            for kw in call.keywords:
-                if kw.arg is None:
-                    return None
-                args[kw.arg] = _value(kw.value, json_literals)
-            out.append((call.func.id, json.dumps(args, ensure_ascii=False)))
-        return out
-    except Exception:  # noqa: BLE001  (SyntaxError, ValueError, RecursionError, TypeError ...)
+        return _calls_of(src, json_literals)
+    except SyntaxError:
+        return _salvage(src, json_literals)
+    except Exception:  # noqa: BLE001  (ValueError, RecursionError, TypeError ...)
         return None
 
 

@@ -4,9 +4,10 @@ default mode. Most reasoning families are one ``ThinkSpec`` plus a registration 
 
 Rules (from the models' chat templates and vLLM's reasoning parsers):
 
-* ``mode`` starts as ``start``: a leading start marker is stripped; after it (or when the output
-  does not begin with one) the parser is in reasoning when ``default_reasoning`` is true (templates
-  that pre-open the block, Qwen3 2507, DeepSeek R1) else in content;
+* ``mode`` starts as ``start``: a leading start marker is stripped, with any whitespace before it
+  (vLLM's ``test_reasoning[new_line]``: ``"\n<think>…"``); after it (or when the output does not
+  begin with one) the parser is in reasoning when ``default_reasoning`` is true (templates that
+  pre-open the block, Qwen3 2507, DeepSeek R1) else in content;
 * the initial mode also comes from the request: ``enable_thinking=false`` / ``thinking=false``
   start in content; and from the prompt's last assistant turn (ids after the last
   ``turn_token``): a closed block (end id after the last start id) starts in content, an open one
@@ -15,6 +16,17 @@ Rules (from the models' chat templates and vLLM's reasoning parsers):
   (e.g. Qwen3's ``<tool_call>``) also ends it, except, with ``explicit_needs_end``, in a block
   the output opened with a start marker: there the model may quote tool-call syntax while
   reasoning and only the end marker closes the block (Qwen3, bug-029);
+* ``hold_implicit`` (Qwen3): in such an explicit block an implicit end marker is held (mode
+  ``held``) with the tool-call blocks it opens and the whitespace between them: the end marker
+  arriving later means the calls were quoted (reasoning, bug-029); the output ending first means
+  the model called the tools without closing its reasoning (content, vLLM's
+  ``tool_call_with_think_no_end``); other text after a closed block means quoted. Same answer in
+  both modes; the held text is streamed once decided. It stays in the state (the size of the
+  held call blocks, like an open call's body, but not spilled to pieces). Limit: ``reasoning_tokens`` follows the
+  ids, where the explicit rule holds (an implicit-end id in an explicit block is a reasoning
+  token), so the ids of calls surfaced that way still count as reasoning tokens;
+* after a block closed by an end marker, a repeated end marker in the content is dropped
+  (vLLM's ``test_duplicate_think_end_absorbed``); not for ``start_anywhere`` families;
 * ``reasoning_tokens`` counts token ids seen in reasoning mode, markers excluded, following the
   id stream (so it is split-independent and counts tokens whose text is empty);
 * ``strip_trailing_ws`` (families whose template writes whitespace before the end marker as
@@ -45,6 +57,13 @@ class ThinkState(msgspec.Struct, kw_only=True, array_like=True):
     tok_explicit: bool = False
     #: trailing reasoning whitespace held back (``ThinkSpec.strip_trailing_ws``)
     ws: str = ""
+    #: an end marker closed the block: a repeated end marker in the content is dropped
+    closed: bool = False
+    #: ``ThinkSpec.hold_implicit``: the text from an implicit end marker met in an explicit
+    #: block (mode ``held``), undecided until ``</think>`` (reasoning) or the output's end
+    #: (content); ``held_in``: inside that tool-call block (before its ``implicit_close``)
+    held: str = ""
+    held_in: bool = False
 
 
 class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,6 +86,16 @@ class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
     implicit_end: tuple[str, ...] = ()
     explicit_needs_end: bool = False
     strip_trailing_ws: bool = False
+    #: with ``explicit_needs_end``: an implicit end met in an explicit block is held, with the
+    #: tool-call blocks it opens (each closed by one of ``implicit_close``) and the whitespace
+    #: between them, until the block's end marker (the calls were quoted: reasoning) or the end
+    #: of the output (the model called the tools without closing its reasoning: content); other
+    #: text after a closed block means quoted (module docstring)
+    hold_implicit: bool = False
+    implicit_close: tuple[str, ...] = ()
+    #: after a block closed by an end marker, the end marker repeated in the content is dropped
+    #: (off for text headers that are ordinary prose, Granite's ``Here is my response:``)
+    drop_repeated_end: bool = True
 
 
 #: prompt ids ``prompt_mode`` reads from the end before it falls back to the whole prompt
@@ -321,21 +350,29 @@ class ThinkReasoningParser(ReasoningParser):
         i, size = 0, len(s)  # ``s[i:]`` is still to be read (offsets: no copy of the rest per step)
         while i < size:
             if state.mode == "start":
-                if size - i < self._longest_start and \
-                        any(len(m) > size - i and m.startswith(s[i:]) for m in spec.start):
+                k = i
+                while k < size and s[k].isspace():  # only at the output's start
+                    k += 1
+                if k == size or (size - k < self._longest_start and
+                                 any(len(m) > size - k and m.startswith(s[k:]) for m in spec.start)):
                     state.buf = s[i:]
                     return out
                 for m in spec.start:
-                    if s.startswith(m, i):
-                        i += len(m)
+                    if s.startswith(m, k):  # whitespace before the start marker is dropped
+                        i = k + len(m)
                         state.mode = "reasoning"
                         state.explicit = spec.explicit_needs_end
                         break
                 else:
                     state.mode = "reasoning" if spec.default_reasoning else "content"
                 continue
+            if state.mode == "held":
+                i = self._held(state, out, s, i)
+                if i < 0:
+                    return out
+                continue
             if state.mode == "reasoning":
-                ends = spec.end if state.explicit else self._end_markers
+                ends = spec.end if state.explicit and not spec.hold_implicit else self._end_markers
                 j, m = find_first(s, ends, i)
                 if j < 0:
                     keep = hold_back(s[max(i, size - self._longest_end):], ends)
@@ -343,11 +380,29 @@ class ThinkReasoningParser(ReasoningParser):
                     state.buf = s[size - keep:]
                     return out
                 self._reason(state, out, s[i:j])
+                if state.explicit and spec.hold_implicit and m not in spec.end:
+                    state.mode, state.held, state.held_in = "held", m, True
+                    i = j + len(m)
+                    continue
                 state.ws = ""  # reasoning ended: its trailing whitespace is dropped
-                i = j + len(m) if m in spec.end else j
+                if m in spec.end:
+                    i = j + len(m)
+                    state.closed = True
+                else:
+                    i = j
                 state.mode = "content"
                 continue
             # content
+            if state.closed and spec.drop_repeated_end and not spec.start_anywhere:  # repeated end: dropped
+                j, m = find_first(s, spec.end, i)
+                if j >= 0:
+                    out.content += s[i:j]
+                    i = j + len(m)
+                    continue
+                keep = hold_back(s[max(i, size - self._longest_end):], spec.end)
+                out.content += s[i: size - keep]
+                state.buf = s[size - keep:]
+                return out
             if spec.start_anywhere:
                 j, m = find_first(s, spec.start, i)
                 if j >= 0:
@@ -363,8 +418,52 @@ class ThinkReasoningParser(ReasoningParser):
             return out
         return out
 
+    def _held(self, st: ThinkState, out: Delta, s: str, i: int) -> int:
+        """One step of mode ``held`` (``ThinkSpec.hold_implicit``) over ``s[i:]``: returns where
+        reading goes on, or -1 when ``s`` is used up (a possible split marker kept in ``buf``)."""
+        spec = self.spec
+        size = len(s)
+        if st.held_in:  # inside a tool-call block: its close, or the think block's end
+            marks = spec.end + spec.implicit_close
+            j, m = find_first(s, marks, i)
+            if j < 0:
+                keep = hold_back(s[max(i, size - max(map(len, marks))):], marks)
+                st.held += s[i: size - keep]
+                st.buf = s[size - keep:]
+                return -1
+            if m in spec.end:  # the calls were quoted inside the reasoning
+                self._reason(st, out, st.held + s[i:j])
+                st.held, st.held_in, st.mode, st.closed = "", False, "content", True
+                return j + len(m)
+            st.held += s[i: j + len(m)]
+            st.held_in = False
+            return j + len(m)
+        k = i
+        while k < size and s[k].isspace():
+            k += 1
+        if k == size:
+            st.held += s[i:]
+            return -1
+        marks = spec.implicit_end + spec.end
+        if any(len(m) > size - k and m.startswith(s[k:]) for m in marks):
+            st.held += s[i:k]
+            st.buf = s[k:]
+            return -1
+        for m in spec.implicit_end:
+            if s.startswith(m, k):  # the next tool-call block
+                st.held += s[i: k + len(m)]
+                st.held_in = True
+                return k + len(m)
+        # text (or the end marker) after a closed block: the calls were quoted
+        self._reason(st, out, st.held)
+        st.held, st.mode = "", "reasoning"
+        return i
+
     def finish(self, state: ThinkState) -> Delta:
         out = Delta()
+        if state.mode == "held":  # no end marker came: the reasoning ended at the held marker
+            out.content = state.held + state.buf
+            state.held, state.buf, state.held_in, state.mode = "", "", False, "content"
         s, state.buf = state.buf, ""
         if s:
             mode = state.mode

@@ -61,6 +61,22 @@ encoder shipped with vLLM ``--tokenizer-mode deepseek_v4``; vLLM's ``deepseek_v3
     next invoke opens, or at the end of a closed block (``parse_dsml_body``; the rule "implied
     closing tag" of ``xmlcall.py``).
 
+  - **orphan invokes** (vLLM 0.33 ``TestMissingToolCallsWrapper``, V3.2's
+    ``TestMissingFunctionCallsWrapper``; ``deepseek_v32`` the same): an
+    ``<｜DSML｜invoke …>…</｜DSML｜invoke>`` without the block's fence is a call, one block per
+    invoke (the tagged engine's bare calls: not inside the answer's code; the fence's end
+    marker right after it counts as its closer); several in a row, after a fenced block, split
+    across deltas, with content after them. An orphan invoke cut off at the end of the output
+    stays content;
+  - **missing ``string=``** (vLLM 0.33 ``TestMissingStringAttribute``): a parameter tag without
+    the attribute is read as ``string="false"`` (typed by the schema, else JSON, else its text),
+    never dropped.
+
+  Parameter values (both DSML families, vLLM 0.33 ``deepseek_v32`` tests): the request's schema
+  types a ``string="true"`` value too when it declares a non-string type (``42`` -> 42, an
+  object's JSON -> the object); ``null`` written for a parameter declared a plain (non-nullable)
+  string is the text ``"null"``.
+
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): V3.1 calls stream (name
 once ``<｜tool▁sep｜>{`` arrives, then the raw JSON arguments); V4's DSML calls go out whole.
 """
@@ -74,12 +90,18 @@ from worker.parsers.incremental import JsonArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec, ThinkState
-from worker.parsers.values import convert_param, dumps_args, loads_json
+from worker.parsers.values import convert_param, dumps_args, is_string_param, loads_json
 
 #: DeepSeek V4's DSML block openers / closers: its own ``tool_calls`` fence and the V3.2 name
 #: ``function_calls`` (SGLang's fix for the same model output, bug-209; module docstring)
 V4_STARTS = ("<｜DSML｜tool_calls>", "<dsml:tool_calls>", "<｜DSML｜function_calls>", "<dsml:function_calls>")
 V4_ENDS = ("</｜DSML｜tool_calls>", "</dsml:tool_calls>", "</｜DSML｜function_calls>", "</dsml:function_calls>")
+
+
+#: an invoke standing without its block's fence (V3.2 ``function_calls``, V4 ``tool_calls``):
+#: the tagged engine's bare opener and its end (module docstring, "orphan invokes")
+BARE_INVOKE = "<｜DSML｜invoke"
+BARE_INVOKE_END = "</｜DSML｜invoke>"
 
 
 # ----------------------------------------------------------------------------- reasoning ---
@@ -166,7 +188,7 @@ _O = r"<(?:｜DSML｜|dsml:)"
 _C = r"</(?:｜DSML｜|dsml:)"
 _INVOKE_OPEN = re.compile(_O + r'invoke\s+name="([^"]+)"\s*>')
 _INVOKE_CLOSE = re.compile(_C + r"invoke>")
-_PARAM_OPEN = re.compile(_O + r'parameter\s+name="([^"]+)"\s+string="(true|false)"\s*>')
+_PARAM_OPEN = re.compile(_O + r'parameter\s+name="([^"]+)"(?:\s+string="(true|false)")?\s*>')
 _PARAM_CLOSE = re.compile(_C + r"parameter>")
 
 
@@ -191,17 +213,20 @@ def dsml_param_values(text: str, complete: bool = True) -> list[tuple[str, bool,
             raw = raw[:-1] if raw.endswith("\n") else raw
         else:  # the cut-off last value of an open invoke: dropped
             break
-        out.append((m.group(1), m.group(2) == "true", raw))
+        out.append((m.group(1), m.group(2) == "true", raw))  # no ``string=``: typed as "false"
     return out
 
 
 def _dsml_params(text: str, fn_types: dict[str, Any] | None, complete: bool = True) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for pname, is_str, raw in dsml_param_values(text, complete):
-        if is_str:
+        ptype = fn_types.get(pname) if fn_types is not None else None
+        if is_str and (ptype is None or is_string_param(ptype)):
             params[pname] = raw
-        elif fn_types is not None and fn_types.get(pname) is not None:
-            params[pname] = convert_param(raw, fn_types[pname])
+        elif ptype is not None:  # the schema decides, also for string="true" (42 -> 42)
+            params[pname] = convert_param(raw, ptype, string_null=False)
+        elif is_str:
+            params[pname] = raw
         else:
             try:
                 params[pname] = loads_json(raw)
@@ -244,7 +269,8 @@ def parse_dsml_body(body: str, types: dict[str, dict[str, Any]], complete: bool
 
 @register_tool("deepseek_v4", "DeepSeek V4", '<｜DSML｜tool_calls><｜DSML｜invoke name=…><｜DSML｜parameter …>',
                "the V3.2 fence `function_calls` (SGLang PR 40237; not in vLLM); a parameter without its closer "
-               "ends at the next parameter or the invoke's end (vLLM PR 54838)")
+               "ends at the next parameter or the invoke's end (vLLM PR 54838); invokes without the fence; a "
+               "parameter without `string=` (vLLM 0.33 tests)")
 class DeepSeekV4ToolParser(TaggedToolParser):
     """DeepSeek V4 DSML calls (one fenced block, one or more invokes)."""
 
@@ -252,9 +278,14 @@ class DeepSeekV4ToolParser(TaggedToolParser):
     ends = V4_ENDS
     param_types = True
     strips_markup_when_off = True
+    #: an invoke without the ``tool_calls`` fence is a call (module docstring, "orphan invokes")
+    bare_start = BARE_INVOKE
+    bare_end = BARE_INVOKE_END
 
     def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
         return parse_dsml_body(body, st.types, complete=True)
 
     def parse_partial(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
+        if st.bare:  # an orphan invoke cut off at the end of the output: content
+            return None
         return parse_dsml_body(body, st.types, complete=False)

@@ -26,8 +26,11 @@ class Ernie45ReasoningParser(WrappedThinkReasoningParser):
     lstrip = "\n"
 
 
-@register_tool("ernie45", "ERNIE-4.5 (A3B / A47B, Thinking)", '<tool_call>{"name", "arguments"}</tool_call>')
+@register_tool("ernie45", "ERNIE-4.5 (A3B / A47B, Thinking)", '<tool_call>{"name", "arguments"}</tool_call>',
+               "a block open at the end of the output whose JSON is complete (vLLM's Hermes test `tool_call_until_eos`)")
 class Ernie45ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<tool_call>",)
     ends = ("</tool_call>",)
+    #: Hermes-like: a block open at EOS whose JSON is complete is a call
+    eos_closes = True

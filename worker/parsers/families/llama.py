@@ -3,7 +3,9 @@
 Format (Llama 3.1 model card, JSON-based tool calling, and its chat template; vLLM
 ``llama_tool_parser``): the assistant answers a call with a JSON object
 ``{"name": ..., "parameters": {...}}``, optionally after the ``<|python_tag|>`` special token;
-several calls are separated by ``;``. ``"arguments"`` is accepted for ``"parameters"``.
+several calls are separated by ``;`` (or stand one per line: vLLM 0.33's
+``test_extract_tool_calls_streaming_parallel_separators``). ``"arguments"`` is accepted for
+``"parameters"``; an object with neither is not a call (``*_missing_parameters_and_arguments_key``).
 
 Parity rules (README rule d): vLLM's non-streaming parser extracts the JSON call wherever it
 starts, so text before a complete call is dropped and the call returned
@@ -39,13 +41,17 @@ def _chain(text: str, i: int) -> tuple[list[tuple[str, str]], int] | None:
             obj, j = _DECODER.raw_decode(text, i)
         except ValueError:
             return None
+        if not isinstance(obj, dict) or ("parameters" not in obj and "arguments" not in obj):
+            return None  # vLLM: a call names its arguments (``*_missing_parameters_and_arguments_key``)
         c = call_of(obj)
         if c is None:
             return None
         calls.append(c)
         end = j
+        k = j
         while j < n and text[j].isspace():
             j += 1
+        newline = "\n" in text[k:j]
         if j < n and text[j] == ";":
             j += 1
             while j < n and text[j].isspace():
@@ -53,6 +59,9 @@ def _chain(text: str, i: int) -> tuple[list[tuple[str, str]], int] | None:
             if j < n and text[j] == "{":
                 i = j
                 continue
+        elif newline and j < n and text[j] == "{":  # calls one per line (vLLM's separators test)
+            i = j
+            continue
         return calls, end
 
 
@@ -89,7 +98,8 @@ class Llama3JsonToolParser(JsonTailToolParser):
     hold_all = True
     #: incremental streaming: a call opening the output (after ``<|python_tag|>`` if any), then
     #: ``; {...}`` calls; prose first -> the output is parsed whole at the end
-    stream_spec = JsonArgs(head=r"\s*(?:<\|python_tag\|>)?" + NAME_ARGS_HEAD, next=r"\s*\}\s*;" + NAME_ARGS_HEAD)
+    stream_spec = JsonArgs(head=r"\s*(?:<\|python_tag\|>)?" + NAME_ARGS_HEAD,
+                           next=r"\s*\}[^\S\n]*(?:;|\n)" + NAME_ARGS_HEAD)
 
     def parse_body(self, body: str) -> list[tuple[str, str]] | None:
         return parse_llama_output(body)

@@ -14,6 +14,13 @@ Parity rules (corpus ``mistral-tool-*``): text before the marker is content, as 
 (``" Let me check. "``); a body that is not such a list (``mistral-tool-malformed-v0``) is
 content, stripped and without the marker (coupled's non-stream answer).
 
+Lenient reading (vLLM 0.33 ``test_extract_tool_calls_pre_v11_*``, issue 24): a body that is not
+one clean list still gives its calls when they are there: text after the list is dropped
+(``trailing_data_after_json``), junk before it skipped (``regex_fallback``), bare objects
+without brackets read, non-object list entries skipped, and every ``[TOOL_CALLS]`` segment
+(two blocks, consecutive markers) read (``parse_lenient``). Same answer in both modes and with
+``--tool-call-streaming incremental`` (the stream settles against this parse).
+
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): each call's name once its
 ``{"name": "…", "arguments": {`` (or ``NAME[ARGS]{``) arrived, then the raw JSON arguments.
 """
@@ -54,21 +61,76 @@ def parse_args_segments(body: str) -> list[tuple[str, str]] | None:
     return out or None
 
 
+#: JSON openings ``_lenient_values`` tries per segment before it gives up (bounds the work)
+_MAX_TRIES = 16
+
+
+def _lenient_values(seg: str) -> list:
+    """The JSON values of one ``[TOOL_CALLS]`` segment read as vLLM's pre-v11 fallback does:
+    from the first ``[`` / ``{`` that opens a JSON value (junk before it skipped), then the
+    values that follow separated only by whitespace or commas (bare objects); text after them
+    is dropped. At most ``_MAX_TRIES`` openings are tried."""
+    out: list = []
+    i, tries, n = 0, 0, len(seg)
+    while tries < _MAX_TRIES:
+        js = [k for k in (seg.find("[", i), seg.find("{", i)) if k >= 0]
+        if not js:
+            break
+        j = min(js)
+        try:
+            obj, i = _DECODER.raw_decode(seg, j)
+        except ValueError:
+            if out:
+                break
+            tries += 1
+            i = j + 1
+            continue
+        out.append(obj)
+        while i < n and (seg[i].isspace() or seg[i] == ","):
+            i += 1
+        if i >= n or seg[i] not in "[{":
+            break
+    return out
+
+
+def parse_lenient(body: str) -> list[tuple[str, str]] | None:
+    """Calls of a pre-v11 body that is not one clean JSON list, as vLLM 0.33's parser reads it
+    (``test_extract_tool_calls_pre_v11_*``: trailing text after the list, junk before it, bare
+    objects, a non-object entry, several or consecutive ``[TOOL_CALLS]`` markers): the call
+    objects of every segment's values (``_lenient_values``), non-object list entries skipped.
+    None when there is no call or an object entry is not a call."""
+    calls: list[tuple[str, str]] = []
+    for seg in body.split("[TOOL_CALLS]"):
+        for v in _lenient_values(seg):
+            for x in v if isinstance(v, list) else [v]:
+                if not isinstance(x, dict):
+                    continue
+                c = call_of(x)
+                if c is None:
+                    return None
+                calls.append(c)
+    return calls or None
+
+
 def parse_mistral_body(body: str) -> list[tuple[str, str]] | None:
     """Calls of a ``[TOOL_CALLS]`` body: a JSON list of call objects (a lone object accepted),
-    or ``NAME[ARGS]{json}`` segments."""
+    or ``NAME[ARGS]{json}`` segments, else the lenient reading (``parse_lenient``)."""
     try:
         obj = json.loads(body.strip())
     except ValueError:
-        return parse_args_segments(body) if _ARGS in body else None
+        if _ARGS in body:
+            return parse_args_segments(body)
+        return parse_lenient(body)
     items = obj if isinstance(obj, list) else [obj]
     calls = [call_of(x) for x in items]
     if not calls or any(c is None for c in calls):
-        return None
+        return parse_lenient(body)
     return calls  # type: ignore[return-value]
 
 
-@register_tool("mistral", "Mistral 7B v0.3, Mistral v7 tokenizers", "[TOOL_CALLS] [{\"name\", \"arguments\"}, …]")
+@register_tool("mistral", "Mistral 7B v0.3, Mistral v7 tokenizers", "[TOOL_CALLS] [{\"name\", \"arguments\"}, …]",
+               "text after the list, junk before it, bare objects, non-object entries, several `[TOOL_CALLS]` "
+               "(vLLM 0.33 pre-v11 tests)")
 class MistralToolParser(JsonTailToolParser):
     """``[TOOL_CALLS]`` + JSON list."""
 

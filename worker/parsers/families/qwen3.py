@@ -27,14 +27,18 @@ class Qwen3ReasoningParser(ThinkReasoningParser):
     """Qwen3 reasoning: ``<think>`` optional at the start, reasoning until ``</think>``."""
 
     spec = ThinkSpec(start=("<think>",), end=("</think>",), default_reasoning=True,
-                     turn_token="<|im_start|>", implicit_end=("<tool_call>",), explicit_needs_end=True)
+                     turn_token="<|im_start|>", implicit_end=("<tool_call>",), explicit_needs_end=True,
+                     hold_implicit=True, implicit_close=("</tool_call>",))
 
 
-@register_tool("hermes", "Qwen2.5/Qwen3, Hermes 2/3, many fine-tunes", '<tool_call>{"name", "arguments"}</tool_call>')
+@register_tool("hermes", "Qwen2.5/Qwen3, Hermes 2/3, many fine-tunes", '<tool_call>{"name", "arguments"}</tool_call>',
+               "a block open at the end of the output whose JSON is complete (vLLM's Hermes test `tool_call_until_eos`)")
 class HermesToolParser(TaggedToolParser):
     """Hermes / Qwen tool calls: one JSON object per ``<tool_call>`` block."""
 
     starts = ("<tool_call>",)
     ends = ("</tool_call>",)
+    #: a block open at EOS whose JSON is complete is a call (``TaggedToolParser.eos_closes``)
+    eos_closes = True
     #: the ``{"name", "arguments"}`` head, trailing whitespace held (module docstring)
     stream_spec = JsonArgs(head=NAME_ARGS_HEAD, hold_ws=True)

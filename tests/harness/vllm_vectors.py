@@ -1,0 +1,133 @@
+"""vLLM's parser test vectors as data (``tests/data/vllm_vectors/*.json``, issue 24 item 2) and the
+run of one output through our parsers on real token ids.
+
+A data file is one vLLM test module for one parser: ``family``, ``kind`` (reasoning | tool), the
+parsers, ``tokenizer`` (a directory of ``tests/data/tokenizers``), ``vllm_file`` /
+``vllm_commit`` / ``vllm_versions`` (where the facts were copied from), and ``vectors``: ``test``
+(the vLLM test id), ``streaming`` (the vLLM test's mode), ``output`` (model output text), the
+expected ``reasoning`` / ``content`` (None as vLLM writes it: empty here) / ``tool_calls``
+(``[{name, arguments}]``, arguments compared as JSON; ``arguments_text``: the exact text when the
+vLLM test checks it), optional ``chat_template_kwargs``, ``tools``, ``tool_parser`` (a vector's own), ``checks`` (what the
+vLLM test asserts, ``matches``), and ``deviation`` (``ours``:
+our answer, ``reason``, ``source``) or ``nonstreaming_only`` (why the streamed runs are not
+compared).
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from worker.core.detokenize import IncrementalDetokenizer
+from worker.core.tokenizers.registry import load_tokenizer
+from worker.parsers import make_reasoning_parser, make_tool_parser
+from worker.parsers.base import RequestContext
+from worker.parsers.stack import ParserStack
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+VECTORS_DIR = DATA / "vllm_vectors"
+
+
+@functools.cache
+def real_tokenizer(name: str):
+    """A tokenizer of ``tests/data/tokenizers/<name>``, loaded once."""
+    return load_tokenizer(str(DATA / "tokenizers" / name))
+
+
+def load_files() -> list[dict[str, Any]]:
+    """Every vector file, sorted by name."""
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(VECTORS_DIR.glob("*.json"))]
+
+
+def chunk_sizes(n: int, how: str, rng: random.Random) -> list[int]:
+    """``one`` (a single delta), ``1`` (one token per delta) or ``random`` (1-6 tokens)."""
+    if how == "one":
+        return [n]
+    if how == "1":
+        return [1] * n
+    out: list[int] = []
+    while sum(out) < n:
+        out.append(min(rng.randint(1, 6), n - sum(out)))
+    return out
+
+
+def run_output(tok_name: str, rp: str | None, tp: str | None, text: str, *, tools=None, kwargs=None,
+               how: str = "one", mode: str = "whole", seed: int = 0) -> dict[str, Any]:
+    """``text`` as token ids of ``tok_name`` through a (``rp``, ``tp``) stack with
+    ``--tool-call-streaming mode``, in ``how`` chunks (``one``: a non-streamed choice), the state
+    round-tripped after every chunk. Returns ``{reasoning, content, tool_calls: [{name,
+    arguments}], arguments_text, text}`` (``text``: the detokenized output, to check the round
+    trip)."""
+    tok = real_tokenizer(tok_name)
+    stack = ParserStack(make_reasoning_parser(rp, tok) if rp else None, make_tool_parser(tp, tok) if tp else None,
+                        enable_auto_tool_choice=True, tool_call_streaming=mode)
+    ids = tok.encode(text)
+    ctx = RequestContext(tools=copy.deepcopy(tools), tool_choice="auto" if tools else None,
+                         chat_template_kwargs=kwargs)
+    st = stack.initial_state(ctx, streaming=how != "one")
+    detok = IncrementalDetokenizer(tok, skip_special_tokens=False)
+    reasoning, content, seen = [], [], []
+    names: dict[int, str] = {}
+    args: dict[int, list[str]] = {}
+
+    def take(d) -> None:
+        reasoning.append(d.reasoning)
+        content.append(d.content)
+        for tc in d.tool_calls:
+            if tc.name is not None:
+                if tc.index in names:
+                    raise AssertionError("a call's name comes once")
+                names[tc.index] = tc.name
+            args.setdefault(tc.index, []).append(tc.arguments)
+
+    pos = 0
+    for n in chunk_sizes(len(ids), how, random.Random(seed)):
+        chunk = ids[pos:pos + n]
+        pos += n
+        t = detok.add(chunk)
+        seen.append(t)
+        take(stack.feed(st, t, chunk))
+        st = stack.load_state(msgspec.json.decode(msgspec.json.encode(st)))
+    take(stack.finish(st))
+    texts = ["".join(args[i]) for i in sorted(args)]
+    calls = []
+    for i, a in zip(sorted(args), texts):
+        try:
+            value = json.loads(a)
+        except ValueError:
+            value = {"<not JSON>": a}
+        calls.append({"name": names.get(i), "arguments": value})
+    return {"reasoning": "".join(reasoning), "content": "".join(content), "tool_calls": calls,
+            "arguments_text": texts, "text": "".join(seen)}
+
+
+def expected(doc: dict[str, Any], v: dict[str, Any]) -> dict[str, Any]:
+    """The answer a vector expects of us: vLLM's (None as empty), or ``deviation.ours`` over it."""
+    want = {"reasoning": v.get("reasoning") or "", "content": v.get("content") or "",
+            "tool_calls": v.get("tool_calls", [])}
+    dev = v.get("deviation")
+    if dev:
+        for k, x in dev["ours"].items():
+            want[k] = x if k == "tool_calls" else (x or "")
+    if doc["kind"] == "reasoning" and v.get("tool_parser", doc.get("tool_parser")) is None:
+        want["tool_calls"] = []
+    return want
+
+
+def matches(doc: dict[str, Any], v: dict[str, Any], got: dict[str, Any]) -> bool:
+    """``got`` is the vector's expected answer (``expected``) in what the vLLM test checks
+    (``checks``: ``reasoning`` / ``content`` / ``tool_calls``, or ``tool_names`` for the calls'
+    names only; default all three), argument texts too when given."""
+    want = expected(doc, v)
+    for k in v.get("checks", ("reasoning", "content", "tool_calls")):
+        if k == "tool_names":
+            if [c["name"] for c in got["tool_calls"]] != [c["name"] for c in want["tool_calls"]]:
+                return False
+        elif got[k] != want[k]:
+            return False
+    return "arguments_text" not in v or bool(v.get("deviation")) or got["arguments_text"] == v["arguments_text"]
