@@ -14,10 +14,11 @@ from worker.state.redis_store import (
     StoredState,
     StoreReadError,
     StoreWriteError,
+    UnreadableState,
     add_redis_args,
     settings_from_args,
 )
 
 __all__ = ["MemoryStateStore", "RedisSettings", "RedisStateStore", "StaleStateError", "StateStoreError", "StoreAuthError", "StoreConnectError",
-           "StoreDeleteError", "StoredState", "StoreReadError", "StoreWriteError", "StateWrite",
+           "StoreDeleteError", "StoredState", "StoreReadError", "StoreWriteError", "StateWrite", "UnreadableState",
            "add_redis_args", "settings_from_args"]

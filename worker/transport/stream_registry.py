@@ -80,6 +80,9 @@ class LiveStream:
     #: not held: a new owner whose pool process had them cached), so its writes refresh their TTL
     settings_kept: bool = False
     settings_touched: float = 0.0  # time.monotonic() of this worker's last refresh of their TTL
+    #: its stored state could not be read (another Redis type, another release's format): the
+    #: 409 message its next chunk gets, ending it (``StreamRouter._handle``); None otherwise
+    unreadable: str | None = None
 
 
 def _park(s: LiveStream) -> None:

@@ -79,9 +79,8 @@ import sys
 import time
 from typing import Any, NamedTuple
 
-import msgspec
-
 from worker.logs import record_fields
+from worker.state import formats as state_formats
 from worker.transport.checkpoints import (
     Checkpoint,
     CheckpointWrite,
@@ -92,8 +91,11 @@ from worker.transport.checkpoints import (
     ReplyProduceError,
     StateCommitError,
     StreamStepError,
+    UnreadableCheckpoint,
     decode_checkpoint,
+    decode_stored,
     encode_checkpoint,
+    unreadable_reason,
 )
 from worker.transport.context import StreamContext
 from worker.transport.deadletter import DeadLetterError
@@ -239,6 +241,7 @@ async def stored_settings(store: Any, outage: OutageClock, s: _Stream) -> bytes:
         return b""
     if got is None:
         return b""
+    got = state_formats.settings_in(got)  # (another readable format: in this release's layout)
     s.settings, s.settings_stored = got, True
     return got
 
@@ -314,6 +317,11 @@ class StreamRouter:
         sweeper = asyncio.create_task(self.memory.run(self), name="derender-stream-sweeper")
         self._bg.add(sweeper)
         sweeper.add_done_callback(self._bg.discard)
+        sel = getattr(self.store, "formats", None)
+        if isinstance(sel, state_formats.FormatSelector):  # (Redis: advertise the formats read/written)
+            adv = asyncio.create_task(sel.run(self.store), name="derender-state-formats")
+            self._bg.add(adv)
+            adv.add_done_callback(self._bg.discard)
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -402,7 +410,7 @@ class StreamRouter:
 
     async def _load(self, st, rids: list[str]) -> None:
         """Read the streams ``rids`` of ``st`` from the store (waiting out an outage), then run them."""
-        from worker.state import StoreConnectError
+        from worker.state import StoreConnectError, UnreadableState
         from worker.transport.outage import DependencyOutage
         try:
             stored = await self.outage.retry(lambda: self.store.get_many(rids), (StoreConnectError,))
@@ -424,9 +432,12 @@ class StreamRouter:
             got = stored.get(rid)
             if got is not None:
                 try:
-                    ck = decode_checkpoint(got.state)
-                except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                    log.error("stream %r: unreadable checkpoint in the store (%s); treating as unknown", rid, e)
+                    if isinstance(got, UnreadableState):  # (another Redis type, no seq digits...)
+                        raise UnreadableCheckpoint(got.reason)
+                    ck = decode_stored(got.state)
+                except UnreadableCheckpoint as e:  # ended by its next chunk's 409 (``_handle``)
+                    log.error("stream %r: unreadable stored state (%s); the stream ends with a 409", rid, e)
+                    s.unreadable = unreadable_reason(rid, str(e))
                     ck = None
                 if ck is not None:
                     resume_stream(s, got.seq, ck)
@@ -509,6 +520,13 @@ class StreamRouter:
     # -- per-chunk logic -------------------------------------------------------------------
     async def _handle(self, st, s: _Stream, msg) -> None:
         seq = self.parse_seq(msg)
+        if s.unreadable is not None:  # its stored state cannot be read: one 409 ends it
+            why, s.unreadable = s.unreadable, None
+            log.warning("%s", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
+            s.next_seq = max(s.next_seq, seq + 1)
+            end_stream(s, 409)
+            await self._publish(st, s, msg, ReplayEntry(seq, 409, True, None, error_body(why, 409, s.rid)), write=True)
+            return
         if seq < s.next_seq or s.ended:
             await self._old_or_ended(st, s, msg, seq)
             return
