@@ -39,7 +39,7 @@ from worker.transport.settings import WorkerSettings
 from worker.transport.topics import ensure_topics
 
 #: commands the bench sends itself (not the worker's)
-_PROBES = ("info", "dbsize", "exists")
+_PROBES = ("info", "dbsize", "hlen")
 
 
 @dataclass
@@ -142,7 +142,7 @@ def stream_chunks(tok, rid: str, n_chunks: int, model: str = "qwen3", call: bool
 async def _stream_keys(r) -> int:
     """Keys left in the private Redis but the workers' state-format advertisements
     (``worker.state.formats``: they live while a worker runs)."""
-    return await r.dbsize() - await r.exists(DEFAULT_PREFIX + FORMATS_KEY)
+    return await r.dbsize() - (1 if await r.hlen(DEFAULT_PREFIX + FORMATS_KEY) else 0)
 
 
 async def _calls(r: aioredis.Redis) -> dict[str, int]:
