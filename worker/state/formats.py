@@ -100,12 +100,13 @@ def _state_versions(state: bytes) -> tuple[str, int | None]:
 def _probe6(value: bytes) -> str | None:
     """None when ``value`` is a format-6 checkpoint (envelope 1; chat state 6 or Responses state 1,
     or nil: a tombstone), else why not."""
+    v = _head_version(value)
+    if v is not None and v != 1:
+        return f"checkpoint version {v}"
     try:
         env = _envelope.decode(value)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         return f"not a checkpoint ({e})"
-    if env.v != 1:
-        return f"checkpoint version {env.v}"
     if env.state is None:
         return None
     kind, v = _state_versions(env.state)

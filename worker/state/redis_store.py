@@ -105,7 +105,7 @@ COMMIT_BATCH_MAX = 1000
 # 2 = applied, but the stream's settings are missing (a put over an absent checkpoint, the stream
 # keeping settings that this write does not carry: the store lost them; send them again), 3 = not
 # applied: the stored key is of another shape (not seq digits + state, nor the older hash with a
-# numeric q: another release's or a foreign value; a Redis type other than string/hash); its seq
+# numeric q (a hash without one too): another release's or a foreign value; a Redis type other than string/hash); its seq
 # cannot be compared, so it is left to its TTL. Commands on keys of an unexpected type never raise
 # (redis.pcall; a pieces key of another type is left unwritten: its reader gets the 409 "lost").
 # Redis commands run (``INFO commandstats`` counts each ``redis.call`` as a call of that command,
@@ -151,9 +151,9 @@ for i = 1, #KEYS do
       ok = 1
     else
       local h = redis.pcall('HGET', k, 'q')
-      if type(h) == 'table' or (h and not tonumber(h)) then
+      if type(h) == 'table' or not tonumber(h) then
         ok = 3
-      elseif not (h and tonumber(h) >= tonumber(q)) then redis.call('SET', k, v, 'PX', ttl); ok = 1 end
+      elseif tonumber(h) < tonumber(q) then redis.call('SET', k, v, 'PX', ttl); ok = 1 end
     end
     if ok == 1 then seen[k] = q end
   else
@@ -161,9 +161,9 @@ for i = 1, #KEYS do
       ok = 1
     else
       local h = redis.pcall('HGET', k, 'q')
-      if type(h) == 'table' or (h and not tonumber(h)) then
+      if type(h) == 'table' or not tonumber(h) then
         ok = 3
-      elseif not (h and tonumber(h) > tonumber(q)) then
+      elseif tonumber(h) <= tonumber(q) then
         redis.call('DEL', k, k .. PIECES_SUFFIX, k .. SETTINGS_SUFFIX); ok = 1; seen[k] = false
       end
     end
