@@ -24,13 +24,13 @@ import pytest
 import redis
 from redis.exceptions import ResponseError
 
+from tests.harness.golden_state import v6_decoder, v6_read
 from tests.harness.kafka import REDIS_URL, make_stream
 from tests.harness.kafka import collect as _collect
 from tests.harness.kafka import names as _names
 from tests.harness.kafka import produce as _produce
 from tests.harness.kafka import settings as _settings
 from tests.harness.kafka import tokenizer as _tokenizer
-from tests.test_state_golden import _v6, v6_read
 from worker.state import (
     RedisSettings,
     RedisStateStore,
@@ -139,7 +139,7 @@ def test_format7_values_are_read_and_converted(format7):
     assert formats.checkpoint_in(v7) == cur
     assert decode_stored(v7) == decode_stored(cur)
     with pytest.raises(msgspec.ValidationError):  # what e8f2be2 would make of it: hence the selection rule
-        _v6.decode(v7)
+        v6_decoder.decode(v7)
     s7 = formats.settings_out(CHAT_SETTINGS, 7)
     assert s7 != CHAT_SETTINGS and formats.settings_in(s7) == CHAT_SETTINGS
     assert formats.settings_in(CHAT_SETTINGS) == CHAT_SETTINGS
@@ -203,7 +203,7 @@ def test_writes_follow_the_selection_and_the_advertisements(format7, redis_prefi
     assert sync.get((key % "b") + ":settings") == CHAT_SETTINGS
     assert formats.probe_checkpoint(got["c"].state) == 7  # format 7: e8f2be2 could not read it
     with pytest.raises(msgspec.ValidationError):
-        _v6.decode(got["c"].state)
+        v6_decoder.decode(got["c"].state)
     assert formats.settings_in(sync.get((key % "c") + ":settings")) == CHAT_SETTINGS != sync.get((key % "c") + ":settings")
     assert not sync.exists(redis_prefix + formats.FORMATS_KEY)  # every advertisement withdrawn
 
@@ -275,7 +275,7 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
     """Streams met at chunk 3 whose checkpoint key is of another type, a foreign value or another
     release's version: each gets one 409 that ends it ("unreadable type or version"), its later
     chunks the ended-stream 409; a golden stream whose settings key is a hash, one whose pieces
-    key is a list: the 409 "lost or expired". A stream after them on the same partition is answered
+    key is a list: the same 409 naming that key. A stream after them on the same partition is answered
     in full, the worker never stops."""
     from tests.harness.golden_state import load_streams
     from worker.transport.consumer import KafkaDerenderWorker
@@ -335,10 +335,13 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
         assert "unreadable type or version" in body and what in body and "another release" in body, body
         assert (h2["derender-status"], h2["derender-stream-end"]) == (b"409", b"1")
         assert b"already ended" in second.value
-    for name in ("chat", "bigcall"):
+    for name, kind in (("chat", "settings"), ("bigcall", "pieces")):
         rs = by[golden[name]["rid"]]
         ends = [r for r in rs if dict(r.headers)["derender-status"] != b"200"]
-        assert ends and b"lost or expired" in ends[0].value, (name, [r.value[:200] for r in rs[-3:]])
+        assert ends and dict(ends[0].headers)["derender-status"] == b"409", (name, [r.value[:200] for r in rs[-3:]])
+        body = json.loads(ends[0].value)["error"]["message"]
+        assert f"its {kind} key holds another Redis type" in body and "unreadable type or version" in body, body
+        assert all(b"already ended" in r.value for r in ends[1:])
     after = by["after"]
     assert [dict(r.headers)["derender-status"] for r in after] == [b"200"] * len(good)
     assert dict(after[-1].headers)["derender-stream-end"] == b"1"

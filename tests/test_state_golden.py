@@ -20,7 +20,7 @@ import msgspec
 import pytest
 import redis
 
-from tests.harness.golden_state import TS_MS, load_streams, run_phase
+from tests.harness.golden_state import TS_MS, load_streams, run_phase, v6_read
 from tests.harness.kafka import REDIS_URL
 from worker.core.service import DerenderService
 from worker.state import formats
@@ -29,41 +29,6 @@ from worker.transport.jobs import derender_stream_job
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden_state" / "v6"
 STREAMS = load_streams(GOLDEN / "streams.json")
-
-
-class V6Reply(msgspec.Struct, array_like=True):
-    """e8f2be2's ``ReplayEntry`` (frozen here: the layout e8f2be2 reads)."""
-
-    seq: int
-    status: int
-    end: bool
-    kind: str | None
-    value: bytes
-
-
-class V6Checkpoint(msgspec.Struct, array_like=True):
-    """e8f2be2's ``Checkpoint``."""
-
-    v: int
-    state: bytes | None
-    replies: list[V6Reply]
-
-
-_v6 = msgspec.msgpack.Decoder(V6Checkpoint)
-
-
-def v6_read(value: bytes) -> V6Checkpoint:
-    """Read a stored checkpoint value as e8f2be2 does (seq digits, then its ``Checkpoint``), and
-    check the versions e8f2be2 requires of the state inside."""
-    assert value[:20].isdigit()
-    ck = _v6.decode(value[20:])
-    assert ck.v == 1
-    if ck.state is not None:
-        if ck.state[:5] == b"\xc1RSP2":
-            assert msgspec.msgpack.decode(ck.state[5:])[0] == 1  # ResponsesStreamState.v
-        else:
-            assert msgspec.msgpack.decode(ck.state)[0] == 6  # StreamState.v
-    return ck
 
 
 def _files(name: str) -> dict[str, bytes]:
@@ -91,9 +56,8 @@ def test_golden_values_are_format_6_and_decode(s):
 
 def _uninterrupted(s) -> list[bytes]:
     """Reply bodies of the whole stream through the in-process core (the pool job the worker runs)."""
-    from tests.conftest import TESTS_DIR
     from worker.config import load_config_file
-    svc = DerenderService(load_config_file(str(TESTS_DIR / "data" / "models.json")))
+    svc = DerenderService(load_config_file(str(GOLDEN.parent.parent / "models.json")))
     state, settings, pieces, out_bodies = None, None, bytearray(), []
     for seq, body in enumerate(s["chunks"]):
         give = None

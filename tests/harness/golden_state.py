@@ -22,6 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
+import msgspec
 from aiokafka import AIOKafkaProducer
 
 from tests.harness.kafka import REDIS_URL, TOOLS, qwen3_stream
@@ -35,6 +36,41 @@ TS_MS = 1767225600000
 #: the key suffixes a stream's values live at (``worker.state.redis_store``)
 SUFFIXES = {"checkpoint": "", "settings": ":settings", "pieces": ":pieces"}
 _WORDS = "the forecast for the coast says light rain then sun with a westerly breeze".split()
+
+
+class V6Reply(msgspec.Struct, array_like=True):
+    """e8f2be2's ``ReplayEntry`` (frozen here: the layout e8f2be2 reads)."""
+
+    seq: int
+    status: int
+    end: bool
+    kind: str | None
+    value: bytes
+
+
+class V6Checkpoint(msgspec.Struct, array_like=True):
+    """e8f2be2's ``Checkpoint``."""
+
+    v: int
+    state: bytes | None
+    replies: list[V6Reply]
+
+
+v6_decoder = msgspec.msgpack.Decoder(V6Checkpoint)
+
+
+def v6_read(value: bytes) -> V6Checkpoint:
+    """Read a stored checkpoint value as e8f2be2 does (seq digits, then its ``Checkpoint``), and
+    check the versions e8f2be2 requires of the state inside."""
+    assert value[:20].isdigit()
+    ck = v6_decoder.decode(value[20:])
+    assert ck.v == 1
+    if ck.state is not None:
+        if ck.state[:5] == b"\xc1RSP2":
+            assert msgspec.msgpack.decode(ck.state[5:])[0] == 1  # ResponsesStreamState.v
+        else:
+            assert msgspec.msgpack.decode(ck.state)[0] == 6  # StreamState.v
+    return ck
 
 
 def streams(tok) -> list[dict]:

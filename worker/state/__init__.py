@@ -12,6 +12,7 @@ from worker.state.redis_store import (
     StoreConnectError,
     StoreDeleteError,
     StoredState,
+    StoreKeyTypeError,
     StoreReadError,
     StoreWriteError,
     UnreadableState,
@@ -20,5 +21,5 @@ from worker.state.redis_store import (
 )
 
 __all__ = ["MemoryStateStore", "RedisSettings", "RedisStateStore", "StaleStateError", "StateStoreError", "StoreAuthError", "StoreConnectError",
-           "StoreDeleteError", "StoredState", "StoreReadError", "StoreWriteError", "StateWrite", "UnreadableState",
+           "StoreDeleteError", "StoreKeyTypeError", "StoredState", "StoreReadError", "StoreWriteError", "StateWrite", "UnreadableState",
            "add_redis_args", "settings_from_args"]

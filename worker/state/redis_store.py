@@ -251,6 +251,18 @@ class StoreReadError(StateStoreError):
     step = "read"
 
 
+class StoreKeyTypeError(StoreReadError):
+    """A stream's key holds another Redis type than the one read (``WRONGTYPE``: another
+    release's or a foreign value): that stream cannot go on, the store works."""
+
+
+def _read_error(e: Exception, request_id: str) -> StoreReadError:
+    """The typed error of a failed read of ``request_id``'s side key (``WRONGTYPE``:
+    ``StoreKeyTypeError``)."""
+    cls = StoreKeyTypeError if isinstance(e, ResponseError) and str(e).startswith("WRONGTYPE") else StoreReadError
+    return cls(f"redis read failed: {type(e).__name__}: {e}", request_id)
+
+
 class StoreWriteError(StateStoreError):
     """Writing states failed."""
 
@@ -483,7 +495,7 @@ class RedisStateStore:
         except _CONN_ERRORS as e:
             raise StoreConnectError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
         except RedisError as e:
-            raise StoreReadError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
+            raise _read_error(e, request_id) from e
         if len(got) != end - start:
             raise StoreReadError(f"pieces of {request_id!r} hold {start + len(got)} bytes, the checkpoint "
                                  f"records {end}", request_id)
@@ -498,7 +510,7 @@ class RedisStateStore:
         except _CONN_ERRORS as e:
             raise StoreConnectError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
         except RedisError as e:
-            raise StoreReadError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
+            raise _read_error(e, request_id) from e
         return bytes(got) if got is not None else None
 
     async def _get_legacy(self, rids: list[str]) -> dict[str, StoredState | UnreadableState | None]:

@@ -218,6 +218,10 @@ async def submit_chunk(ctx: StreamContext, store: Any, outage: OutageClock, s: _
             pieces = await stored_pieces(store, outage, s, *out.needs_pieces)
         else:
             break
+        if s.unreadable is not None:  # a side key of another Redis type: the stream ends with its 409
+            why, s.unreadable = s.unreadable, None
+            return StreamOutcome(error_body(why, 409, s.rid), 409, False, out.kind, None,
+                                 is_object_value(msg.value or b""), seconds=out.seconds)
         out = await ctx.submit(msg.value, s.state, seq, kind, created, pieces, settings)
     if out.needs_settings or out.needs_pieces is not None:
         # the core still asks after it was given what it asked for: an internal inconsistency
@@ -233,11 +237,13 @@ async def stored_settings(store: Any, outage: OutageClock, s: _Stream) -> bytes:
     """Stream ``s``'s write-once settings from ``store`` (waiting out an outage on ``outage``),
     kept in ``s.settings``; ``b""`` when the store has none (lost or expired: the core answers
     the 409 "lost or expired")."""
-    from worker.state import StoreConnectError, StoreReadError
+    from worker.state import StoreConnectError, StoreKeyTypeError, StoreReadError
     try:
         got = await outage.retry(lambda: store.read_settings(s.rid), (StoreConnectError,))
     except StoreReadError as e:
         log.warning("stream %r: %s", s.rid, e)
+        if isinstance(e, StoreKeyTypeError):
+            s.unreadable = unreadable_reason(s.rid, "its settings key holds another Redis type")
         return b""
     if got is None:
         return b""
@@ -273,7 +279,7 @@ async def stored_pieces(store: Any, outage: OutageClock, s: _Stream, start: int,
     """``(start, bytes [start, end))`` of stream ``s``'s pieces: from memory when this worker
     wrote them, else from ``store`` (waiting out an outage on ``outage``); pieces the store lost
     give fewer bytes (the core answers that with the 409 "lost or expired")."""
-    from worker.state import StoreConnectError, StoreReadError
+    from worker.state import StoreConnectError, StoreKeyTypeError, StoreReadError
     got = held_pieces(s, start, end)
     if got is not None:
         return start, got
@@ -282,6 +288,8 @@ async def stored_pieces(store: Any, outage: OutageClock, s: _Stream, start: int,
         old = await outage.retry(lambda: store.read_pieces(s.rid, start, stop), (StoreConnectError,))
     except StoreReadError as e:
         log.warning("stream %r: %s", s.rid, e)
+        if isinstance(e, StoreKeyTypeError):
+            s.unreadable = unreadable_reason(s.rid, "its pieces key holds another Redis type")
         return start, b""
     rest = held_pieces(s, stop, end) if end > stop else b""
     return start, old + (rest or b"")
