@@ -28,6 +28,10 @@ Design
   stream with nothing running or waiting is *parked*: its state and replay window packed into one
   msgpack value, unpacked when its next chunk comes (few, large allocations per idle stream, so
   that their memory goes back to the OS once they are evicted).
+* **Stored formats.** A stored value is read in any format this release reads and written in the
+  format the pool selects (``worker.state.formats``; docs/delivery.md, "Rolling upgrades across
+  releases"); one it cannot read (another Redis type, another release's version) ends its stream
+  at its next chunk with one 409 (``LiveStream.unreadable``), never the worker.
 * **State store outage.** Reads and checkpoint writes wait for the store (backoff, coalescing
   the writes that pile up) for at most ``--state-store-outage-deadline`` seconds
   (``worker.transport.outage``); then one line and ``DependencyOutage`` (exit status 2). Streams
