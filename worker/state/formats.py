@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["StateFormat", "UnreadableValue", "FORMATS", "CURRENT", "PREVIOUS_READS", "select_write",
            "parse_state_format", "FormatSelector", "checkpoint_in", "checkpoint_out", "settings_in", "settings_out",
-           "probe_checkpoint", "ADVERTISE_TTL_S", "ADVERTISE_EVERY_S", "FORMATS_KEY"]
+           "probe_checkpoint", "start_advertising", "ADVERTISE_TTL_S", "ADVERTISE_EVERY_S", "FORMATS_KEY"]
 
 #: the format this release's code works in (what ``*_in`` converts to)
 CURRENT = 6
@@ -267,3 +267,13 @@ class FormatSelector:
             except Exception as e:  # its TTL ends it anyway
                 log.info("stream state format: withdrawing the advertisement failed: %s", e)
             raise
+
+
+def start_advertising(store, tasks: set) -> None:
+    """Start ``store.formats.run(store)`` (a ``FormatSelector``: Redis stores only; others have
+    none) as a task kept in ``tasks`` (the caller cancels it at its close)."""
+    sel = getattr(store, "formats", None)
+    if isinstance(sel, FormatSelector):
+        task = asyncio.create_task(sel.run(store), name="derender-state-formats")
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)

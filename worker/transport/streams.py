@@ -95,9 +95,7 @@ from worker.transport.checkpoints import (
     ReplyProduceError,
     StateCommitError,
     StreamStepError,
-    UnreadableCheckpoint,
     decode_checkpoint,
-    decode_stored,
     encode_checkpoint,
     unreadable_reason,
 )
@@ -123,10 +121,11 @@ from worker.transport.stream_registry import (
     _unpark,
     drop_streams,
     end_stream,
+    end_unreadable,
     held_offsets,
     held_pieces,
     record_pieces,
-    resume_stream,
+    stored_checkpoint,
     trim_committed,
 )
 
@@ -329,11 +328,7 @@ class StreamRouter:
         sweeper = asyncio.create_task(self.memory.run(self), name="derender-stream-sweeper")
         self._bg.add(sweeper)
         sweeper.add_done_callback(self._bg.discard)
-        sel = getattr(self.store, "formats", None)
-        if isinstance(sel, state_formats.FormatSelector):  # (Redis: advertise the formats read/written)
-            adv = asyncio.create_task(sel.run(self.store), name="derender-state-formats")
-            self._bg.add(adv)
-            adv.add_done_callback(self._bg.discard)
+        state_formats.start_advertising(self.store, self._bg)
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -422,7 +417,7 @@ class StreamRouter:
 
     async def _load(self, st, rids: list[str]) -> None:
         """Read the streams ``rids`` of ``st`` from the store (waiting out an outage), then run them."""
-        from worker.state import StoreConnectError, UnreadableState
+        from worker.state import StoreConnectError
         from worker.transport.outage import DependencyOutage
         try:
             stored = await self.outage.retry(lambda: self.store.get_many(rids), (StoreConnectError,))
@@ -442,18 +437,8 @@ class StreamRouter:
             if s is None or not s.loading:  # the partition was dropped meanwhile
                 continue
             got = stored.get(rid)
-            if got is not None:
-                try:
-                    if isinstance(got, UnreadableState):  # (another Redis type, no seq digits...)
-                        raise UnreadableCheckpoint(got.reason)
-                    ck = decode_stored(got.state)
-                except UnreadableCheckpoint as e:  # ended by its next chunk's 409 (``_handle``)
-                    log.error("stream %r: unreadable stored state (%s); the stream ends with a 409", rid, e)
-                    s.unreadable = unreadable_reason(rid, str(e))
-                    ck = None
-                if ck is not None:
-                    resume_stream(s, got.seq, ck)
-                    log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
+            if got is not None and stored_checkpoint(s, got) is not None:
+                log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
             s.loading = False
             st.store_done([m.offset for m in s.queue if m is not _GAP])
             if st.closed:
@@ -533,12 +518,7 @@ class StreamRouter:
     async def _handle(self, st, s: _Stream, msg) -> None:
         seq = self.parse_seq(msg)
         if s.unreadable is not None:  # its stored state cannot be read: one 409 ends it
-            why, s.unreadable = s.unreadable, None
-            log.warning("%s", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
-            s.next_seq = max(s.next_seq, seq + 1)
-            end_stream(s, 409)
-            await self._publish(st, s, msg, ReplayEntry(seq, 409, True, None, error_body(why, 409, s.rid)), write=True)
-            return
+            return await self._publish(st, s, msg, end_unreadable(s, msg, seq), write=True)
         if seq < s.next_seq or s.ended:
             await self._old_or_ended(st, s, msg, seq)
             return
