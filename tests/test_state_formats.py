@@ -319,6 +319,9 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
             await _produce(kafka_bootstrap, n.inp, recs)
             got = await _collect(kafka_bootstrap, [n.reply, n.dlq], len(recs), timeout=120, settle=0.5)
             assert w.stats.crashes == 0
+            adv = sync.hgetall(redis_prefix + formats.FORMATS_KEY)  # the running worker advertises
+            assert len(adv) == 1 and list(adv.values())[0].split(b" ")[1:] == [b"6", b"6"], adv
+        assert not sync.exists(redis_prefix + formats.FORMATS_KEY)  # withdrawn at its stop
         return got
 
     got = asyncio.run(go())
@@ -345,3 +348,35 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
     after = by["after"]
     assert [dict(r.headers)["derender-status"] for r in after] == [b"200"] * len(good)
     assert dict(after[-1].headers)["derender-stream-end"] == b"1"
+
+
+@pytest.mark.redis
+def test_the_advertiser_outlives_refresh_failures_and_withdraws(redis_prefix, monkeypatch):
+    """``FormatSelector.run``: a refresh that fails (the advertisements key of another type) is
+    logged and retried, the choice kept; cancelled, it withdraws its advertisement."""
+    monkeypatch.setattr(formats, "ADVERTISE_EVERY_S", 0.01)
+    sync = redis.Redis.from_url(REDIS_URL)
+    key = redis_prefix + formats.FORMATS_KEY
+
+    async def go():
+        store = RedisStateStore.from_settings(RedisSettings(url=REDIS_URL, prefix=redis_prefix))
+        tasks: set = set()
+        try:
+            sync.set(key, b"not a hash")
+            formats.start_advertising(store, tasks)
+            await asyncio.sleep(0.1)
+            assert len(tasks) == 1 and not next(iter(tasks)).done() and store.formats.write == 6
+            sync.delete(key)
+            for _ in range(200):
+                if sync.hexists(key, store.formats.member):
+                    break
+                await asyncio.sleep(0.01)
+            assert sync.hexists(key, store.formats.member)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            assert not sync.exists(key)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
