@@ -5,8 +5,9 @@ stream's pieces, a completion stream, a Responses stream), mid-stream and ended.
 ``streams()``: the records (key, chunk bodies, headers, a fixed record timestamp, the chunk the
 stream is cut at); ``run_phase``: a ``KafkaDerenderWorker`` (real broker, real Redis) answers
 records and returns the raw Redis values of each stream's keys once its checkpoint reached a seq
-(nothing is committed meanwhile: a huge commit interval keeps every reply in the replay window
-and a completed stream's tombstone in the store, so the bytes are reproducible).
+(nothing is committed meanwhile: an hour's commit interval, ``--max-in-flight`` above the
+records of a phase; a replay window of 4096 keeps every reply and a completed stream's tombstone
+stays in the store, so the bytes are reproducible).
 
 Generate (with the release whose blobs they are; ``tests/data/golden_state/README.md``)::
 
@@ -185,7 +186,7 @@ async def run_phase(bs: str, broker_kind: str, models, prefix: str, sts: list[di
     n = names or _names()
     rs = RedisSettings(url=REDIS_URL, prefix=prefix, ttl_s=600)
     settings = _settings(bs, broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
-                         group_id=n.group, redis=rs, commit_interval_ms=1000,
+                         group_id=n.group, redis=rs, commit_interval_ms=3_600_000,
                          stream_replay_window=4096, max_in_flight=512)
     recs, want = [], {}
     for s in sts:
@@ -200,19 +201,16 @@ async def run_phase(bs: str, broker_kind: str, models, prefix: str, sts: list[di
         await produce(bs, n.inp, recs)
         got = await _collect(bs, [n.reply, n.dlq], len(recs), timeout=timeout)
         deadline = time.monotonic() + timeout
-        for s in sts:
-            while True:
-                vals = read_values(sync, prefix, s["rid"])
+        while len(out) < len(sts):
+            for st in sts:
+                vals = read_values(sync, prefix, st["rid"])
                 ck = vals.get("checkpoint")
-                if ck is not None and int(ck[:20]) == want[s["name"]]:
-                    out[s["name"]] = vals
-                    break
-                if time.monotonic() > deadline:
-                    seen = [(r.key, dict(r.headers).get("derender-status"), r.value[:200]) for r in got[n.reply]
-                            if dict(r.headers).get("derender-status") != b"200"][:5]
-                    raise TimeoutError(f"stream {s['name']}: no checkpoint at seq {want[s['name']]} (stored: "
-                                       f"{ck[:20] if ck else None}; {len(got[n.reply])} replies, errors {seen})")
-                await asyncio.sleep(0.005)
+                if ck is not None and int(ck[:20]) == want[st["name"]]:
+                    out[st["name"]] = vals
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"streams {sorted(set(want) - set(out))}: no checkpoint at their last seq "
+                                   f"({len(got[n.reply])} replies)")
+            await asyncio.sleep(0.005)
     sync.close()
     return out, got[n.reply] + got[n.dlq]
 
