@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from worker.state.redis_store import RedisSettings
+from worker.state.formats import FORMATS_KEY
+from worker.state.redis_store import DEFAULT_PREFIX, RedisSettings
 from worker.transport.broker import TansuBroker
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_SEQ
@@ -38,7 +39,7 @@ from worker.transport.settings import WorkerSettings
 from worker.transport.topics import ensure_topics
 
 #: commands the bench sends itself (not the worker's)
-_PROBES = ("info", "dbsize")
+_PROBES = ("info", "dbsize", "hlen")
 
 
 @dataclass
@@ -138,6 +139,12 @@ def stream_chunks(tok, rid: str, n_chunks: int, model: str = "qwen3", call: bool
     return out
 
 
+async def _stream_keys(r) -> int:
+    """Keys left in the private Redis but the workers' state-format advertisements
+    (``worker.state.formats``: they live while a worker runs)."""
+    return await r.dbsize() - (1 if await r.hlen(DEFAULT_PREFIX + FORMATS_KEY) else 0)
+
+
 async def _calls(r: aioredis.Redis) -> dict[str, int]:
     stats = await r.info("commandstats")
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
@@ -188,13 +195,13 @@ async def run_burst(bootstrap: str, redis_url: str, models: list, tok, streams: 
                     while time.monotonic() < deadline:
                         # None: a partition no stream landed on is never committed
                         done = all([(await watcher.committed(tp) or 0) == ends[tp] for tp in tps])
-                        if done and got >= total and await r.dbsize() == 0:
+                        if done and got >= total and await _stream_keys(r) == 0:
                             break
                         await asyncio.sleep(0.2)
                     else:
                         left = {tp.partition: (await watcher.committed(tp), ends[tp]) for tp in tps}
                         raise RuntimeError(f"burst not finished in {timeout_s:g}s: {got}/{total} replies, "
-                                           f"{await r.dbsize()} keys left, (committed, end) offsets {left}")
+                                           f"{await _stream_keys(r)} keys left, (committed, end) offsets {left}")
                 finally:
                     await watcher.stop()
                 seconds = time.monotonic() - t0

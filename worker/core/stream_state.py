@@ -47,6 +47,9 @@ __all__ = ["StreamOpts", "ChoiceState", "StreamSeed", "StreamSettings", "StreamS
 #:    and the request's settings (``StreamSettings``: kind, request id, model, created, request digest,
 #: ``StreamOpts``, the prompt seed) are one nested value, stored once apart from the per-chunk state
 #: when the caller keeps them (``settings_digest``); a later chunk's own prompt seed is ``reseed``.
+#: (The stored values' formats, which of them a release reads and which it writes during a rolling
+#: upgrade: ``worker.state.formats``; a layout change adds a format there and golden blobs in
+#: ``tests/data/golden_state/``.)
 STATE_VERSION = 6
 
 

@@ -12,12 +12,14 @@ from worker.state.redis_store import (
     StoreConnectError,
     StoreDeleteError,
     StoredState,
+    StoreKeyTypeError,
     StoreReadError,
     StoreWriteError,
+    UnreadableState,
     add_redis_args,
     settings_from_args,
 )
 
 __all__ = ["MemoryStateStore", "RedisSettings", "RedisStateStore", "StaleStateError", "StateStoreError", "StoreAuthError", "StoreConnectError",
-           "StoreDeleteError", "StoredState", "StoreReadError", "StoreWriteError", "StateWrite",
+           "StoreDeleteError", "StoreKeyTypeError", "StoredState", "StoreReadError", "StoreWriteError", "StateWrite", "UnreadableState",
            "add_redis_args", "settings_from_args"]

@@ -60,6 +60,8 @@ Configuration (``add_redis_args``; each flag also reads ``DERENDER_<FLAG>``): ``
 from __future__ import annotations
 
 import argparse
+import logging
+import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -67,9 +69,15 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError,
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from worker.state.formats import FORMATS_KEY, FormatSelector, parse_state_format
 from worker.tlsfiles import check_tls_files
 
 _CONN_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+log = logging.getLogger(__name__)
+
+#: most state-format advertisements read (``advertised_formats``)
+ADVERTISED_MAX = 10_000
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX = "derender:stream:"
@@ -95,7 +103,11 @@ COMMIT_BATCH_MAX = 1000
 # settings there (else '').
 # Returns per write 1 = applied, 0 = fenced off (put: stored seq >= seq; delete: stored seq > seq),
 # 2 = applied, but the stream's settings are missing (a put over an absent checkpoint, the stream
-# keeping settings that this write does not carry: the store lost them; send them again).
+# keeping settings that this write does not carry: the store lost them; send them again), 3 = not
+# applied: the stored key is of another shape (not seq digits + state, nor the older hash with a
+# numeric q (a hash without one too): another release's or a foreign value; a Redis type other than string/hash); its seq
+# cannot be compared, so it is left to its TTL. Commands on keys of an unexpected type never raise
+# (redis.pcall; a pieces key of another type is left unwritten: its reader gets the 409 "lost").
 # Redis commands run (``INFO commandstats`` counts each ``redis.call`` as a call of that command,
 # besides the one EVALSHA): one MGET for the whole flush, then per write ONE of: SET ... PX (a put
 # over a stored value), SET ... PX NX (a put of an absent key: a stream's first write), DEL (a
@@ -128,7 +140,9 @@ for i = 1, #KEYS do
     if c then c = string.sub(c, 1, SEQ_DIGITS_N) end
   end
   local ok = 0
-  if c then
+  if c and not string.find(c, SEQ_PATTERN) then
+    ok = 3
+  elseif c then
     if kind == 'p' then
       if c < q then redis.call('SET', k, v, 'PX', ttl); ok = 1; seen[k] = q end
     elseif c <= q then redis.call('DEL', k, k .. PIECES_SUFFIX, k .. SETTINGS_SUFFIX); ok = 1; seen[k] = false end
@@ -136,16 +150,20 @@ for i = 1, #KEYS do
     if redis.call('SET', k, v, 'PX', ttl, 'NX') then
       ok = 1
     else
-      local h = redis.call('HGET', k, 'q')
-      if not (h and tonumber(h) >= tonumber(q)) then redis.call('SET', k, v, 'PX', ttl); ok = 1 end
+      local h = redis.pcall('HGET', k, 'q')
+      if type(h) == 'table' or not tonumber(h) then
+        ok = 3
+      elseif tonumber(h) < tonumber(q) then redis.call('SET', k, v, 'PX', ttl); ok = 1 end
     end
     if ok == 1 then seen[k] = q end
   else
     if redis.call('TYPE', k)['ok'] == 'none' then
       ok = 1
     else
-      local h = redis.call('HGET', k, 'q')
-      if not (h and tonumber(h) > tonumber(q)) then
+      local h = redis.pcall('HGET', k, 'q')
+      if type(h) == 'table' or not tonumber(h) then
+        ok = 3
+      elseif tonumber(h) <= tonumber(q) then
         redis.call('DEL', k, k .. PIECES_SUFFIX, k .. SETTINGS_SUFFIX); ok = 1; seen[k] = false
       end
     end
@@ -153,8 +171,10 @@ for i = 1, #KEYS do
   if ok == 1 and kind == 'p' and at ~= '' then
     local pk = k .. PIECES_SUFFIX
     local o = tonumber(at)
-    if string.len(data) > 0 and (o == 0 or redis.call('STRLEN', pk) >= o) then
-      redis.call('SETRANGE', pk, o, data)
+    if string.len(data) > 0 then
+      local n = 0
+      if o ~= 0 then n = redis.pcall('STRLEN', pk) end
+      if type(n) == 'number' and n >= o then redis.pcall('SETRANGE', pk, o, data) end
     end
     if touch == '1' then redis.call('PEXPIRE', pk, ttl) end
   end
@@ -173,7 +193,7 @@ for i = 1, #KEYS do
   out[i] = ok
 end
 return out
-""".replace("SEQ_DIGITS_N", str(SEQ_DIGITS)).replace("PIECES_SUFFIX", f"'{PIECES_SUFFIX}'").replace(
+""".replace("SEQ_PATTERN", "'^" + "%d" * SEQ_DIGITS + "$'").replace("SEQ_DIGITS_N", str(SEQ_DIGITS)).replace("PIECES_SUFFIX", f"'{PIECES_SUFFIX}'").replace(
     "SETTINGS_SUFFIX", f"'{SETTINGS_SUFFIX}'")
 
 
@@ -231,6 +251,18 @@ class StoreReadError(StateStoreError):
     step = "read"
 
 
+class StoreKeyTypeError(StoreReadError):
+    """A stream's key holds another Redis type than the one read (``WRONGTYPE``: another
+    release's or a foreign value): that stream cannot go on, the store works."""
+
+
+def _read_error(e: Exception, request_id: str) -> StoreReadError:
+    """The typed error of a failed read of ``request_id``'s side key (``WRONGTYPE``:
+    ``StoreKeyTypeError``)."""
+    cls = StoreKeyTypeError if isinstance(e, ResponseError) and str(e).startswith("WRONGTYPE") else StoreReadError
+    return cls(f"redis read failed: {type(e).__name__}: {e}", request_id)
+
+
 class StoreWriteError(StateStoreError):
     """Writing states failed."""
 
@@ -255,6 +287,15 @@ class StoredState:
 
     state: bytes
     seq: int
+
+
+@dataclass(frozen=True)
+class UnreadableState:
+    """A stored key this release cannot read (``get_many``): another Redis type than a string or
+    the older hash layout, or a string that does not start with the seq digits (another
+    release's or a foreign value). ``reason``: what was found (for the stream's 409)."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -295,6 +336,8 @@ class RedisSettings:
     ttl_s: float = DEFAULT_TTL_S
     prefix: str = DEFAULT_PREFIX
     timeout_s: float = 5.0
+    #: ``--state-format``: the stored-state format to write (None: auto; ``worker.state.formats``)
+    state_format: int | None = None
 
     def client(self) -> aioredis.Redis:
         """A redis-py asyncio client for these settings (binary responses)."""
@@ -335,6 +378,10 @@ def add_redis_args(ap: argparse.ArgumentParser) -> None:
                    help="seconds a stream state survives without use")
     g.add_argument("--redis-key-prefix", default=DEFAULT_PREFIX)
     g.add_argument("--redis-timeout", type=float, default=5.0)
+    g.add_argument("--state-format", default="auto",
+                   help="stream state format to write: 'auto' (the newest one every live worker reads, and "
+                        "the previous release reads) or a format number, for the second roll of an upgrade "
+                        "(docs/delivery.md, 'Rolling upgrades across releases')")
 
 
 def settings_from_args(args: argparse.Namespace) -> RedisSettings:
@@ -345,15 +392,19 @@ def settings_from_args(args: argparse.Namespace) -> RedisSettings:
     return RedisSettings(url=args.redis_url, password=args.redis_password, username=args.redis_username,
                          tls_ca=args.redis_tls_ca, tls_cert=args.redis_tls_cert, tls_key=args.redis_tls_key,
                          tls_insecure=args.redis_tls_insecure, ttl_s=args.redis_state_ttl,
-                         prefix=args.redis_key_prefix, timeout_s=args.redis_timeout)
+                         prefix=args.redis_key_prefix, timeout_s=args.redis_timeout,
+                         state_format=parse_state_format(getattr(args, "state_format", None)))
 
 
 class RedisStateStore:
     """Async store of stream states (module docstring). ``client``: a redis-py asyncio client
     (binary responses); ``ttl_s``: key TTL refreshed on use; ``prefix``: key prefix."""
 
-    def __init__(self, client: aioredis.Redis, *, ttl_s: float = DEFAULT_TTL_S, prefix: str = DEFAULT_PREFIX):
+    def __init__(self, client: aioredis.Redis, *, ttl_s: float = DEFAULT_TTL_S, prefix: str = DEFAULT_PREFIX,
+                 state_format: int | None = None):
         self.client = client
+        #: the format this worker writes (``worker.state.formats``; ``formats.run(store)`` keeps it fresh)
+        self.formats = FormatSelector(state_format)
         self.ttl_ms = max(1, int(ttl_s * 1000))
         #: the settings' TTL: a quarter more than the checkpoint's (refreshed every quarter TTL,
         #: they outlive it)
@@ -364,7 +415,8 @@ class RedisStateStore:
     @classmethod
     def from_settings(cls, settings: RedisSettings) -> RedisStateStore:
         """Store over a new client built from ``settings``."""
-        return cls(settings.client(), ttl_s=settings.ttl_s, prefix=settings.prefix)
+        return cls(settings.client(), ttl_s=settings.ttl_s, prefix=settings.prefix,
+                   state_format=settings.state_format)
 
     def key(self, request_id: str) -> str:
         """Redis key of a request's stream state."""
@@ -393,11 +445,12 @@ class RedisStateStore:
         """The stored state of ``request_id`` (TTL refreshed), or None. Raises ``StoreReadError``."""
         return (await self.get_many([request_id]))[request_id]
 
-    async def get_many(self, request_ids: list[str]) -> dict[str, StoredState | None]:
+    async def get_many(self, request_ids: list[str]) -> dict[str, StoredState | UnreadableState | None]:
         """Stored states of several requests in one pipeline: one ``GETEX ... PX`` per request
         (read and TTL refresh in one command; a key of the older hash layout costs ``HMGET`` +
-        ``PEXPIRE`` more). Raises ``StoreReadError`` (``StoreConnectError`` when Redis cannot be
-        reached)."""
+        ``PEXPIRE`` + ``TYPE`` more). A key of another shape (another Redis type, no seq digits,
+        a hash without ``s``/``q``) is that request's ``UnreadableState``, never an error of the
+        batch. Raises ``StoreReadError`` (``StoreConnectError`` when Redis cannot be reached)."""
         rids = list(dict.fromkeys(request_ids))
         if not rids:
             return {}
@@ -413,7 +466,7 @@ class RedisStateStore:
             raise StoreConnectError(f"redis read failed: {type(e).__name__}: {e}") from e
         except RedisError as e:
             raise StoreReadError(f"redis read failed: {type(e).__name__}: {e}") from e
-        out: dict[str, StoredState | None] = {}
+        out: dict[str, StoredState | UnreadableState | None] = {}
         for rid, v in zip(rids, res, strict=True):
             if rid in old:
                 out[rid] = old[rid]
@@ -425,7 +478,9 @@ class RedisStateStore:
                 continue
             head = bytes(v[:SEQ_DIGITS])
             if len(head) != SEQ_DIGITS or not head.isdigit():
-                raise StoreReadError(f"malformed stream state {self.key(rid)!r}", rid)
+                out[rid] = UnreadableState(f"a string value that does not start with {SEQ_DIGITS} seq digits "
+                                           f"(first bytes {bytes(v[:12])!r})")
+                continue
             out[rid] = StoredState(bytes(v[SEQ_DIGITS:]), int(head))
         return out
 
@@ -440,7 +495,7 @@ class RedisStateStore:
         except _CONN_ERRORS as e:
             raise StoreConnectError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
         except RedisError as e:
-            raise StoreReadError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
+            raise _read_error(e, request_id) from e
         if len(got) != end - start:
             raise StoreReadError(f"pieces of {request_id!r} hold {start + len(got)} bytes, the checkpoint "
                                  f"records {end}", request_id)
@@ -455,26 +510,79 @@ class RedisStateStore:
         except _CONN_ERRORS as e:
             raise StoreConnectError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
         except RedisError as e:
-            raise StoreReadError(f"redis read failed: {type(e).__name__}: {e}", request_id) from e
+            raise _read_error(e, request_id) from e
         return bytes(got) if got is not None else None
 
-    async def _get_legacy(self, rids: list[str]) -> dict[str, StoredState | None]:
-        """Read keys of the older hash layout (fields ``s``/``q``; TTLs refreshed)."""
+    async def _get_legacy(self, rids: list[str]) -> dict[str, StoredState | UnreadableState | None]:
+        """Read keys of the older hash layout (fields ``s``/``q``; TTLs refreshed); a key of
+        another type, or a hash without them, is an ``UnreadableState``. Raises ``redis`` errors
+        other than a key's ``WRONGTYPE``."""
         async with self.client.pipeline(transaction=False) as pipe:
             for rid in rids:
                 pipe.hmget(self.key(rid), "s", "q")
                 pipe.pexpire(self.key(rid), self.ttl_ms)
-            res = await pipe.execute()
-        out: dict[str, StoredState | None] = {}
+                pipe.type(self.key(rid))
+            res = await pipe.execute(raise_on_error=False)
+        out: dict[str, StoredState | UnreadableState | None] = {}
         for i, rid in enumerate(rids):
-            s, q = res[2 * i]
-            if s is None or q is None:
-                raise StoreReadError(f"malformed stream state hash {self.key(rid)!r}", rid)
+            got, typ = res[3 * i], res[3 * i + 2]
+            typ = typ.decode("ascii", "replace") if isinstance(typ, bytes) else str(typ)
+            if isinstance(got, ResponseError) and str(got).startswith("WRONGTYPE"):
+                out[rid] = UnreadableState(f"a Redis {typ} where a string is expected")
+                continue
+            if isinstance(got, Exception):
+                raise got
+            if typ == "none":  # (deleted between the two reads)
+                out[rid] = None
+                continue
+            s, q = got
             try:
+                if s is None or q is None:
+                    raise ValueError("no s/q fields")
                 out[rid] = StoredState(bytes(s), int(q))
             except ValueError:
-                raise StoreReadError(f"bad sequence number {q!r} in {self.key(rid)!r}", rid) from None
+                out[rid] = UnreadableState(f"a Redis hash without a readable s/q pair (q {q!r:.40})")
         return out
+
+    # ------------------------------------------------------------ format advertisements ---
+    def formats_key(self) -> str:
+        """Redis key of the workers' state-format advertisements (``worker.state.formats``)."""
+        return self.prefix + FORMATS_KEY
+
+    async def advertise_formats(self, member: str, reads: frozenset[int], write: int, expires_ms: int) -> None:
+        """Advertise that ``member`` reads ``reads`` and writes ``write`` until ``expires_ms``
+        (Unix ms): one ``HSET`` + ``PEXPIRE`` of ``formats_key``. Raises ``redis`` errors."""
+        k = self.formats_key()
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.hset(k, member, f"{expires_ms} {','.join(map(str, sorted(reads)))} {write}")
+            pipe.pexpire(k, 2 * max(0, expires_ms - int(time.time() * 1000)) + 1000)
+            await pipe.execute()
+
+    async def advertised_formats(self, now_ms: int) -> dict[str, frozenset[int]]:
+        """The live advertisements (member -> read formats; at most ``ADVERTISED_MAX`` members,
+        each at most 64 formats); expired ones are removed (``HDEL``), malformed ones ignored.
+        Raises ``redis`` errors (a ``formats_key`` of another type: ``WRONGTYPE``)."""
+        k = self.formats_key()
+        got = await self.client.hgetall(k)
+        out: dict[str, frozenset[int]] = {}
+        stale = []
+        for m, v in list(got.items())[:ADVERTISED_MAX]:
+            try:
+                exp, reads, _ = bytes(v).decode("ascii").split(" ")
+                fmts = frozenset(int(x) for x in reads.split(",")[:64])
+                if int(exp) < now_ms:
+                    stale.append(m)
+                elif all(0 <= f < 1 << 31 for f in fmts):
+                    out[bytes(m).decode("utf-8", "replace")] = fmts
+            except ValueError:
+                log.warning("ignoring a malformed state-format advertisement %r: %r", m[:80], v[:80])
+        if stale:
+            await self.client.hdel(k, *stale)
+        return out
+
+    async def withdraw_formats(self, member: str) -> None:
+        """Remove ``member``'s advertisement (a worker stopping). Raises ``redis`` errors."""
+        await self.client.hdel(self.formats_key(), member)
 
     # ------------------------------------------------------------------------- writes ---
     async def put(self, request_id: str, state: bytes, seq: int, *, raise_on_stale: bool = False) -> bool:

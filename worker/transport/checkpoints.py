@@ -33,12 +33,15 @@ from typing import Any
 import msgspec
 
 from worker.state import StateStoreError, StateWrite
+from worker.state import formats as state_formats
 from worker.transport.outage import DependencyOutage, OutageClock
+from worker.transport.records import HDR_SEQ
 
 log = logging.getLogger(__name__)
 
 __all__ = ["StreamStepError", "ReplyProduceError", "ReplyAckError", "StateCommitError", "OffsetCommitError",
-           "ReplayEntry", "Checkpoint", "encode_checkpoint", "decode_checkpoint", "CHECKPOINT_VERSION",
+           "ReplayEntry", "Checkpoint", "encode_checkpoint", "decode_checkpoint", "decode_stored", "CHECKPOINT_VERSION",
+           "UnreadableCheckpoint", "unreadable_reason",
            "CheckpointWrite", "CheckpointWriter"]
 
 CHECKPOINT_VERSION = 1
@@ -113,8 +116,32 @@ def encode_checkpoint(state: bytes | None, replies: list[ReplayEntry], gap_from:
 
 
 def decode_checkpoint(data: bytes) -> Checkpoint:
-    """Raises ``msgspec.DecodeError``/``ValidationError`` on a foreign value."""
+    """Decode checkpoint bytes of this release's layout (``state_formats.CURRENT``). Raises
+    ``msgspec.DecodeError``/``ValidationError`` on a foreign value."""
     return _ckpt_decoder.decode(data)
+
+
+class UnreadableCheckpoint(ValueError):
+    """A stored checkpoint value this release cannot read (``decode_stored``)."""
+
+
+def decode_stored(data: bytes) -> Checkpoint:
+    """A stored checkpoint value of any format this release reads (``worker.state.formats``:
+    probed, converted to the current layout, decoded). Raises ``UnreadableCheckpoint`` naming
+    what was found (another release's envelope / state version, not msgpack, ...)."""
+    try:
+        return _ckpt_decoder.decode(state_formats.checkpoint_in(data))
+    except (state_formats.UnreadableValue, msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise UnreadableCheckpoint(str(e)) from None
+
+
+def unreadable_reason(rid: str, found: str, before: int = -1) -> str:
+    """The message of the 409 that ends a stream whose stored state cannot be read (``found``:
+    what the store holds; ``before``: the first seq it did not answer, when known, else -1)."""
+    at = f" (before {HDR_SEQ} {before})" if before > 0 else ""
+    return (f"stream {rid!r}: its stored state{at} is unreadable ({found}): an unreadable type or version, "
+            f"written by another release or not by derender-worker (this release reads state formats "
+            f"{sorted(state_formats.FORMATS)}); the stream state was lost or expired; stream ended")
 
 
 # --------------------------------------------------------------------------------- writer ----
@@ -185,6 +212,12 @@ class CheckpointWriter:
         self._wake = asyncio.Event()
         self._inflight: list[CheckpointWrite] = []  # the batch being written
 
+    def write_format(self) -> int:
+        """The stored-state format written now: the store's ``formats`` selector's choice
+        (``worker.state.formats``), else the current layout."""
+        sel = getattr(self.store, "formats", None)
+        return sel.write if isinstance(sel, state_formats.FormatSelector) else state_formats.CURRENT
+
     def add(self, wr: CheckpointWrite) -> None:
         """Queue ``wr`` (its records' reply is acked): written at the next wake-up."""
         _merge(self._pending, wr)
@@ -211,8 +244,9 @@ class CheckpointWriter:
             delay = 0.1
             while True:
                 latest = self._inflight = list(batch.values())
-                writes = [StateWrite(w.rid, w.value, w.seq, w.at, w.data, w.touch, w.settings, w.settings_kept)
-                          for w in latest]
+                fmt = self.write_format()
+                writes = [StateWrite(w.rid, state_formats.checkpoint_out(w.value, fmt), w.seq, w.at, w.data, w.touch,
+                                     state_formats.settings_out(w.settings, fmt), w.settings_kept) for w in latest]
                 try:
                     commit = getattr(self.store, "commit_codes", None) or self.store.commit
                     res = await commit(writes)
@@ -242,7 +276,12 @@ class CheckpointWriter:
                 continue
             self.stats.state_writes += 1
             for w, ok in zip(latest, res, strict=False):
-                if not ok:
+                if ok == 3:
+                    log.warning("stream %r: checkpoint at seq %d not written: the stored key has an unexpected "
+                                "type or shape (another release's or a foreign value; left to its TTL)", w.rid, w.seq)
+                    if w.settings and w.s is not None:
+                        w.s.settings_stored = False
+                elif not ok:
                     log.warning("stream %r: checkpoint at seq %d fenced off (a newer one is stored: another "
                                 "worker advanced the stream)", w.rid, w.seq)
                     if w.settings and w.s is not None:  # its settings were not written: the next write carries them

@@ -7,16 +7,22 @@ Pure bookkeeping: no I/O (``worker.transport.streams`` runs them).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import msgspec
 
-from worker.state import StateWrite
-from worker.transport.checkpoints import ReplayEntry
+from worker.logs import record_fields
+from worker.state import StateWrite, UnreadableState
+from worker.transport.checkpoints import ReplayEntry, UnreadableCheckpoint, decode_stored
+from worker.transport.jobs import error_body
 
-__all__ = ["LiveStream", "end_stream", "keeps_tombstone", "resume_stream", "cannot_continue", "take_held", "held_offsets", "trim_committed", "drop_streams", "record_pieces",
+log = logging.getLogger(__name__)
+
+__all__ = ["LiveStream", "end_stream", "stored_checkpoint", "end_unreadable", "keeps_tombstone", "resume_stream",
+           "cannot_continue", "take_held", "held_offsets", "trim_committed", "drop_streams", "record_pieces",
            "held_pieces"]
 
 _GAP = object()  # queue marker: the gap timer fired
@@ -83,6 +89,9 @@ class LiveStream:
     #: not held: a new owner whose pool process had them cached), so its writes refresh their TTL
     settings_kept: bool = False
     settings_touched: float = 0.0  # time.monotonic() of this worker's last refresh of their TTL
+    #: its stored state could not be read (another Redis type, another release's format): the
+    #: 409 message its next chunk gets, ending it (``StreamRouter._handle``); None otherwise
+    unreadable: str | None = None
 
 
 def _park(s: LiveStream) -> None:
@@ -244,3 +253,31 @@ def trim_committed(streams: dict, offset: int, replay_window: int) -> list:
             elif now - s.ended_at > 60.0:
                 del streams[rid]  # forget it (its replies were committed long ago)
     return deletes
+
+
+def stored_checkpoint(s: LiveStream, got):
+    """Resume ``s`` from ``got`` (``get_many``'s ``StoredState`` of any format this release reads)
+    and return its checkpoint; None when ``got`` cannot be read (``UnreadableState``: another Redis
+    type...; ``UnreadableCheckpoint``): the stream then cannot continue here (``cannot_continue``:
+    its next new chunk gets the one 409 that ends it, no gap wait)."""
+    try:
+        if isinstance(got, UnreadableState):
+            raise UnreadableCheckpoint(got.reason)
+        ck = decode_stored(got.state)
+    except UnreadableCheckpoint as e:
+        seq = getattr(got, "seq", -1)
+        log.error("stream %r: unreadable stored state at seq %d (%s); its next chunk ends it with a 409", s.rid, seq, e)
+        cannot_continue(s, seq, str(e))
+        return None
+    resume_stream(s, got.seq, ck)
+    return ck
+
+
+def end_unreadable(s: LiveStream, msg, seq: int) -> ReplayEntry:
+    """End ``s``, whose stored state could not be read (``s.unreadable``), at chunk ``seq``
+    (``msg``): the 409 reply entry that says so."""
+    why, s.unreadable = s.unreadable, None
+    log.warning("%s", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
+    s.next_seq = max(s.next_seq, seq + 1)
+    end_stream(s, 409)
+    return ReplayEntry(seq, 409, True, None, error_body(why, 409, s.rid))

@@ -28,6 +28,10 @@ Design
   stream with nothing running or waiting is *parked*: its state and replay window packed into one
   msgpack value, unpacked when its next chunk comes (few, large allocations per idle stream, so
   that their memory goes back to the OS once they are evicted).
+* **Stored formats.** A stored value is read in any format this release reads and written in the
+  format the pool selects (``worker.state.formats``; docs/delivery.md, "Rolling upgrades across
+  releases"); one it cannot read (another Redis type, another release's version) ends its stream
+  at its next chunk with one 409 (``LiveStream.unreadable``), never the worker.
 * **State store outage.** Reads and checkpoint writes wait for the store (backoff, coalescing
   the writes that pile up) for at most ``--state-store-outage-deadline`` seconds
   (``worker.transport.outage``); then one line and ``DependencyOutage`` (exit status 2). Streams
@@ -84,9 +88,8 @@ import sys
 import time
 from typing import Any, NamedTuple
 
-import msgspec
-
 from worker.logs import record_fields
+from worker.state import formats as state_formats
 from worker.transport.checkpoints import (
     Checkpoint,
     CheckpointWrite,
@@ -99,6 +102,7 @@ from worker.transport.checkpoints import (
     StreamStepError,
     decode_checkpoint,
     encode_checkpoint,
+    unreadable_reason,
 )
 from worker.transport.context import StreamContext
 from worker.transport.deadletter import DeadLetterError
@@ -120,13 +124,13 @@ from worker.transport.stream_registry import (
     _park,
     _Stream,
     _unpark,
-    cannot_continue,
     drop_streams,
     end_stream,
+    end_unreadable,
     held_offsets,
     held_pieces,
     record_pieces,
-    resume_stream,
+    stored_checkpoint,
     take_held,
     trim_committed,
 )
@@ -223,6 +227,10 @@ async def submit_chunk(ctx: StreamContext, store: Any, outage: OutageClock, s: _
             pieces = await stored_pieces(store, outage, s, *out.needs_pieces)
         else:
             break
+        if s.unreadable is not None:  # a side key of another Redis type: the stream ends with its 409
+            why, s.unreadable = s.unreadable, None
+            return StreamOutcome(error_body(why, 409, s.rid), 409, False, out.kind, None,
+                                 is_object_value(msg.value or b""), seconds=out.seconds)
         out = await ctx.submit(msg.value, s.state, seq, kind, created, pieces, settings)
     if out.needs_settings or out.needs_pieces is not None:
         # the core still asks after it was given what it asked for: an internal inconsistency
@@ -238,14 +246,17 @@ async def stored_settings(store: Any, outage: OutageClock, s: _Stream) -> bytes:
     """Stream ``s``'s write-once settings from ``store`` (waiting out an outage on ``outage``),
     kept in ``s.settings``; ``b""`` when the store has none (lost or expired: the core answers
     the 409 "lost or expired")."""
-    from worker.state import StoreConnectError, StoreReadError
+    from worker.state import StoreConnectError, StoreKeyTypeError, StoreReadError
     try:
         got = await outage.retry(lambda: store.read_settings(s.rid), (StoreConnectError,))
     except StoreReadError as e:
         log.warning("stream %r: %s", s.rid, e)
+        if isinstance(e, StoreKeyTypeError):
+            s.unreadable = unreadable_reason(s.rid, "its settings key holds another Redis type")
         return b""
     if got is None:
         return b""
+    got = state_formats.settings_in(got)  # (another readable format: in this release's layout)
     s.settings, s.settings_stored = got, True
     return got
 
@@ -277,7 +288,7 @@ async def stored_pieces(store: Any, outage: OutageClock, s: _Stream, start: int,
     """``(start, bytes [start, end))`` of stream ``s``'s pieces: from memory when this worker
     wrote them, else from ``store`` (waiting out an outage on ``outage``); pieces the store lost
     give fewer bytes (the core answers that with the 409 "lost or expired")."""
-    from worker.state import StoreConnectError, StoreReadError
+    from worker.state import StoreConnectError, StoreKeyTypeError, StoreReadError
     got = held_pieces(s, start, end)
     if got is not None:
         return start, got
@@ -286,6 +297,8 @@ async def stored_pieces(store: Any, outage: OutageClock, s: _Stream, start: int,
         old = await outage.retry(lambda: store.read_pieces(s.rid, start, stop), (StoreConnectError,))
     except StoreReadError as e:
         log.warning("stream %r: %s", s.rid, e)
+        if isinstance(e, StoreKeyTypeError):
+            s.unreadable = unreadable_reason(s.rid, "its pieces key holds another Redis type")
         return start, b""
     rest = held_pieces(s, stop, end) if end > stop else b""
     return start, old + (rest or b"")
@@ -335,6 +348,7 @@ class StreamRouter:
         sweeper = asyncio.create_task(self.memory.run(self), name="derender-stream-sweeper")
         self._bg.add(sweeper)
         sweeper.add_done_callback(self._bg.discard)
+        state_formats.start_advertising(self.store, self._bg)
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -443,17 +457,8 @@ class StreamRouter:
             if s is None or not s.loading:  # the partition was dropped meanwhile
                 continue
             got = stored.get(rid)
-            if got is not None:
-                try:
-                    ck = decode_checkpoint(got.state)
-                except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                    why = f"{type(e).__name__}: {str(e)[:200]}"
-                    log.error("stream %r: unreadable checkpoint in the store at seq %d (%s); its next chunk ends it",
-                              rid, got.seq, why)
-                    cannot_continue(s, got.seq, why)
-                else:
-                    resume_stream(s, got.seq, ck)
-                    log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
+            if got is not None and stored_checkpoint(s, got) is not None:
+                log.info("stream %r resumed from the store at seq %d%s", rid, got.seq, " (ended)" if s.ended else "")
             s.loading = False
             st.store_done([m.offset for m in s.queue if m is not _GAP])
             if st.closed:
@@ -532,6 +537,8 @@ class StreamRouter:
     # -- per-chunk logic -------------------------------------------------------------------
     async def _handle(self, st, s: _Stream, msg) -> None:
         seq = self.parse_seq(msg)
+        if s.unreadable is not None:  # its stored state cannot be read: one 409 ends it
+            return await self._publish(st, s, msg, end_unreadable(s, msg, seq), write=True)
         if seq < s.next_seq or s.ended:
             await self._old_or_ended(st, s, msg, seq)
             return
@@ -592,8 +599,7 @@ class StreamRouter:
         """End stream ``s``, whose stored checkpoint this worker cannot read (``s.broken``), at its
         new chunk ``msg`` (``seq`` >= next expected) with one 409; its tombstone (kept until the
         TTL) makes every later owner answer its later chunks with the ended-stream 409."""
-        why = (f"stream {s.rid!r}: its stored state (before {HDR_SEQ} {s.next_seq}) is unreadable ({s.broken}; "
-               "written by another release, or damaged): the stream state was lost or expired; stream ended")
+        why = unreadable_reason(s.rid, s.broken, before=s.next_seq)
         log.warning("%s", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
         if seq > s.next_seq:
             s.gap_from = s.next_seq  # (the chunks between were never answered: a late one gets the 409)
