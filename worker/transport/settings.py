@@ -10,6 +10,7 @@ from typing import Any
 
 from aiokafka.helpers import create_ssl_context
 
+from worker.flags import add_bootstrap_servers_arg
 from worker.state.redis_store import add_redis_args, settings_from_args
 from worker.tlsfiles import check_tls_files
 from worker.transport.deadletter import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
@@ -206,9 +207,7 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ``KAFKA_BOOTSTRAP_SERVERS``), flags winning; defaults here are plain values, so a malformed
     variable is reported in one line instead of failing while the parser is built."""
     g = ap.add_argument_group("kafka")
-    g.add_argument("--bootstrap-servers",
-                   default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or "localhost:9092",
-                   help="comma-separated host:port list (env KAFKA_BOOTSTRAP_SERVERS)")
+    add_bootstrap_servers_arg(g, "localhost:9092", "comma-separated host:port list")
     g.add_argument("--input-topic", default="engine-outputs")
     g.add_argument("--reply-topic", default="derender-replies",
                    help="where replies go when a message has no reply-topic header")
