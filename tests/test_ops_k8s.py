@@ -136,7 +136,11 @@ def test_deployment_probes_security_and_grace():
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": port}
     assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
-    assert c["startupProbe"]["httpGet"]["path"] == "/livez"
+    # the port answers before the start-up waits (issue 23): started = ready; the window is the
+    # worker's own default --state-store-outage-deadline (300 s), after which it exits by itself
+    assert c["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 300
+    assert "DERENDER_STATE_STORE_OUTAGE_DEADLINE" not in env
     sc = pod["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["runAsUser"] >= 1000
     assert re.search(rf"^USER {sc['runAsUser']}\b", (REPO / "Dockerfile").read_text(), re.M)
