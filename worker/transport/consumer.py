@@ -234,13 +234,10 @@ class KafkaDerenderWorker:
             raise
 
     def serve_endpoints(self) -> None:
-        """Serve ``/livez``, ``/readyz`` and ``/metrics`` on ``--metrics-port`` now (idempotent; no-op
-        without the flag), on the running event loop: ``start()`` does it first, ``run.main_run``
-        before its own start-up waits, so that probes get the reasons meanwhile. Raises
-        ``EndpointError`` when the port cannot be served."""
+        """Serve ``--metrics-port`` now, on the running loop (idempotent; ``run.main_run`` calls it
+        before its start-up waits). Raises ``EndpointError`` when the port cannot be served."""
         if self.settings.metrics_port is not None and self.endpoints is None:
-            endpoints = Endpoints(self.health, self._prom.registry, int(self.settings.metrics_port),
-                                  host=self.settings.metrics_host)
+            endpoints = Endpoints(self.health, self._prom.registry, int(self.settings.metrics_port), host=self.settings.metrics_host)
             endpoints.start()
             self.endpoints = endpoints
 
@@ -263,8 +260,7 @@ class KafkaDerenderWorker:
                      s.redis.ttl_s)
         else:
             store = MemoryStateStore(s.idle_timeout_s, s.max_live_streams)
-        self.health.set_reason("warming-up", f"starting the derender pool ({s.num_workers} {s.executor} workers) "
-                                             "and loading the tokenizers")
+        self.health.set_reason("warming-up", f"starting the derender pool ({s.num_workers} {s.executor} workers) and loading the tokenizers")
         try:
             self.pool.make()
             await self.pool.warm_up()
