@@ -27,7 +27,8 @@ def _deployments() -> list[tuple[str, dict[str, str]]]:
             out.append((f"compose:{name}", {k: str(v) for k, v in svc["environment"].items()}))
     for doc in load_yaml_docs(REPO / "ops" / "k8s" / "deployment.yaml"):
         for c in doc["spec"]["template"]["spec"]["containers"]:
-            out.append((f"k8s:{c['name']}", {e["name"]: e["value"] for e in c["env"]}))
+            # a variable from a Secret (valueFrom) must name a flag too (its value, unknown here, checked as "")
+            out.append((f"k8s:{c['name']}", {e["name"]: e.get("value", "") for e in c["env"]}))
     return out
 
 

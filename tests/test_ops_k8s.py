@@ -77,7 +77,20 @@ def _container(kind: str) -> dict:
 
 
 def _env(kind: str) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in _container(kind).get("env", [])}
+    """The container's plain ``value`` variables (not those from a Secret)."""
+    return {e["name"]: e["value"] for e in _container(kind).get("env", []) if "value" in e}
+
+
+def test_passwords_come_from_a_secret_never_from_args():
+    """Password variables are ``secretKeyRef`` (optional: the manifests start without the Secret);
+    no password flag is in the args (every user of the node reads /proc/PID/cmdline)."""
+    c = _container("Deployment")
+    assert not any("password" in a for a in c.get("args", []) + c.get("command", []))
+    secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
+    assert {"DERENDER_REDIS_PASSWORD", "DERENDER_SASL_PASSWORD"} <= set(secret_env)
+    for name, ref in secret_env.items():
+        assert ref["optional"] is True and ref["name"] == "derender-worker-credentials", name
+    assert not any("PASSWORD" in n for n in _env("Deployment")), "a password as a plain value"
 
 
 def _topic_partitions() -> dict[str, int]:
@@ -123,7 +136,11 @@ def test_deployment_probes_security_and_grace():
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": port}
     assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
-    assert c["startupProbe"]["httpGet"]["path"] == "/livez"
+    # the port answers before the start-up waits (issue 23): started = ready; the window is the
+    # worker's own default --state-store-outage-deadline (300 s), after which it exits by itself
+    assert c["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 300
+    assert "DERENDER_STATE_STORE_OUTAGE_DEADLINE" not in env
     sc = pod["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["runAsUser"] >= 1000
     assert re.search(rf"^USER {sc['runAsUser']}\b", (REPO / "Dockerfile").read_text(), re.M)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -154,8 +156,54 @@ async def test_endpoints_bind_the_host(host):
 
 @pytest.mark.kafka
 def test_an_address_not_on_this_host_is_one_line(kafka_bootstrap):
-    """203.0.113.1 (TEST-NET-3) is no address of this machine: one line naming both flags (a
-    reachable broker, since an unreachable one is refused first, before the endpoints start)."""
+    """203.0.113.1 (TEST-NET-3) is no address of this machine: one line naming both flags (the
+    endpoints start first, before Redis, the tokenizers and the broker check)."""
     p = cli("run", "--tokenizer", QWEN3, "--bootstrap-servers", kafka_bootstrap, "--stream-state", "memory",
             "--num-threads", "1", "--metrics-port", "0", "--metrics-host", "203.0.113.1")
     one_error_line(p, "--metrics-port 0", "--metrics-host 203.0.113.1", "cannot listen")
+
+
+# -------------------------------------------------- the port answers during start-up (issue 23) ----
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_the_health_port_answers_while_run_waits_for_redis():
+    """``run`` against a Redis port where nothing listens: ``/livez`` 200 and ``/readyz`` 503 naming
+    the state store (a documented row) while it waits, long before its deadline (the port used
+    to stay closed, so a probe saw only "connection refused"); no tokenizer is loaded meanwhile."""
+    port, redis_port = free_port(), free_port()
+    e = {k: v for k, v in __import__("os").environ.items() if not k.startswith("DERENDER_")}
+    e["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "run", "--tokenizer", QWEN3, "--num-threads", "1",
+                             "--bootstrap-servers", "127.0.0.1:1", "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
+                             "--redis-timeout", "1", "--state-store-outage-deadline", "120", "--metrics-port",
+                             str(port), "--metrics-host", "127.0.0.1"],
+                            cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ready = live = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                ready, live = _get(port, "/readyz"), _get(port, "/livez")
+            except OSError:
+                time.sleep(0.1)
+                continue
+            if any(ln.startswith("state-store:") for ln in ready[1].splitlines()):
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()[0]
+        assert live == (200, "ok\n"), live
+        assert ready[0] == 503 and ready[1].splitlines()[0] == "starting", ready
+        (line,) = [ln for ln in ready[1].splitlines() if ln.startswith("state-store:")]
+        assert _documented(line) == "state-store: stream state store U unavailable for Ns: E"
+        assert f"127.0.0.1:{redis_port}" in line
+        assert "warming-up" not in ready[1]  # Redis first: nothing loads before it answers
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert "Traceback" not in out, out

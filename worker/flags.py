@@ -6,7 +6,10 @@ log flags and the vLLM flags this worker accepts without effect.
   winning. A flag with several spellings reads one variable per spelling, plus its ``dest``
   upper-cased (the only name read before: ``--tool-call-parser`` reads ``DERENDER_TOOL_CALL_PARSER``
   and, kept, ``DERENDER_TOOL_PARSER``; ``env_vars``); two of them set to different values is an
-  error. The value is converted and checked like the flag's own (type, choices; booleans take
+  error. A flag may also read a variable of the field after those (``fallback_env``: the
+  bootstrap-servers flag of every subcommand reads ``KAFKA_BOOTSTRAP_SERVERS`` when no
+  ``DERENDER_`` name of it is set). Subcommands of subcommands (``bench drain``) read theirs too.
+  The value is converted and checked like the flag's own (type, choices; booleans take
   ``1/true/yes/on`` or ``0/false/no/off``; list flags split on commas or spaces). A value that
   does not convert is reported only when the flag is not given and the command actually runs
   (``--help`` always works), as one line naming the variable, exit status 2. A ``DERENDER_*``
@@ -42,6 +45,9 @@ RESERVED_ENV = {
     "DERENDER_TEST_MODELS": "tests: served-model config of the Kafka tests (tests/conftest.py)",
     "DERENDER_BASE_IMAGE": "compose.yaml: the image's base (Dockerfile ARG BASE_IMAGE; ops/compose-test.sh)",
 }
+#: the field's variable for the Kafka bootstrap servers (read by every ``--bootstrap-servers``
+#: after its ``DERENDER_`` names: ``fallback_env``)
+KAFKA_BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -129,6 +135,33 @@ def env_var(action: argparse.Action) -> str:
     return env_vars(action)[0]
 
 
+def fallback_env(action: argparse.Action, *names: str) -> argparse.Action:
+    """Make ``action`` also read the variables ``names`` (not ``DERENDER_*``; e.g.
+    ``KAFKA_BOOTSTRAP_ENV``), in that order, when none of its ``env_vars`` is set; an empty
+    value counts as unset. Returns ``action``."""
+    action.fallback_env = tuple(names)  # type: ignore[attr-defined]
+    return action
+
+
+def add_bootstrap_servers_arg(ap, default: str | None, help: str) -> argparse.Action:
+    """``--bootstrap-servers`` of a subcommand (``ap``: a parser or an argument group): reads
+    ``DERENDER_BOOTSTRAP_SERVERS``, then ``KAFKA_BOOTSTRAP_ENV`` (``fallback_env``); the help
+    names both. The one definition, so every subcommand reads the same variables."""
+    a = ap.add_argument("--bootstrap-servers", default=default, metavar="HOST:PORT[,...]",
+                        help=f"{help} (env {ENV_PREFIX}BOOTSTRAP_SERVERS or {KAFKA_BOOTSTRAP_ENV})")
+    return fallback_env(a, KAFKA_BOOTSTRAP_ENV)
+
+
+def nested_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser``'s subcommands' parsers, and theirs, recursively (``bench`` -> ``bench drain``)."""
+    out: list[argparse.ArgumentParser] = []
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in dict.fromkeys(a.choices.values()):  # (aliases map to the same parser)
+                out += [sub, *nested_parsers(sub)]
+    return out
+
+
 def _env_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """The flags of ``parser`` that read the environment (not help, subcommands, or flags whose
     action has ``env = False``)."""
@@ -143,10 +176,10 @@ def _env_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def known_env(parsers: list[argparse.ArgumentParser]) -> set[str]:
-    """Every ``DERENDER_*`` name read by a flag of ``parsers`` (each subcommand's parser), plus
-    ``RESERVED_ENV``."""
+    """Every ``DERENDER_*`` name read by a flag of ``parsers`` (each subcommand's parser) or of
+    their ``nested_parsers``, plus ``RESERVED_ENV``."""
     names = set(RESERVED_ENV)
-    for p in parsers:
+    for p in [q for top in parsers for q in (top, *nested_parsers(top))]:
         for a in _env_actions(p):
             names.update(env_vars(a))
     return names
@@ -205,11 +238,17 @@ def env_value(action: argparse.Action, raw: str):
 def apply_env(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
     """Make each flag of ``parser`` default to its environment variable when set (``env_vars``;
     a value that does not convert becomes a ``BadEnv`` default, two spellings set to different
-    values an ``EnvConflict``, both reported by ``check_env``). Flags whose action has
-    ``env = False`` are skipped."""
+    values an ``EnvConflict``, both reported by ``check_env``), else to its ``fallback_env``;
+    the same for its ``nested_parsers``. Flags whose action has ``env = False`` are skipped, and
+    so are flags whose default is ``argparse.SUPPRESS`` (a copy of a parent's flag, which reads
+    the variable)."""
     environ = os.environ if environ is None else environ
-    for a in _env_actions(parser):
+    for a in [a for p in (parser, *nested_parsers(parser)) for a in _env_actions(p)]:
+        if a.default is argparse.SUPPRESS:
+            continue
         given = [(var, environ[var]) for var in env_vars(a) if var in environ]
+        if not given:
+            given = [(var, environ[var]) for var in getattr(a, "fallback_env", ()) if environ.get(var)][:1]
         if not given:
             continue
         var, raw = given[0]

@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from worker.bench.core import DEMO, build_bodies
 from worker.config import load_config_file
 from worker.core.service import DerenderService
-from worker.flags import startup_error
+from worker.flags import add_bootstrap_servers_arg, startup_error
 from worker.transport.broker import TansuBroker
 from worker.transport.topics import ensure_topics
 
@@ -54,8 +54,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--partitions", type=int, default=4, help="partitions of the input topic")
     ap.add_argument("--num-threads", type=int, default=1,
                     help="pool processes of the worker (and --workers of the batch run)")
-    ap.add_argument("--bootstrap-servers", default=None,
-                    help="use this broker (default: start the embedded one); fresh topics are created")
+    add_bootstrap_servers_arg(ap, None, "use this broker (default: start the embedded one); fresh topics are created")
     ap.add_argument("--code", default=None,
                     help="checkout of this project whose worker and batch are run (default: this one)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds the drain may take at most")

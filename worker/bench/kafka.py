@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from worker.bench.core import bench_models, build_bodies, run_bench
 from worker.config import ServedModelConfig
 from worker.core.service import DerenderService
-from worker.flags import startup_error
+from worker.flags import add_bootstrap_servers_arg, startup_error
 from worker.transport.broker import TansuBroker
 from worker.transport.topics import ensure_topics
 
@@ -45,8 +45,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``bench kafka`` (model flags come from ``add_model_args``, the bodies' flags from
     ``worker.bench.core.add_args``)."""
     g = ap.add_argument_group("end to end through Kafka (bench kafka, or bench --kafka)")
-    g.add_argument("--bootstrap-servers", default=None,
-                   help="use this broker (default: start the embedded one); fresh topics are created")
+    add_bootstrap_servers_arg(g, None, "use this broker (default: start the embedded one); fresh topics are created")
     g.add_argument("--workers", type=int, default=1, help="derender-worker run processes in the group")
     g.add_argument("--num-threads", type=int, default=1, help="pool processes per worker")
     g.add_argument("--partitions", type=int, default=4, help="partitions of the input topic")

@@ -5,7 +5,9 @@ creates the topics, publishes the shipped Qwen3 engine outputs (``worker/demo_da
 one ``{"kind": "chat"|"completion"|"responses", "title": str, "body": {...derender body...}}`` per line),
 runs a ``KafkaDerenderWorker`` in-process with ``worker/demo_data/models.json``, reads the replies
 back and prints each OpenAI response as pretty JSON under its title. Exit status 0 only when
-every example got a non-error (``derender-status: 200``) reply in time.
+every example got a non-error (``derender-status: 200``) reply in time, the last line then
+``N/N examples derendered OK``; otherwise 1 and a ``FAILED: ...`` line (``failure_line``).
+``--no-worker`` needs ``--bootstrap-servers`` (or its variables): exit 2 without it.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from worker.config import load_config_file
+from worker.flags import add_bootstrap_servers_arg
 from worker.transport.broker import TansuBroker
 from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.records import HDR_CORRELATION_ID, HDR_KIND, HDR_STATUS
@@ -38,8 +41,8 @@ def add_demo_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``derender-worker demo`` (all optional)."""
     ap.add_argument("--examples", default=str(DEMO_DIR / "examples.jsonl"), help="JSONL of demo engine outputs")
     ap.add_argument("--config", default=str(DEMO_DIR / "models.json"), help="served-model config (JSON)")
-    ap.add_argument("--bootstrap-servers", default=None,
-                    help="use this Kafka instead of starting the embedded Tansu broker")
+    add_bootstrap_servers_arg(ap, None, "use this Kafka instead of starting the embedded Tansu broker "
+                                        "(needed with --no-worker: the broker of the running pool)")
     ap.add_argument("--executor", choices=["thread", "process"], default="thread",
                     help="derender pool kind (thread starts fastest)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for all replies")
@@ -165,17 +168,37 @@ async def _demo(args: argparse.Namespace, bootstrap: str, examples: list[dict]) 
         if body is not None and not args.quiet:
             print(pretty(body), flush=True)
     stats = f" (worker stats: {worker.stats.as_dict()})" if worker is not None else ""
-    print(f"\n{ok}/{len(examples)} examples derendered OK in {elapsed:.2f}s{stats}", flush=True)
-    return 0 if ok == len(examples) else 1
+    if ok == len(examples):
+        print(f"\n{ok}/{len(examples)} examples derendered OK in {elapsed:.2f}s{stats}", flush=True)
+        return 0
+    print(f"\n{failure_line(len(examples), len(replies), ok, args.timeout)}{stats}", flush=True)
+    if not replies:
+        print(f"no reply at all on {reply} within --timeout {args.timeout:g}s: "
+              + (f"is a worker pool (derender-worker run) consuming {inp} on {bootstrap}?" if args.no_worker
+                 else "see the worker's log lines above"), flush=True)
+    return 1
+
+
+def failure_line(total: int, answered: int, ok: int, timeout_s: float) -> str:
+    """The demo's last line when not every example got a 200 reply: ``FAILED: <ok>/<total>
+    examples derendered OK (<n> without a reply within --timeout <s>s, <m> with an error status)``."""
+    return (f"FAILED: {ok}/{total} examples derendered OK ({total - answered} without a reply within "
+            f"--timeout {timeout_s:g}s, {answered - ok} with an error status)")
 
 
 def main_demo(args: argparse.Namespace) -> int:
     """Run the demo (see the module docstring). Returns 0 when every example got a 200 reply,
-    1 otherwise, 2 when the examples/config cannot be read or no broker can be started."""
+    1 otherwise, 2 when the examples/config cannot be read, no broker can be started, or
+    ``--no-worker`` names no broker."""
     try:
         examples = load_examples(args.examples)
     except (OSError, ValueError) as e:
         log.error("cannot read demo examples: %s", e)
+        return 2
+    if args.no_worker and not args.bootstrap_servers:
+        log.error("--no-worker needs the broker of the running worker pool: --bootstrap-servers HOST:PORT "
+                  "(env DERENDER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS); an embedded broker started "
+                  "here would have no worker")
         return 2
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap_servers

@@ -69,6 +69,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError,
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from worker.secretfiles import secret
 from worker.state.formats import FORMATS_KEY, FormatSelector, parse_state_format
 from worker.tlsfiles import check_tls_files
 
@@ -218,7 +219,8 @@ def _auth_message(e: Exception) -> str:
     """One line for a refused login: what Redis said and the flags that set the credentials."""
     said = " ".join(str(e).split())[:300]
     return (f"redis refused the credentials ({type(e).__name__}: {said}): check --redis-password / "
-            f"--redis-username (env DERENDER_REDIS_PASSWORD / DERENDER_REDIS_USERNAME) and the user's ACL")
+            f"--redis-password-file / --redis-username (env DERENDER_REDIS_PASSWORD / DERENDER_REDIS_PASSWORD_FILE / "
+            f"DERENDER_REDIS_USERNAME) and the user's ACL")
 
 
 class StateStoreError(Exception):
@@ -367,8 +369,14 @@ def add_redis_args(ap: argparse.ArgumentParser) -> None:
     """Add the ``--redis-*`` flags (env ``DERENDER_REDIS_*`` through ``worker.flags.apply_env``)."""
     g = ap.add_argument_group("stream state store (Redis)")
     g.add_argument("--redis-url", default=DEFAULT_URL,
-                   help="redis:// or rediss:// (TLS) URL, db in the path")
-    g.add_argument("--redis-password", default=None)
+                   help="redis:// or rediss:// (TLS) URL, db in the path (a password in it is visible to every "
+                        "user of this host: give it with --redis-password-file)")
+    g.add_argument("--redis-password", default=None,
+                   help="visible to every user of this host (ps, /proc/PID/cmdline): prefer --redis-password-file "
+                        "or the env DERENDER_REDIS_PASSWORD, which are not")
+    g.add_argument("--redis-password-file", default=None, metavar="PATH",
+                   help="file holding the Redis password (one trailing line break ignored), e.g. a mounted "
+                        "Kubernetes Secret; read once at start")
     g.add_argument("--redis-username", default=None)
     g.add_argument("--redis-tls-ca", default=None, help="CA bundle for rediss://")
     g.add_argument("--redis-tls-cert", default=None, help="client certificate")
@@ -386,10 +394,12 @@ def add_redis_args(ap: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> RedisSettings:
     """``RedisSettings`` from parsed ``add_redis_args`` flags. Raises ``ValueError`` naming the
-    flag and the file when a ``--redis-tls-*`` file cannot be loaded (``worker.tlsfiles``)."""
+    flag and the file when a ``--redis-tls-*`` file cannot be loaded (``worker.tlsfiles``) or
+    ``--redis-password-file`` cannot be read (``worker.secretfiles``)."""
     check_tls_files(args.redis_tls_ca, args.redis_tls_cert, args.redis_tls_key,
                     flags=("--redis-tls-ca", "--redis-tls-cert", "--redis-tls-key"))
-    return RedisSettings(url=args.redis_url, password=args.redis_password, username=args.redis_username,
+    password = secret("--redis-password", args.redis_password, getattr(args, "redis_password_file", None))
+    return RedisSettings(url=args.redis_url, password=password, username=args.redis_username,
                          tls_ca=args.redis_tls_ca, tls_cert=args.redis_tls_cert, tls_key=args.redis_tls_key,
                          tls_insecure=args.redis_tls_insecure, ttl_s=args.redis_state_ttl,
                          prefix=args.redis_key_prefix, timeout_s=args.redis_timeout,

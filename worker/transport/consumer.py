@@ -246,11 +246,7 @@ class KafkaDerenderWorker:
         consumer and join the group. Raises ``EndpointError`` when the port cannot be served (nothing
         else started yet), ``KafkaError`` when the broker is unreachable, ``BrokenProcessPool`` when
         the derender processes cannot start."""
-        if self.settings.metrics_port is not None and self.endpoints is None:
-            # first, so that probes get "starting" while the models load
-            endpoints = Endpoints(self.health, self._prom.registry, int(self.settings.metrics_port), host=self.settings.metrics_host)
-            endpoints.start()
-            self.endpoints = endpoints
+        self.serve_endpoints()
         try:
             await self._start()
         except BaseException as e:
@@ -258,6 +254,14 @@ class KafkaDerenderWorker:
                 "worker start failed; releasing what was started")
             await self._close()
             raise
+
+    def serve_endpoints(self) -> None:
+        """Serve ``--metrics-port`` now, on the running loop (idempotent; ``run.main_run`` calls it
+        before its start-up waits). Raises ``EndpointError`` when the port cannot be served."""
+        if self.settings.metrics_port is not None and self.endpoints is None:
+            endpoints = Endpoints(self.health, self._prom.registry, int(self.settings.metrics_port), host=self.settings.metrics_host)
+            endpoints.start()
+            self.endpoints = endpoints
 
     async def _start(self) -> None:
         s = self.settings
@@ -278,12 +282,14 @@ class KafkaDerenderWorker:
                      s.redis.ttl_s)
         else:
             store = MemoryStateStore(s.idle_timeout_s, s.max_live_streams)
+        self.health.set_reason("warming-up", f"starting the derender pool ({s.num_workers} {s.executor} workers) and loading the tokenizers")
         try:
             self.pool.make()
             await self.pool.warm_up()
         except BaseException:
             await store.close()
             raise
+        self.health.clear_reason("warming-up")
         memory = StreamMemory(s.idle_timeout_s, s.max_live_streams, self.health,
                               self._prom.live_streams)
         ctx = StreamContext(publisher=self.publisher, planner=self.planner, submit=self.pool.stream,

@@ -22,7 +22,7 @@ from worker.core.service import DerenderService
 from worker.state import StoreAuthError, StoreConnectError
 from worker.state.redis_store import RedisStateStore
 from worker.tracing import setup_tracing
-from worker.transport.consumer import KafkaDerenderWorker, state_store_outage_clock
+from worker.transport.consumer import KafkaDerenderWorker
 from worker.transport.endpoints import EndpointError
 from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.settings import WorkerSettings, redact_url
@@ -142,54 +142,19 @@ def main_run(args: argparse.Namespace) -> int:
     """``derender-worker run``: build the models from the flags, run the worker until
     SIGTERM/SIGINT. Returns 0 after a clean drain, 2 (one log line) on bad configuration (flags,
     model files or parser names, unreachable Kafka broker at start) or when a dependency (Redis,
-    the broker) stayed unavailable past its outage deadline, 1 on another fatal error."""
+    the broker) stayed unavailable past its outage deadline, 1 on another fatal error.
+    ``--metrics-port`` answers before the start-up waits (``_serve``)."""
     try:
         models = models_from_args(args)
         settings = WorkerSettings.from_args(args)
     except (ValueError, OSError) as e:
         log.error("bad configuration: %s", e)
         return 2
-    if settings.redis is not None:  # before the derender pool is built (seconds to minutes)
-        clock = state_store_outage_clock(settings)
-        try:
-            asyncio.run(wait_for_state_store(settings.redis, clock))
-        except DependencyOutage as e:
-            log.error("%s", e)
-            return 2
-        except StoreAuthError as e:  # wrong password / user: no wait fixes it
-            log.error("stream state store %s: %s", redact_url(settings.redis.url), e)
-            return 2
-        except (ValueError, OSError) as e:
-            log.error("stream state store %s unusable (%s): %s", redact_url(settings.redis.url), e, clock.hint)
-            return 2
-    # load every tokenizer and parser here, before any pool process exists: a bad path or parser
-    # name is one error line and exit 2, not a pool initializer traceback + BrokenProcessPool
-    try:
-        service = DerenderService(models)
-        service.preload()
-    except (ValueError, OSError) as e:
-        log.error("bad model configuration: %s", e)
-        return 2
-    try:
-        exporter = setup_tracing()
-    except ValueError as e:
-        log.error("bad tracing configuration: %s", e)
-        return 2
-    if exporter:
-        log.info("OpenTelemetry spans exported with OTEL_TRACES_EXPORTER=%s", exporter)
-    problem = broker_unreachable(settings.bootstrap_servers)
-    if problem:  # before the pool starts: one line, not the Kafka clients' error lines after it
-        log.error(_BROKER_HINT, settings.bootstrap_servers, problem)
-        return 2
-    if settings.executor == "thread":  # the thread pool shares this service: no second load
-        worker = KafkaDerenderWorker(settings, models, service=service)
-    else:
-        del service  # each pool process builds its own
-        worker = KafkaDerenderWorker(settings, models)
+    worker = KafkaDerenderWorker(settings, models)  # nothing loads or connects yet
     backstop = ExitBackstop(settings.drain_timeout_s)
     worker.on_stopping = backstop.on_stopping
     try:
-        asyncio.run(_run_until_signal(worker))  # (the backstop stays armed until the process has ended)
+        return asyncio.run(_serve(worker, settings))  # (the backstop stays armed until the process has ended)
     except EndpointError as e:  # raised before anything else started
         log.error("bad configuration: %s", e)
         return 2
@@ -203,7 +168,66 @@ def main_run(args: argparse.Namespace) -> int:
     except Exception:
         log.exception("worker failed")
         return 1
-    return 0
+
+
+async def _serve(worker: KafkaDerenderWorker, settings: WorkerSettings) -> int:
+    """Serve the health port, then the start-up steps (each not ready with its reason meanwhile:
+    ``state-store`` while Redis does not answer, ``starting``, ``warming-up`` while the pool
+    starts, ``consumer-group`` until it joined), then run until a stop. Blocking steps run in a
+    thread so ``/livez`` keeps answering. Returns the exit status of a start-up failure (logged),
+    0 after a clean drain; raises what ``main_run`` turns into one."""
+    worker.serve_endpoints()
+    started = False
+    try:
+        status = await _before_start(worker, settings)
+        if status is not None:
+            return status
+        started = True
+        await _run_until_signal(worker)
+        return 0
+    finally:
+        if not started and worker.endpoints is not None:
+            await worker.endpoints.close()
+
+
+async def _before_start(worker: KafkaDerenderWorker, settings: WorkerSettings) -> int | None:
+    """The checks before the pool starts; the exit status (2, logged) of the first that fails, or None."""
+    if settings.redis is not None:  # before the derender pool is built (seconds to minutes)
+        clock = worker.store_outage  # the worker's clock: its not-ready reason is state-store
+        try:
+            await wait_for_state_store(settings.redis, clock)
+        except DependencyOutage as e:
+            log.error("%s", e)
+            return 2
+        except StoreAuthError as e:  # wrong password / user: no wait fixes it
+            log.error("stream state store %s: %s", redact_url(settings.redis.url), e)
+            return 2
+        except (ValueError, OSError) as e:
+            log.error("stream state store %s unusable (%s): %s", redact_url(settings.redis.url), e, clock.hint)
+            return 2
+    # load every tokenizer and parser here, before any pool process exists: a bad path or parser
+    # name is one error line and exit 2, not a pool initializer traceback + BrokenProcessPool
+    worker.health.set_reason("warming-up", "loading the tokenizers")
+    try:
+        service = DerenderService(worker.models)
+        await asyncio.to_thread(service.preload)
+    except (ValueError, OSError) as e:
+        log.error("bad model configuration: %s", e)
+        return 2
+    try:
+        exporter = setup_tracing()
+    except ValueError as e:
+        log.error("bad tracing configuration: %s", e)
+        return 2
+    if exporter:
+        log.info("OpenTelemetry spans exported with OTEL_TRACES_EXPORTER=%s", exporter)
+    problem = await asyncio.to_thread(broker_unreachable, settings.bootstrap_servers)
+    if problem:  # before the pool starts: one line, not the Kafka clients' error lines after it
+        log.error(_BROKER_HINT, settings.bootstrap_servers, problem)
+        return 2
+    if settings.executor == "thread":  # the thread pool shares this service: no second load
+        worker.pool.service = service
+    return None
 
 
 def _main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 from aiokafka.helpers import create_ssl_context
 
+from worker.flags import add_bootstrap_servers_arg
+from worker.secretfiles import secret
 from worker.state.redis_store import add_redis_args, settings_from_args
 from worker.tlsfiles import check_tls_files
 from worker.transport.deadletter import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
@@ -182,22 +184,30 @@ def _redis_settings(args: argparse.Namespace) -> Any:
 
 
 def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """aiokafka client kwargs for ``--security-protocol``, ``--sasl-*`` and ``--ssl-*``.
-    Raises ``ValueError`` when SASL is requested without a username/password, or naming the flag
-    and the file when an ``--ssl-*`` file cannot be loaded."""
+    """aiokafka client kwargs for ``--security-protocol``, ``--sasl-*`` and ``--ssl-*`` (a
+    password from its flag or its ``-file`` flag: ``worker.secretfiles.secret``). Raises
+    ``ValueError`` when SASL is requested without a username/password, or naming the flag and the
+    file when an ``--ssl-*`` or password file cannot be loaded."""
     out: dict[str, Any] = {"security_protocol": args.security_protocol}
     if args.security_protocol in ("SSL", "SASL_SSL"):
-        check_tls_files(args.ssl_cafile, args.ssl_certfile, args.ssl_keyfile, args.ssl_password,
+        ssl_password = secret("--ssl-password", args.ssl_password, getattr(args, "ssl_password_file", None))
+        check_tls_files(args.ssl_cafile, args.ssl_certfile, args.ssl_keyfile, ssl_password,
                         flags=("--ssl-cafile", "--ssl-certfile", "--ssl-keyfile"))
         out["ssl_context"] = create_ssl_context(
             cafile=args.ssl_cafile, certfile=args.ssl_certfile, keyfile=args.ssl_keyfile,
-            password=args.ssl_password)
+            password=ssl_password)
     if args.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
-        if not (args.sasl_username and args.sasl_password):
-            raise ValueError(f"--security-protocol {args.security_protocol} needs --sasl-username and --sasl-password")
+        sasl_password = secret("--sasl-password", args.sasl_password, getattr(args, "sasl_password_file", None))
+        if not (args.sasl_username and sasl_password):
+            raise ValueError(f"--security-protocol {args.security_protocol} needs --sasl-username and "
+                             f"--sasl-password-file (or --sasl-password)")
         out.update(sasl_mechanism=args.sasl_mechanism, sasl_plain_username=args.sasl_username,
-                   sasl_plain_password=args.sasl_password)
+                   sasl_plain_password=sasl_password)
     return out
+
+
+_HIDDEN = "prefer --{0}-password-file or the env DERENDER_{1}_PASSWORD, which are not"
+_FILE_HELP = "file holding the %s (one trailing line break ignored), e.g. a mounted Kubernetes Secret; read once at start"
 
 
 def add_run_args(ap: argparse.ArgumentParser) -> None:
@@ -206,9 +216,7 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ``KAFKA_BOOTSTRAP_SERVERS``), flags winning; defaults here are plain values, so a malformed
     variable is reported in one line instead of failing while the parser is built."""
     g = ap.add_argument_group("kafka")
-    g.add_argument("--bootstrap-servers",
-                   default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or "localhost:9092",
-                   help="comma-separated host:port list (env KAFKA_BOOTSTRAP_SERVERS)")
+    add_bootstrap_servers_arg(g, "localhost:9092", "comma-separated host:port list")
     g.add_argument("--input-topic", default="engine-outputs")
     g.add_argument("--reply-topic", default="derender-replies",
                    help="where replies go when a message has no reply-topic header")
@@ -263,11 +271,14 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                    default="PLAIN")
     s.add_argument("--sasl-username", default=None)
     s.add_argument("--sasl-password", default=None,
-                   help="prefer the env DERENDER_SASL_PASSWORD over the flag")
+                   help=f"visible to every user of this host (ps, /proc/PID/cmdline): {_HIDDEN.format('sasl', 'SASL')}")
+    s.add_argument("--sasl-password-file", default=None, metavar="PATH", help=_FILE_HELP % "SASL password")
     s.add_argument("--ssl-cafile", default=None)
     s.add_argument("--ssl-certfile", default=None)
     s.add_argument("--ssl-keyfile", default=None)
-    s.add_argument("--ssl-password", default=None)
+    s.add_argument("--ssl-password", default=None,
+                   help=f"password of --ssl-keyfile; visible to every user of this host: {_HIDDEN.format('ssl', 'SSL')}")
+    s.add_argument("--ssl-password-file", default=None, metavar="PATH", help=_FILE_HELP % "--ssl-keyfile password")
     st = ap.add_argument_group("streaming (records with a derender-seq header)")
     st.add_argument("--stream-state", choices=["redis", "memory"], default="redis",
                     help="where stream state lives between chunks: Redis (shared by the group, default) or "

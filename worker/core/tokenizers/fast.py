@@ -37,10 +37,15 @@ def _clean_up_tokenization(text: str) -> str:
 
 def _space_marker(fast: HFTokenizer) -> str | None:
     """The Metaspace replacement character of ``fast``'s pre-tokenizer (SentencePiece-style
-    vocabularies, ``"▁"``), or None."""
+    vocabularies, ``"▁"``), or None. Reads the pre-tokenizer's own JSON (its pickle state), not
+    the whole tokenizer's (``to_str`` + ``json.loads`` of a 150k-token vocabulary took half of a
+    tokenizer's load, paid by the main process and every pool process at start)."""
     try:
-        pre = json.loads(fast.to_str()).get("pre_tokenizer") or {}
+        pt = fast.pre_tokenizer
+        pre = json.loads(pt.__getstate__()) if pt is not None else {}
     except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception for components it cannot serialise: no marker known
+        pre = {}
+    if not isinstance(pre, dict):
         pre = {}
     subs = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
     for sub in subs:
