@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -16,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from worker.tracing import Tracer
 from worker.transport.ack_offsets import AckOffsets
-from worker.transport.broker import TansuBroker, free_port
+from worker.transport.broker import TansuBroker, free_port, wait_for_port
 from worker.transport.broker_watch import BrokerWatch
 from worker.transport.commits import OffsetCommitter
 from worker.transport.health import HealthState
@@ -155,3 +160,18 @@ def test_publisher_reports_offsets_handed_out_again_after_an_empty_restart(caplo
     with caplog.at_level(logging.ERROR):
         lost = asyncio.run(main())
     assert len(lost) == 1 and "offset 0 on replies[0] after offset 2" in lost[0]
+
+
+def test_broker_command_warns_of_its_limits_and_stops_on_sigterm():
+    """``derender-worker broker`` prints the limits at start; SIGTERM ends it with status 0."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "broker", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port("127.0.0.1", port, 20, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "Embedded broker limits" in err and "restart them too" in err
