@@ -82,21 +82,32 @@ class BrokerWatch:
 
     async def position_problem(self) -> str | None:
         """An input partition whose fetch high watermark is below this worker's position, or
-        None. Local (the consumer's last fetch responses); never raises."""
+        None. Local (the consumer's last fetch responses; partitions without a position within
+        0.1 s, e.g. while a rebalance resets them, are skipped); never raises."""
+        high = {}
         for tp in list(self.consumer.assignment()):
             if tp.topic != self.input_topic:
                 continue
             try:
                 hw = self.consumer.highwater(tp)
-                if hw is None:
-                    continue
-                pos = await asyncio.wait_for(self.consumer.position(tp), 0.5)
-            except (AssertionError, IllegalStateError, asyncio.TimeoutError):
-                continue  # revoked meanwhile, or no position yet
-            if pos > hw:
-                return (f"broker log of {tp.topic}[{tp.partition}] ends at offset {hw}, below this worker's position "
-                        f"{pos}: it lost records this worker had read (topic re-created, or broker restarted "
-                        f"without its data?)")
+            except (AssertionError, IllegalStateError):
+                continue  # revoked meanwhile
+            if hw is not None:
+                high[tp] = hw
+        if not high:
+            return None
+        tasks = {tp: asyncio.ensure_future(self.consumer.position(tp)) for tp in high}
+        done, pending = await asyncio.wait(tasks.values(), timeout=0.1)
+        for task in pending:
+            task.cancel()
+        for tp, task in tasks.items():
+            if task not in done or task.exception() is not None:
+                continue  # no position yet, or revoked meanwhile (IllegalStateError)
+            pos = task.result()
+            if pos > high[tp]:
+                return (f"broker log of {tp.topic}[{tp.partition}] ends at offset {high[tp]}, below this worker's "
+                        f"position {pos}: it lost records this worker had read (topic re-created, or broker "
+                        f"restarted without its data?)")
         return None
 
     async def problem(self) -> str | None:
