@@ -7,6 +7,7 @@ Run from the repository root::
 
     python3 ops/repro/tansu_restart_loss.py            # the embedded Tansu
     TANSU_BIN=/path/to/tansu python3 ops/repro/tansu_restart_loss.py
+    python3 ops/repro/tansu_restart_loss.py --linger-ms 20 --compression gzip   # batching, compression
 
 Checks (docs/kafka.md, "Embedded broker limits"):
 
@@ -24,11 +25,15 @@ Checks (docs/kafka.md, "Embedded broker limits"):
    offsets already acknowledged are handed out again for other records, and some acknowledged
    records are nowhere (how many varies from run to run: all of the first 400 in some runs, a few
    of the later ones in others).
-4. ``list-offsets-latest``: ListOffsets(latest) after batched produces is below the fetch high
+4. ``produce-missing-partition``: a topic deleted and re-created with 2 partitions instead of 4; a
+   producer whose cached metadata still names 4 sends to all 4: the records to partitions 2 and 3
+   (which do not exist) are acknowledged and stored nowhere.
+5. ``list-offsets-latest``: ListOffsets(latest) after batched produces is below the fetch high
    watermark (Kafka: equal).
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import os
@@ -41,6 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from worker.transport.broker import TansuBroker, free_port  # noqa: E402
 
 PARTS = 4
+#: producer options of every check (``--linger-ms``, ``--compression``)
+PRODUCER: dict = {"acks": "all", "enable_idempotence": False}
 
 
 async def admin(bs: str, fn):
@@ -62,13 +69,15 @@ async def produce(p: AIOKafkaProducer, topic: str, tag: bytes, n: int) -> list[t
     for i in range(n):
         v = b"%s-%05d" % (tag, i)
         futs.append((v, await p.send(topic, v, partition=i % PARTS)))
-    out = []
+    out, errors = [], collections.Counter()
     for v, f in futs:
         try:
             md = await f
             out.append((md.partition, md.offset, v))
         except Exception as e:  # noqa: BLE001 - a refused record is counted, not acked
-            print(f"    send of {v!r} failed: {type(e).__name__}: {e}")
+            errors[type(e).__name__] += 1
+    if errors:
+        print(f"    ({tag.decode()}: {sum(errors.values())} of {n} sends failed: {dict(errors)})")
     return out
 
 
@@ -110,7 +119,7 @@ async def read_from_start(bs: str, topic: str) -> set[bytes]:
 async def fetch_past_end() -> bool:
     with TansuBroker() as b:
         await create(b.bootstrap_servers, "t")
-        p = AIOKafkaProducer(bootstrap_servers=b.bootstrap_servers, enable_idempotence=False, acks="all")
+        p = AIOKafkaProducer(bootstrap_servers=b.bootstrap_servers, **PRODUCER)
         await p.start()
         for i in range(5):
             await p.send_and_wait("t", b"x%d" % i, partition=0)
@@ -138,7 +147,7 @@ async def reader_across(fault: str) -> bool:
     bs = b.bootstrap_servers
     try:
         await create(bs, topic)
-        p = AIOKafkaProducer(bootstrap_servers=bs, acks="all", enable_idempotence=False)
+        p = AIOKafkaProducer(bootstrap_servers=bs, **PRODUCER)
         await p.start()
         c = AIOKafkaConsumer(topic, bootstrap_servers=bs, auto_offset_reset="earliest", enable_auto_commit=False)
         await c.start()
@@ -184,7 +193,7 @@ async def produce_unknown_topic() -> bool:
     b = TansuBroker(port=port).start()
     try:
         await create(b.bootstrap_servers, topic)
-        p = AIOKafkaProducer(bootstrap_servers=b.bootstrap_servers, acks="all", enable_idempotence=False)
+        p = AIOKafkaProducer(bootstrap_servers=b.bootstrap_servers, **PRODUCER)
         await p.start()
         await produce(p, topic, b"before", 40)
         b.stop()
@@ -197,21 +206,43 @@ async def produce_unknown_topic() -> bool:
         found = await read_from_start(b.bootstrap_servers, topic)
         lost = sum(1 for a in acks + later if a[2] not in found)
         repeated = sum(1 for pa, o, _ in later if (pa, o) in {(x, y) for x, y, _ in acks})
+        def span(xs: list) -> str:
+            return f"{min(o for _, o, _ in xs)}..{max(o for _, o, _ in xs)}" if xs else "-"
         print(f"produce-unknown-topic: after the restart, {len(acks)} of 400 records to the missing topic "
-              f"acknowledged (offsets {acks[0][1]}..{acks[-1][1]} per partition); the broker lists {sorted(topics)}; "
+              f"acknowledged (offsets {span(acks)}); the broker lists {sorted(topics)}; "
               f"once the topic is created again, {len(later)} more are acknowledged (after errors {dict(errors)}), "
               f"{repeated} of them at an offset already acknowledged for another record; a fresh reader finds "
               f"{sum(1 for a in acks if a[2] in found)} of the first {len(acks)} and {sum(1 for a in later if a[2] in found)} "
               f"of the {len(later)}: {lost} acknowledged records are nowhere")
-        return bool(acks) and topic not in topics or lost > 0 or repeated > 0
+        return (bool(acks) and topic not in topics) or lost > 0 or repeated > 0
     finally:
         b.stop()
+
+
+async def produce_missing_partition() -> bool:
+    topic = "replies"
+    with TansuBroker() as b:
+        bs = b.bootstrap_servers
+        await create(bs, topic)
+        p = AIOKafkaProducer(bootstrap_servers=bs, **PRODUCER)
+        await p.start()
+        await produce(p, topic, b"before", 40)
+        await admin(bs, lambda a: a.delete_topics([topic]))
+        await admin(bs, lambda a: a.create_topics([NewTopic(topic, 2, 1)]))
+        acks = await produce(p, topic, b"after", 40)  # cached metadata: still 4 partitions
+        await p.stop()
+        found = await read_from_start(bs, topic)
+    gone = [a for a in acks if a[2] not in found]
+    print(f"produce-missing-partition: topic re-created with 2 partitions instead of 4; a producer with cached "
+          f"metadata sends 40 records over 4: {len(acks)} acknowledged, {len(gone)} stored nowhere (partitions "
+          f"{sorted({pa for pa, *_ in gone})})")
+    return bool(gone)
 
 
 async def list_offsets_latest() -> bool:
     with TansuBroker() as b:
         await create(b.bootstrap_servers, "t")
-        p = AIOKafkaProducer(bootstrap_servers=b.bootstrap_servers, acks="all", enable_idempotence=False, linger_ms=5)
+        p = AIOKafkaProducer(bootstrap_servers=b.bootstrap_servers, **{**PRODUCER, "linger_ms": 5})
         await p.start()
         await produce(p, "t", b"x", 2000)
         await p.stop()
@@ -231,10 +262,15 @@ async def list_offsets_latest() -> bool:
 
 async def main() -> int:
     bad = [await fetch_past_end(), await reader_across("restart"), await reader_across("recreate"),
-           await produce_unknown_topic(), await list_offsets_latest()]
+           await produce_unknown_topic(), await produce_missing_partition(), await list_offsets_latest()]
     print(f"{sum(bad)} of {len(bad)} checks show a defect")
     return 1 if any(bad) else 0
 
 
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--linger-ms", type=int, default=0, help="producer linger.ms (batching)")
+    ap.add_argument("--compression", default=None, choices=["gzip", "snappy", "lz4", "zstd"])
+    args = ap.parse_args()
+    PRODUCER.update(linger_ms=args.linger_ms, compression_type=args.compression)
     sys.exit(asyncio.run(main()))
