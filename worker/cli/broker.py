@@ -11,7 +11,12 @@ from worker.transport.broker import TansuBroker
 
 HELP = "run the embedded Kafka-protocol broker (Tansu, in memory) for local use"
 
-__all__ = ["HELP", "add_args", "main"]
+__all__ = ["HELP", "LIMITS", "add_args", "main"]
+
+#: the startup warning (docs/kafka.md, "Embedded broker limits")
+LIMITS = ("warning: for local use only: a restart loses every topic, record and offset, and clients connected "
+          "across a restart (or a topic deleted and re-created) can skip or lose acknowledged records; restart "
+          "them too (docs/kafka.md, \"Embedded broker limits\")")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -32,6 +37,7 @@ def main(args: argparse.Namespace) -> int:
         with TansuBroker(port=args.port, host=args.host, advertised_host=args.advertised_host) as broker:
             print(f"Kafka-protocol broker (Tansu, in memory) on {broker.bootstrap_servers}; Ctrl-C stops it",
                   flush=True)
+            print(LIMITS, file=sys.stderr, flush=True)
             while not stop.wait(0.5):
                 if broker.proc is not None and broker.proc.poll() is not None:
                     print(f"derender-worker broker: Tansu exited with status {broker.proc.returncode}; "

@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -158,14 +159,16 @@ class TansuBroker:
             return f"<cannot read {self.log_path}: {e}>"
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Terminate the process (SIGTERM, then SIGKILL after ``timeout`` seconds) and remove the log."""
+        """Stop the process and remove the log: SIGINT (Tansu's Ctrl-C: it exits at once, status 0;
+        on SIGTERM it waits up to 5 s for connected clients to leave, so a stop with a worker still
+        connected took 5 s), then SIGKILL when it is still running after ``timeout`` seconds."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
-            proc.terminate()
+            proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                log.warning("Tansu (pid %s) ignored SIGTERM for %.1fs; killing it", proc.pid, timeout)
+                log.warning("Tansu (pid %s) still running %.1fs after SIGINT; killing it", proc.pid, timeout)
                 proc.kill()
                 proc.wait(timeout)
         if self._log_file is not None:

@@ -20,7 +20,9 @@ class OffsetCommitter:
     """Commits the offsets of ``parts`` (``TopicPartition`` -> partition state with
     ``update_committable()`` and ``committed``) with ``consumer`` (set once started).
     ``committed_hw``: highest offset committed per partition (the broker watchdog compares the
-    broker's with it); ``on_committed(partition, offset)``: after a commit (stream windows)."""
+    broker's with it); ``on_committed(partition, offset)``: after a commit (stream windows).
+    ``block(reason)`` stops every later commit (the broker lost data: a commit could pass records
+    this worker never read; the next owner starts from the broker's offsets instead)."""
 
     def __init__(self, parts: dict, stats: WorkerStats, on_committed: Callable[[Any, int], None] | None = None):
         self.consumer: Any = None
@@ -28,11 +30,19 @@ class OffsetCommitter:
         self.stats = stats
         self.on_committed = on_committed
         self.committed_hw: dict[Any, int] = {}
+        self.blocked: str | None = None
+
+    def block(self, reason: str) -> None:
+        """Commit nothing any more (the first ``reason`` is kept and logged once)."""
+        if self.blocked is None:
+            self.blocked = reason
+            log.error("offsets are no longer committed: %s", reason)
 
     async def commit(self) -> None:
-        """Commit every partition's committable offset that moved. Commit failures (rebalance in
-        progress, broker away) are logged; the offsets stay pending and are retried next time."""
-        if self.consumer is None:
+        """Commit every partition's committable offset that moved (nothing once ``block``ed).
+        Commit failures (rebalance in progress, broker away) are logged; the offsets stay pending
+        and are retried next time."""
+        if self.consumer is None or self.blocked is not None:
             return
         offsets = {tp: st.update_committable() for tp, st in self.parts.items()}
         offsets = {tp: o for tp, o in offsets.items() if o is not None and o != self.parts[tp].committed}

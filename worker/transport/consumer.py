@@ -361,7 +361,9 @@ class KafkaDerenderWorker:
                             OutageClock(f"Kafka broker {s.bootstrap_servers}", "broker", s.broker_outage_deadline_s,
                                         self.health, hint="check the broker (a restarted broker without its data "
                                         "needs its topics recreated; offsets are gone)"),
-                            self._stream_fatal, period_s=min(2.0, max(0.2, s.broker_outage_deadline_s / 10)))
+                            self._stream_fatal, period_s=min(2.0, max(0.2, s.broker_outage_deadline_s / 10)),
+                            on_lost=self._committer.block)
+        self.publisher.on_broker_lost = watch.lose  # acked offsets handed out again (ack_offsets.py)
         watch_task = asyncio.create_task(watch.run(), name="derender-broker-watch")
         try:
             await self._fetch_loop()

@@ -26,6 +26,10 @@ Rules, in the order they apply to one ``Outgoing`` reply:
    partition paused, the worker not ready meanwhile); never skipped, never a crash. Retrying
    stops only when the partition goes away or the worker stops (``DeadLetterError``: the record
    stays uncommitted and is redelivered).
+
+Every acknowledgement's offset goes through ``ack_offsets.AckOffsets``: an offset handed out again
+on a partition (the broker lost acknowledged records) is reported to ``on_broker_lost`` (the
+broker watch: not ready, no more offset commits, exit; docs/kafka.md, "Embedded broker limits").
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from worker.core.errors import ReplyTooLarge
 from worker.tracing import TRACEPARENT, TRACESTATE, Tracer
+from worker.transport.ack_offsets import AckOffsets
 from worker.transport.deadletter import DeadLetterError, dead_letter
 from worker.transport.health import HealthState
 from worker.transport.pauses import PartitionPauses
@@ -84,7 +89,8 @@ class ReplyPublisher:
     letter is retried; ``pauses``: the partition pauses; ``stopping``: set when the worker stops
     (retries end); ``tracer``: publish spans; ``on_dead_letter(reason)``: called for each dead
     letter acked next to a reply (the 413 case; other dead letters are counted by the caller as the
-    record's outcome)."""
+    record's outcome). ``on_broker_lost(text)``: called when an acknowledged offset went backwards
+    on a partition (``acks``: the ``AckOffsets``); the default logs an ERROR line."""
 
     def __init__(self, settings: Any, health: HealthState, pauses: PartitionPauses, tracer: Tracer, *,
                  on_dead_letter: Any = None):
@@ -97,6 +103,8 @@ class ReplyPublisher:
         self.on_dead_letter = on_dead_letter or (lambda reason: None)
         self._unknown_topics: dict[str, float] = {}  # reply topic -> monotonic time until it counts as unknown
         self._topic_wait_window = (0.0, 0.0)  # (monotonic end of the window, seconds spent waiting in it)
+        self.acks = AckOffsets()
+        self.on_broker_lost = lambda text: log.error("%s", text)
 
     def _stopped(self) -> bool:
         return self.stopping is not None and self.stopping.is_set()
@@ -123,7 +131,22 @@ class ReplyPublisher:
     async def send(self, out: Outgoing) -> asyncio.Future:
         """Produce ``out`` (in a ``derender.publish`` span child of the record's trace context;
         with a recording span the record's ``traceparent`` becomes the span's). Returns the
-        delivery future; raises ``KafkaError`` when the producer refuses it at once."""
+        delivery future; raises ``KafkaError`` when the producer refuses it at once. Its offset,
+        once acknowledged, goes through ``acks``."""
+        fut = await self._send(out)
+        fut.add_done_callback(self._acked)
+        return fut
+
+    def _acked(self, fut: asyncio.Future) -> None:
+        """Done-callback of a delivery: its offset to ``acks`` (in acknowledgement order)."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        md = fut.result()
+        problem = self.acks.note(md.topic, md.partition, md.offset)
+        if problem is not None:
+            self.on_broker_lost(problem)
+
+    async def _send(self, out: Outgoing) -> asyncio.Future:
         headers = out.headers
         if not self.tracer.enabled:
             return await self.producer.send(out.topic, value=out.value, key=out.key, headers=headers)
