@@ -14,8 +14,11 @@ import os
 import uuid
 from pathlib import Path
 
-import pytest
+import hypothesis  # noqa: F401 - imported at collection: hypothesis' pytest plugin imports it in the
+import pytest  # terminal summary otherwise, under assertion rewriting, where CPython 3.11.7's
 
+# "AST constructor recursion depth mismatch" (a finalizer, e.g. an asyncio Future's, running
+# during ast.parse) ends the run with a traceback and exit status 1 after every test passed
 from tests.harness.kafka import REDIS_URL
 from worker.config import load_config_file
 from worker.state import RedisSettings, RedisStateStore, StoreConnectError
