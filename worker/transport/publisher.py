@@ -44,6 +44,7 @@ from aiokafka.errors import (
     UnknownError,
     UnknownTopicOrPartitionError,
 )
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from worker.core.errors import ReplyTooLarge
@@ -56,7 +57,7 @@ from worker.transport.records import HDR_STATUS, Outgoing, log_fields
 log = logging.getLogger(__name__)
 
 __all__ = ["ReplyPublisher", "UNKNOWN_TOPIC_MEMORY_S", "TRANSIENT_ERRORS", "TRANSIENT_RETRY_S",
-           "BROKER_TIMEOUT_ERRORS"]
+           "BROKER_TIMEOUT_ERRORS", "REPLY_BATCH_BYTES", "producer_config", "reply_partitioner"]
 
 #: seconds a reply topic that did not appear within ``reply_topic_wait_ms`` counts as unknown
 UNKNOWN_TOPIC_MEMORY_S = 10.0
@@ -67,6 +68,32 @@ TRANSIENT_RETRY_S = 10.0
 #: delivery errors of a reply when the broker does not answer (frozen, unreachable): sent again
 #: for up to ``--broker-outage-deadline`` seconds (rule 3)
 BROKER_TIMEOUT_ERRORS = (KafkaTimeoutError, RequestTimedOutError, KafkaConnectionError)
+
+
+#: most bytes of replies in one record batch (the producer's ``batch.size``, aiokafka's
+#: ``max_batch_size``; never above ``--max-request-size``, which the reply topic must allow).
+#: The client's 16 KiB default held ~8 replies of 2 KB per produce request and aiokafka keeps one
+#: request in flight per broker (acks=all): a drain paid a broker round trip per 8 replies, and
+#: the broker and this process a request each (docs/performance.md, issue 23)
+REPLY_BATCH_BYTES = 1024 * 1024
+
+_default_partitioner = DefaultPartitioner()
+
+
+def reply_partitioner(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+    """The Kafka default partitioner (murmur2 of the key, as the Java client), short-cut for a
+    topic of one partition, whose only partition it always returns (no per-reply hash)."""
+    if len(all_partitions) == 1:
+        return all_partitions[0]
+    return _default_partitioner(key, all_partitions, available)
+
+
+def producer_config(settings: Any) -> dict[str, Any]:
+    """The reply producer's aiokafka settings (besides the client's): ``acks=all``, no
+    idempotence, ``linger_ms=2``, ``max_request_size`` and ``REPLY_BATCH_BYTES`` batches from
+    ``settings`` (a ``WorkerSettings``), ``reply_partitioner``."""
+    return dict(acks="all", enable_idempotence=False, linger_ms=2, max_request_size=settings.max_request_size,
+                max_batch_size=min(REPLY_BATCH_BYTES, settings.max_request_size), partitioner=reply_partitioner)
 
 
 def _done_future() -> asyncio.Future:
