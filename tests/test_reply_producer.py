@@ -87,3 +87,37 @@ async def test_a_failed_pool_call_is_rerun_per_record_without_spans(qwen3_models
             assert (out.body, out.status, out.request_id) == (want.body, 200, f"req-{i}")
     finally:
         pool.shutdown()
+
+
+async def test_a_reply_whose_connection_is_not_ready_is_sent_again_not_dead_lettered():
+    """aiokafka fails a batch with ``NodeNotReadyError`` when the connection a broker timeout
+    closed is not back before the batch expires (seen after a broker freeze, under load): the
+    broker did not answer, so the reply is sent again (rule 3), never dead-lettered for it."""
+    from aiokafka.errors import NodeNotReadyError
+
+    from worker.transport.health import HealthState
+    from worker.transport.pauses import PartitionPauses
+    from worker.transport.publisher import BROKER_TIMEOUT_ERRORS, ReplyPublisher
+    from worker.transport.records import Outgoing
+
+    assert issubclass(NodeNotReadyError, BROKER_TIMEOUT_ERRORS)
+    loop = asyncio.get_running_loop()
+    sent: list[str] = []
+
+    class Producer:  # records what is sent; every delivery succeeds
+        async def send(self, topic, value=None, key=None, headers=None):
+            sent.append(topic)
+            fut = loop.create_future()
+            fut.set_result(None)
+            return fut
+
+    pub = ReplyPublisher(WorkerSettings(broker_outage_deadline_s=30.0), HealthState(), PartitionPauses(64),
+                         tracing.Tracer())
+    pub.producer = Producer()
+    first = loop.create_future()
+    first.set_exception(NodeNotReadyError("Attempt to send a request to node which is not ready (node id 1)."))
+    reply = Outgoing("replies", b"k", b"{}", [])
+    msg = SimpleNamespace(topic="in", partition=0, offset=7, key=b"k", value=b"{}", headers=[], timestamp=1)
+    st = SimpleNamespace(tp=SimpleNamespace(topic="in", partition=0), closed=False)
+    acked = await pub.settle(st, msg, reply, first)
+    assert acked is reply and not acked.is_dead_letter and sent == ["replies"]

@@ -39,6 +39,7 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     LeaderNotAvailableError,
+    NodeNotReadyError,
     NotLeaderForPartitionError,
     RequestTimedOutError,
     UnknownError,
@@ -65,9 +66,10 @@ UNKNOWN_TOPIC_MEMORY_S = 10.0
 TRANSIENT_ERRORS = (UnknownError, UnknownTopicOrPartitionError, LeaderNotAvailableError, NotLeaderForPartitionError)
 #: seconds a reply failing with ``TRANSIENT_ERRORS`` is sent again before it is dead-lettered
 TRANSIENT_RETRY_S = 10.0
-#: delivery errors of a reply when the broker does not answer (frozen, unreachable): sent again
-#: for up to ``--broker-outage-deadline`` seconds (rule 3)
-BROKER_TIMEOUT_ERRORS = (KafkaTimeoutError, RequestTimedOutError, KafkaConnectionError)
+#: delivery errors of a reply when the broker does not answer (frozen, unreachable; aiokafka's
+#: ``NodeNotReadyError``: the connection a timeout closed is not back before the batch expired):
+#: sent again for up to ``--broker-outage-deadline`` seconds (rule 3)
+BROKER_TIMEOUT_ERRORS = (KafkaTimeoutError, RequestTimedOutError, KafkaConnectionError, NodeNotReadyError)
 
 
 #: most bytes of replies in one record batch (the producer's ``batch.size``, aiokafka's
