@@ -121,3 +121,39 @@ async def test_a_reply_whose_connection_is_not_ready_is_sent_again_not_dead_lett
     st = SimpleNamespace(tp=SimpleNamespace(topic="in", partition=0), closed=False)
     acked = await pub.settle(st, msg, reply, first)
     assert acked is reply and not acked.is_dead_letter and sent == ["replies"]
+
+
+async def test_skipped_spans_leave_the_headers_a_no_op_span_leaves(monkeypatch):
+    """With the OpenTelemetry API and no provider, ``send`` skips the span but sends the same
+    headers, in the same order, as through a no-op span (trace headers last: a stream reply's
+    ``derender-seq`` and a dead letter's own headers come before them); without the API the
+    headers go as planned."""
+    pytest.importorskip("opentelemetry.trace")
+    from opentelemetry.trace import NoOpTracer, ProxyTracerProvider
+
+    from worker.transport.health import HealthState
+    from worker.transport.pauses import PartitionPauses
+    from worker.transport.publisher import ReplyPublisher
+    from worker.transport.records import Outgoing
+
+    loop = asyncio.get_running_loop()
+    sent: list[list] = []
+
+    class Producer:
+        async def send(self, topic, value=None, key=None, headers=None):
+            sent.append(list(headers))
+            return loop.create_future()
+
+    tp = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    headers = [("correlation-id", b"c"), ("traceparent", tp), ("tracestate", b"a=b"), ("derender-seq", b"3")]
+    monkeypatch.setattr(tracing._otel_trace, "get_tracer_provider", lambda: ProxyTracerProvider())
+    skipped, spanned, absent = tracing.Tracer(), tracing.Tracer(), tracing.Tracer()
+    spanned._tracer = NoOpTracer()  # spans made, none recording
+    absent._tracer = None
+    assert not skipped.enabled and spanned.enabled and not absent.installed
+    for t in (skipped, spanned, absent):
+        pub = ReplyPublisher(WorkerSettings(), HealthState(), PartitionPauses(64), t)
+        pub.producer = Producer()
+        await pub.send(Outgoing("replies", b"k", b"{}", list(headers)))
+    assert sent[0] == sent[1] == [headers[0], headers[3], headers[1], headers[2]]
+    assert sent[2] == headers

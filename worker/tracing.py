@@ -96,6 +96,12 @@ class Tracer:
         self._prop = TraceContextTextMapPropagator() if TraceContextTextMapPropagator is not None else None
 
     @property
+    def installed(self) -> bool:
+        """The OpenTelemetry API is installed (a reply's trace headers then go last, as
+        ``derender.publish`` places them, whether or not spans are made)."""
+        return self._tracer is not None
+
+    @property
     def enabled(self) -> bool:
         """Spans are made: the OpenTelemetry API is installed and a tracer provider is set (its
         global one, or a tracer given directly). Without a provider the API's spans are no-ops

@@ -11,7 +11,10 @@ writes the same bodies as a JSONL file and runs ``derender-worker batch --worker
 start-up). Each is measured ``--repeats`` times (a fresh topic and worker per drain) and the
 best run of each counts, as load from other jobs only ever slows a run down. Prints both rates
 and the ratio drain / batch: what the Kafka transport costs beside the derender itself (1.0 =
-none).
+none). On Linux each drain also prints the CPU microseconds per record of the worker's main
+process, its pool processes, the embedded broker and this reader, from the first reply read to
+the last (``/proc/PID/stat``): figures that other jobs on the machine disturb far less than the
+rates, and the pool's share of them is the ratio a drain reaches when every core is busy.
 
 ``--code DIR`` runs the worker and the batch from another checkout of this project (its
 ``worker`` package, its demo models), the broker, the producer and the reader from this one: to

@@ -154,9 +154,13 @@ class ReplyPublisher:
         with a recording span the record's ``traceparent`` becomes the span's). Returns the
         delivery future; raises ``KafkaError`` when the producer refuses it at once."""
         headers = out.headers
-        if not self.tracer.enabled:
+        if not self.tracer.installed:
             return await self.producer.send(out.topic, value=out.value, key=out.key, headers=headers)
         carrier = [(k, v) for k, v in headers if k in (TRACEPARENT, TRACESTATE)]
+        if not self.tracer.enabled:  # the API without a provider: the headers a no-op span leaves (trace ones last)
+            if carrier:
+                headers = [h for h in headers if h[0] not in (TRACEPARENT, TRACESTATE)] + carrier
+            return await self.producer.send(out.topic, value=out.value, key=out.key, headers=headers)
         with self.tracer.span("derender.publish", carrier, kind="producer",
                               **{"messaging.system": "kafka", "messaging.destination.name": out.topic,
                                  "derender.dead_letter_reason": out.dlq_reason}) as sp:
