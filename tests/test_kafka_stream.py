@@ -273,7 +273,9 @@ def test_failover_two_processes(kafka_bootstrap, kafka_broker_kind, qwen3_models
 
         asyncio.run(produce())
         t_produced = time.monotonic() - t0
-        got = asyncio.run(_collect(kafka_bootstrap, [n.reply], total, timeout=120, settle=1.0))[n.reply]
+        # until every (stream, seq) is answered: the kill repeats replies, which must not end the wait early
+        got = asyncio.run(_collect(kafka_bootstrap, [n.reply], total, timeout=120, settle=1.0, until=lambda g: len(
+            {(r.key, dict(r.headers).get(SEQ)) for r in g[n.reply]}) >= total))[n.reply]
         t_done = time.monotonic() - t0
         per = defaultdict(list)
         for r in got:

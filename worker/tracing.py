@@ -71,10 +71,12 @@ def trace_headers(headers: Sequence[tuple[str, bytes | None]] | None) -> list[tu
 
 try:  # optional: the [otel] extra
     from opentelemetry import trace as _otel_trace
+    from opentelemetry.trace import NoOpTracerProvider, ProxyTracer, ProxyTracerProvider
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - exercised when the extra is not installed
     _otel_trace = None
     TraceContextTextMapPropagator = None  # type: ignore[assignment,misc]
+    NoOpTracerProvider = ProxyTracer = ProxyTracerProvider = None  # type: ignore[assignment,misc]
 
 
 def otel_available() -> bool:
@@ -94,9 +96,22 @@ class Tracer:
         self._prop = TraceContextTextMapPropagator() if TraceContextTextMapPropagator is not None else None
 
     @property
-    def enabled(self) -> bool:
-        """The OpenTelemetry API is installed (spans are made; recorded only with an SDK provider)."""
+    def installed(self) -> bool:
+        """The OpenTelemetry API is installed (a reply's trace headers then go last, as
+        ``derender.publish`` places them, whether or not spans are made)."""
         return self._tracer is not None
+
+    @property
+    def enabled(self) -> bool:
+        """Spans are made: the OpenTelemetry API is installed and a tracer provider is set (its
+        global one, or a tracer given directly). Without a provider the API's spans are no-ops
+        that change no reply byte, so the hot path skips them (callers check this first)."""
+        t = self._tracer
+        if t is None:
+            return False
+        if type(t) is ProxyTracer:  # the API's tracer: real once a provider is set, a no-op until then
+            return not isinstance(_otel_trace.get_tracer_provider(), (ProxyTracerProvider, NoOpTracerProvider))
+        return True
 
     def _context(self, carrier: list[tuple[str, bytes]]):
         assert self._prop is not None

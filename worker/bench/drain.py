@@ -11,7 +11,10 @@ writes the same bodies as a JSONL file and runs ``derender-worker batch --worker
 start-up). Each is measured ``--repeats`` times (a fresh topic and worker per drain) and the
 best run of each counts, as load from other jobs only ever slows a run down. Prints both rates
 and the ratio drain / batch: what the Kafka transport costs beside the derender itself (1.0 =
-none).
+none). On Linux each drain also prints the CPU microseconds per record of the worker's main
+process, its pool processes, the embedded broker and this reader, from the first reply read to
+the last (``/proc/PID/stat``): figures that other jobs on the machine disturb far less than the
+rates, and the pool's share of them is the ratio a drain reaches when every core is busy.
 
 ``--code DIR`` runs the worker and the batch from another checkout of this project (its
 ``worker`` package, its demo models), the broker, the producer and the reader from this one: to
@@ -78,13 +81,60 @@ async def _prefill(bootstrap: str, topic: str, bodies: list[bytes], n: int) -> N
         await producer.stop()
 
 
-async def _read_replies(bootstrap: str, topic: str, n: int, timeout: float, worker: subprocess.Popen) -> list[int]:
-    """The Kafka timestamps (ms) of the first reply of each of ``n`` keys. Raises
-    ``RuntimeError`` when the worker exits or ``timeout`` seconds pass first."""
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``); 0.0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (``/proc/PID/task/*/children``: the worker's fork server
+    and, under it, the pool processes)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _cpu_sample(worker_pid: int, broker_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of the worker's main process, its pool (every descendant), the broker
+    (when started here) and this process (the reader)."""
+    return {"main": _cpu_s(worker_pid), "pool": sum(_cpu_s(p) for p in _descendants(worker_pid)),
+            "broker": _cpu_s(broker_pid) if broker_pid else 0.0, "reader": time.process_time()}
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+async def _read_replies(bootstrap: str, topic: str, n: int, timeout: float, worker: subprocess.Popen,
+                        broker_pid: int | None = None) -> tuple[list[int], dict[str, float]]:
+    """The Kafka timestamps (ms) of the first reply of each of ``n`` keys, and the CPU seconds
+    each process spent from the first reply read to the last (``_cpu_sample``; zeros off Linux).
+    Raises ``RuntimeError`` when the worker exits or ``timeout`` seconds pass first."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False, metadata_max_age_ms=1000, fetch_max_wait_ms=100)
     await consumer.start()
     first: dict[bytes, int] = {}
+    on_linux = os.path.exists(f"/proc/{worker.pid}/stat")
+    cpu0: dict[str, float] | None = None
+    n0 = 0
     try:
         deadline = time.monotonic() + timeout
         while len(first) < n:
@@ -95,9 +145,14 @@ async def _read_replies(bootstrap: str, topic: str, n: int, timeout: float, work
             for recs in (await consumer.getmany(timeout_ms=200, max_records=5000)).values():
                 for r in recs:
                     first.setdefault(r.key, r.timestamp)
+            if cpu0 is None and first and on_linux:
+                cpu0, n0 = _cpu_sample(worker.pid, broker_pid), len(first)
+        cpu1 = _cpu_sample(worker.pid, broker_pid) if cpu0 is not None else None
     finally:
         await consumer.stop()
-    return sorted(first.values())
+    used = {k: cpu1[k] - cpu0[k] for k in cpu1} if cpu0 is not None and cpu1 is not None else {}
+    used["records"] = float(n - n0)
+    return sorted(first.values()), used
 
 
 def _batch(code: Path, src: Path, out: Path, workers: int) -> float:
@@ -112,8 +167,9 @@ def _batch(code: Path, src: Path, out: Path, workers: int) -> float:
     return float(m.group(4))
 
 
-def _drain(code: Path, bodies: list[bytes], args: argparse.Namespace, tmp: Path) -> tuple[float, float]:
-    """One drain: a fresh pre-filled topic and worker -> (records/s, seconds first to last reply)."""
+def _drain(code: Path, bodies: list[bytes], args: argparse.Namespace, tmp: Path) -> tuple[float, float, dict]:
+    """One drain: a fresh pre-filled topic and worker -> (records/s, seconds first to last reply,
+    CPU microseconds per record of each process: ``_cpu_per_record``)."""
     u = uuid.uuid4().hex[:8]
     topics = {"in": f"drain-in-{u}", "reply": f"drain-rep-{u}", "dlq": f"drain-dlq-{u}"}
     broker = None if args.bootstrap_servers else TansuBroker()
@@ -135,7 +191,8 @@ def _drain(code: Path, bodies: list[bytes], args: argparse.Namespace, tmp: Path)
                  "--commit-interval-ms", "200", "--log-level", "WARNING"],
                 cwd=code, env=_env(code), stdout=logf, stderr=subprocess.STDOUT)
         try:
-            stamps = asyncio.run(_read_replies(bootstrap, topics["reply"], args.requests, args.timeout, worker))
+            stamps, cpu = asyncio.run(_read_replies(bootstrap, topics["reply"], args.requests, args.timeout, worker,
+                                                    broker.proc.pid if broker is not None and broker.proc else None))
         except RuntimeError as e:
             raise RuntimeError(f"{e}; worker log: {log_path.read_text(errors='replace')[-800:]}") from e
     finally:
@@ -148,7 +205,16 @@ def _drain(code: Path, bodies: list[bytes], args: argparse.Namespace, tmp: Path)
         if broker is not None:
             broker.__exit__(None, None, None)
     span_s = (stamps[-1] - stamps[0]) / 1000
-    return ((len(stamps) - 1) / span_s if span_s > 0 else float("nan")), span_s
+    return ((len(stamps) - 1) / span_s if span_s > 0 else float("nan")), span_s, _cpu_per_record(cpu)
+
+
+def _cpu_per_record(cpu: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per process over ``records`` replies -> microseconds per record (empty when
+    not measured)."""
+    n = cpu.pop("records", 0.0)
+    if not cpu or n <= 0:
+        return {}
+    return {k: round(v / n * 1e6, 1) for k, v in cpu.items()}
 
 
 def run_drain_bench(args: argparse.Namespace) -> dict:
@@ -166,12 +232,13 @@ def run_drain_bench(args: argparse.Namespace) -> dict:
             for i in range(args.requests):
                 f.write(bodies[i % len(bodies)] + b"\n")
         batches = [_batch(code, src, Path(tmp) / "out.jsonl", args.num_threads) for _ in range(repeats)]
-    drain, span_s = max(drains)
+    drain, span_s, _ = max(drains, key=lambda d: d[0])
     batch = max(batches)
     return {"code": str(code), "requests": args.requests, "partitions": args.partitions,
             "num_threads": args.num_threads, "tokens": args.tokens, "repeats": repeats, "drain_s": round(span_s, 2),
             "drain_per_s": drain, "batch_per_s": batch, "ratio": drain / batch, "cores": os.cpu_count(),
-            "drain_runs": [round(d) for d, _ in drains], "batch_runs": [round(b) for b in batches]}
+            "drain_runs": [round(d) for d, _, _ in drains], "batch_runs": [round(b) for b in batches],
+            "cpu_us_per_record": [c for _, _, c in drains]}
 
 
 def run_suite(args: argparse.Namespace) -> int:
@@ -189,4 +256,9 @@ def run_suite(args: argparse.Namespace) -> int:
     print(f"  batch:       {r['batch_per_s']:.0f} records/s (derender time, without start-up; best of "
           f"{r['repeats']}: {', '.join(map(str, r['batch_runs']))})")
     print(f"  ratio drain / batch: {r['ratio']:.2f}")
+    for i, c in enumerate(r["cpu_us_per_record"]):
+        if c:
+            total = sum(c.values())
+            print(f"  drain {i + 1} CPU us/record: worker main {c['main']}, pool {c['pool']}, broker {c['broker']}, "
+                  f"reader {c['reader']}; pool share {c['pool'] / total:.2f}" if total > 0 else "")
     return 0

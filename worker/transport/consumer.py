@@ -49,7 +49,7 @@ from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.pauses import PartitionPauses
 from worker.transport.planning import ReplyPlanner
 from worker.transport.pool import DerenderPool
-from worker.transport.publisher import UNKNOWN_TOPIC_MEMORY_S, ReplyPublisher
+from worker.transport.publisher import UNKNOWN_TOPIC_MEMORY_S, ReplyPublisher, producer_config
 from worker.transport.records import HDR_SEQ, header, kind_header, record_created
 from worker.transport.settings import WorkerSettings, redact_url
 from worker.transport.stream_memory import StreamMemory
@@ -298,8 +298,7 @@ class KafkaDerenderWorker:
         self._router = StreamRouter(ctx, store, s.stream_gap_timeout_s, s.stream_replay_window,
                                     outage=self.store_outage, memory=memory)
         self._router.start()
-        self._producer = AIOKafkaProducer(**self._client_kwargs(), acks="all", enable_idempotence=False,
-                                          linger_ms=2, max_request_size=s.max_request_size)
+        self._producer = AIOKafkaProducer(**self._client_kwargs(), **producer_config(s))
         await self._producer.start()
         self.publisher.producer = self._producer
         self.publisher.stopping = self._stopping

@@ -43,11 +43,13 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     LeaderNotAvailableError,
+    NodeNotReadyError,
     NotLeaderForPartitionError,
     RequestTimedOutError,
     UnknownError,
     UnknownTopicOrPartitionError,
 )
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from worker.core.errors import ReplyTooLarge
@@ -61,7 +63,7 @@ from worker.transport.records import HDR_STATUS, Outgoing, log_fields
 log = logging.getLogger(__name__)
 
 __all__ = ["ReplyPublisher", "UNKNOWN_TOPIC_MEMORY_S", "TRANSIENT_ERRORS", "TRANSIENT_RETRY_S",
-           "BROKER_TIMEOUT_ERRORS"]
+           "BROKER_TIMEOUT_ERRORS", "REPLY_BATCH_BYTES", "producer_config", "reply_partitioner"]
 
 #: seconds a reply topic that did not appear within ``reply_topic_wait_ms`` counts as unknown
 UNKNOWN_TOPIC_MEMORY_S = 10.0
@@ -69,9 +71,36 @@ UNKNOWN_TOPIC_MEMORY_S = 10.0
 TRANSIENT_ERRORS = (UnknownError, UnknownTopicOrPartitionError, LeaderNotAvailableError, NotLeaderForPartitionError)
 #: seconds a reply failing with ``TRANSIENT_ERRORS`` is sent again before it is dead-lettered
 TRANSIENT_RETRY_S = 10.0
-#: delivery errors of a reply when the broker does not answer (frozen, unreachable): sent again
-#: for up to ``--broker-outage-deadline`` seconds (rule 3)
-BROKER_TIMEOUT_ERRORS = (KafkaTimeoutError, RequestTimedOutError, KafkaConnectionError)
+#: delivery errors of a reply when the broker does not answer (frozen, unreachable; aiokafka's
+#: ``NodeNotReadyError``: the connection a timeout closed is not back before the batch expired):
+#: sent again for up to ``--broker-outage-deadline`` seconds (rule 3)
+BROKER_TIMEOUT_ERRORS = (KafkaTimeoutError, RequestTimedOutError, KafkaConnectionError, NodeNotReadyError)
+
+
+#: most bytes of replies in one record batch (the producer's ``batch.size``, aiokafka's
+#: ``max_batch_size``; never above ``--max-request-size``, which the reply topic must allow).
+#: The client's 16 KiB default held ~8 replies of 2 KB per produce request and aiokafka keeps one
+#: request in flight per broker (acks=all): a drain paid a broker round trip per 8 replies, and
+#: the broker and this process a request each (docs/performance.md, issue 23)
+REPLY_BATCH_BYTES = 1024 * 1024
+
+_default_partitioner = DefaultPartitioner()
+
+
+def reply_partitioner(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+    """The Kafka default partitioner (murmur2 of the key, as the Java client), short-cut for a
+    topic of one partition, whose only partition it always returns (no per-reply hash)."""
+    if len(all_partitions) == 1:
+        return all_partitions[0]
+    return _default_partitioner(key, all_partitions, available)
+
+
+def producer_config(settings: Any) -> dict[str, Any]:
+    """The reply producer's aiokafka settings (besides the client's): ``acks=all``, no
+    idempotence, ``linger_ms=2``, ``max_request_size`` and ``REPLY_BATCH_BYTES`` batches from
+    ``settings`` (a ``WorkerSettings``), ``reply_partitioner``."""
+    return dict(acks="all", enable_idempotence=False, linger_ms=2, max_request_size=settings.max_request_size,
+                max_batch_size=min(REPLY_BATCH_BYTES, settings.max_request_size), partitioner=reply_partitioner)
 
 
 def _done_future() -> asyncio.Future:
@@ -148,9 +177,13 @@ class ReplyPublisher:
 
     async def _send(self, out: Outgoing) -> asyncio.Future:
         headers = out.headers
-        if not self.tracer.enabled:
+        if not self.tracer.installed:
             return await self.producer.send(out.topic, value=out.value, key=out.key, headers=headers)
         carrier = [(k, v) for k, v in headers if k in (TRACEPARENT, TRACESTATE)]
+        if not self.tracer.enabled:  # the API without a provider: the headers a no-op span leaves (trace ones last)
+            if carrier:
+                headers = [h for h in headers if h[0] not in (TRACEPARENT, TRACESTATE)] + carrier
+            return await self.producer.send(out.topic, value=out.value, key=out.key, headers=headers)
         with self.tracer.span("derender.publish", carrier, kind="producer",
                               **{"messaging.system": "kafka", "messaging.destination.name": out.topic,
                                  "derender.dead_letter_reason": out.dlq_reason}) as sp:

@@ -49,6 +49,11 @@ class UnaryPipeline:
     async def outcome(self, job: Any) -> JobOutcome:
         """Await a job's derender (see ``DerenderPool.outcome``: pool crashes, quarantine)."""
         msg = job.msg
+        if not self.tracer.enabled:  # no span to make (the usual case: nothing else per record)
+            try:
+                return await job.future
+            except Exception:  # a pool failure: pool.outcome awaits it again, reruns or quarantines the record
+                pass
         with self.tracer.span("derender.derender", trace_headers(msg.headers), **kafka_span_attrs(msg)):
             return await self.pool.outcome(job.future, msg.value, kind_header(msg),
                                            f"{msg.topic}[{msg.partition}]@{msg.offset}", record_created(msg))
