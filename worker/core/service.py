@@ -38,6 +38,7 @@ from worker.core.derender import (
 )
 from worker.core.errors import BadRequest, Conflict, DerenderError, ModelNotFound, error_from_validation
 from worker.core.errors import error_body as error_body
+from worker.core.messages import service as messages_service  # issue 26: the Messages kinds
 from worker.core.responses import service as responses_service  # issue 14: the Responses kinds
 from worker.core.responses.log import PieceLog, PiecesLost, PiecesNeeded
 
@@ -354,6 +355,10 @@ class DerenderService:
         worker passes the input record's timestamp, batch passes None (= 0).
 
         Returns a ``DerenderResult``; never raises for bad input (400/404 error objects)."""
+        if kind in (messages_service.KIND, messages_service.STREAM_KIND) or (
+                kind is None and messages_service.is_messages_body(body)):  # issue 26: the Messages kind
+            out, status, rid = messages_service.derender(self.runtime, body)
+            return DerenderResult(out, status, rid, messages_service.KIND)
         request_id = None
         try:
             bound, decoders = self._one
@@ -411,6 +416,13 @@ class DerenderService:
         (``reader(start, end)`` reads the stream's piece log; the result carries the state to
         store and the bytes to append to the log). Never raises for bad input."""
         return responses_service.derender_stream(self.runtime, body, state_bytes, reader, seq, created)
+
+    def derender_messages_stream(self, body: bytes, state_bytes: bytes | None, reader=None
+                                 ) -> messages_service.MessagesStreamResult:
+        """One streaming Messages chunk (issue 26): see ``worker.core.messages.service.derender_stream``
+        (``reader(start, end)`` reads the stream's piece log; the result carries the state to
+        store and the bytes to append to the log). Never raises for bad input."""
+        return messages_service.derender_stream(self.runtime, body, state_bytes, reader)
 
     def _responses_with_pieces(self, body: bytes, state_bytes: bytes | None, seq: int | None, created: int | None,
                                reader) -> tuple[StreamResult, bytes | None]:
