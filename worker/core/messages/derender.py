@@ -20,7 +20,7 @@ import msgspec
 
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse, Int64
 from schemas.messages import DerenderMessagesRequest, Message, MessagesRequest
-from schemas.responses import ResponsesRequest
+from schemas.responses import FunctionCallArgumentsDelta, ResponsesRequest
 from worker.core.answer import step_answer
 from worker.core.derender import (
     ModelRuntime,
@@ -30,6 +30,7 @@ from worker.core.derender import (
 )
 from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, stop_token_trimmed
 from worker.core.errors import BadRequest
+from worker.core.messages import rules
 from worker.core.messages.events import Outcome, accumulate, translate
 from worker.core.messages.request import DEFAULT_REQUEST, check_messages_request, parser_context, stop_strings
 from worker.core.responses import argshape
@@ -58,13 +59,19 @@ class MessagesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     ``rs`` (the event builder's ``ResponsesStreamState``, msgpack: the detokenizer window, the
     parser buffers, the open block; what grows goes to the piece log), ``stop`` (the request's
     stop strings), ``held`` (answer text held back for them), ``matched`` (the stop string that
-    matched, if any)."""
+    matched, if any), ``calls`` (the request's tool mode is on: the non-streaming view steps
+    token by token), ``plain_pending`` (``rules.plain_text_first`` not decided yet),
+    ``tag_hold`` / ``tag_held`` (``rules.tag_hold`` applies / its held text)."""
 
     v: int = STATE_VERSION
     rs: bytes = b""
     stop: list[str] = msgspec.field(default_factory=list)
     held: str = ""
     matched: str | None = None
+    calls: bool = False
+    plain_pending: bool = False
+    tag_hold: bool = False
+    tag_held: str = ""
 
 
 class StreamBody(msgspec.Struct, kw_only=True):
@@ -122,17 +129,66 @@ def _new_state(rt: ModelRuntime, req: MessagesRequest, *, request_id: str, model
         parser=stack.initial_state(ctx, streaming=True) if rt.has_parser else None,
         prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt_ids or []),
         arg_shape=rt.config.tool_parser in argshape.SHAPED_PARSERS, cut_open=engine, hold_ids=hold)
-    return MessagesStreamState(stop=stop), rs
+    tp = rt.config.tool_parser
+    ms = MessagesStreamState(
+        stop=stop, calls=mode != "off",
+        plain_pending=tp in rules.PLAIN_TEXT_PARSERS and mode == "auto",
+        tag_hold=rt.config.reasoning_parser == "qwen3" and ctx.thinking_disabled())
+    return ms, rs
 
 
-def _finish_parsers(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder) -> None:
+def _rules(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, d: Delta) -> Delta:
+    """The Messages-stream rules on one parser delta (``worker.core.messages.rules``)."""
+    tp = rt.config.tool_parser
+    if st.n_calls and tp in rules.TEXT_DROPPED_AFTER_CALL:
+        d.content = ""
+    if st.n_calls and tp in rules.TEXT_HELD_AFTER_CALL:
+        st.holding = True
+        if d.content and st.open is not None and st.open.type == "function_call":
+            d.content = d.content.removeprefix("\n")
+    if ms.tag_hold:
+        ms.tag_held = rules.tag_hold(ms.tag_held, d, False)
+    return d
+
+
+def _plain_first(ms: MessagesStreamState, st: ResponsesStreamState, text: str) -> None:
+    """``rules.plain_text_first``: turn the tool parser off for an output of plain text."""
+    plain = rules.plain_text_first(text)
+    if plain is None:
+        return
+    ms.plain_pending = False
+    if plain and st.parser is not None:
+        st.parser.mode, st.parser.tool = "off", None
+
+
+def _merge_final_arguments(st: ResponsesStreamState, b: EventBuilder, n0: int) -> None:
+    """``rules`` ``merge_final_arguments``: the open shaped call's rest goes into the last
+    step's argument delta (events from ``n0``), or nowhere when that step sent none."""
+    o = st.open
+    if not st.arg_shape or o is None or o.type != "function_call":
+        return
+    st.arg_shape = False  # the builder's close adds no rest of its own
+    sent = b.log.open_item(o.log_start)[0]
+    rest = argshape.final_rest(o.raw, sent)
+    last = [e for e in b.events[n0:] if isinstance(e, FunctionCallArgumentsDelta) and e.item_id == o.id]
+    if rest and last:
+        last[-1].delta += rest
+        b.log.append_text(rest)
+
+
+def _stepped(rt: ModelRuntime, req: MessagesRequest, prompt_ids: list[int] | None) -> bool:
+    """Whether the non-streaming view steps token by token: the request's tool mode is on."""
+    return rt.stack.tool_mode(parser_context(req, prompt_ids)) != "off"
+
+
+def _finish_parsers(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b: EventBuilder) -> None:
     """The parsers' flush at the end of the output (a call the parser engine's output ended in
     keeps its arguments as streamed: ``argshape.cut_call_rest``)."""
     d = rt.stack.finish(st.parser)
     o = st.open
     if st.cut_open and d.tool_calls and o is not None and o.type == "function_call":
         d.tool_calls = argshape.cut_call_rest(d.tool_calls, o.tool_index)
-    b.feed(d, None)
+    b.feed(_rules(rt, ms, st, d), None)
 
 
 def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b: EventBuilder, c,
@@ -150,6 +206,7 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
     if st.hold_ids and not st.holding and not set(st.hold_ids).isdisjoint(text_ids + stop_ids):
         st.holding = True  # argshape.ENGINE_PARSERS, tool_choice none: text held from here
     flushed = False
+    n0 = len(b.events)
     if ms.stop and ms.matched is None:  # stop strings: per-token stepping on the answer
         detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special, state=st.detok)
         d, _used, matched, ms.held = step_answer(
@@ -161,7 +218,7 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
         if matched is not None:
             ms.matched = matched
         st.reasoning_tokens += d.reasoning_tokens
-        b.feed(d, None)
+        b.feed(_rules(rt, ms, st, d), None)
     elif ms.matched is None:
         pids = text_ids + stop_ids
         if special is not None:
@@ -173,17 +230,23 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
             detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special, state=st.detok)
             text = detok.add(text_ids) if text_ids else ""
             st.detok = detok.state()
+        if ms.plain_pending:
+            _plain_first(ms, st, text)
         if st.parser is None:
             d = Delta(content=text)
         else:
             d = stack.feed(st.parser, text, pids) if (text or pids) else Delta()
         st.reasoning_tokens += d.reasoning_tokens
-        b.feed(d, None)
+        b.feed(_rules(rt, ms, st, d), None)
     st.completion_tokens += len(ids)
     if not final:
         return None
     if st.parser is not None and not flushed and ms.matched is None:
-        _finish_parsers(rt, st, b)
+        _finish_parsers(rt, ms, st, b)
+    if ms.tag_held:
+        b.feed(Delta(content=ms.tag_held), None)
+        ms.tag_held = ""
+    _merge_final_arguments(st, b, n0)
     st.detok = None
     st.parser = None
     b.finish(c.finish_reason)
@@ -246,12 +309,18 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest) -> Messag
     req = body.messages_request or DEFAULT_REQUEST
     pids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
     ms, st = _new_state(rt, req, request_id=gr.request_id or "", model=body.model, prompt_ids=pids,
-                        prompt_tokens=body.prompt_tokens, whole=True)
+                        prompt_tokens=body.prompt_tokens, whole=not _stepped(rt, req, pids))
     b = EventBuilder(st, PieceLog(None, 0))
     b.start()
-    chunk = GenerateTokensStreamChoice(index=0, token_ids=c.token_ids, finish_reason=c.finish_reason or "stop",
-                                       stop_reason=c.stop_reason)
-    _step(rt, ms, st, b, chunk, pids or [])
+    ids = list(c.token_ids or [])
+    chunk = GenerateTokensStreamChoice(index=0, token_ids=ids[-1:] if ms.calls else ids,
+                                       finish_reason=c.finish_reason or "stop", stop_reason=c.stop_reason)
+    if ms.calls:  # calls possible: the 1-token stream's parse (vLLM's stream rules are per step)
+        for t in ids[:-1]:
+            _step(rt, ms, st, b, GenerateTokensStreamChoice(index=0, token_ids=[t]))
+        _step(rt, ms, st, b, chunk)
+    else:
+        _step(rt, ms, st, b, chunk, pids or [])
     events = translate(b.events, st.request_id, st.model, st.fmt, st.prompt_tokens, _outcome(ms, st, chunk))
     return accumulate(events)
 
