@@ -30,7 +30,8 @@ from worker.core.derender import (
 )
 from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, stop_token_trimmed
 from worker.core.errors import BadRequest
-from worker.core.messages import rules
+from worker.core.messages import bare_array, rules
+from worker.core.messages.bare_array import ArrayScan
 from worker.core.messages.events import Outcome, accumulate, translate
 from worker.core.messages.request import DEFAULT_REQUEST, check_messages_request, parser_context, stop_strings
 from worker.core.responses import argshape
@@ -61,7 +62,8 @@ class MessagesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     stop strings), ``held`` (answer text held back for them), ``matched`` (the stop string that
     matched, if any), ``calls`` (the request's tool mode is on: the non-streaming view steps
     token by token), ``plain_pending`` (``rules.plain_text_first`` not decided yet),
-    ``tag_hold`` / ``tag_held`` (``rules.tag_hold`` applies / its held text)."""
+    ``tag_hold`` / ``tag_held`` (``rules.tag_hold`` applies / its held text), ``scan``
+    (Mistral's bare call array under a required / named ``tool_choice``: ``bare_array``)."""
 
     v: int = STATE_VERSION
     rs: bytes = b""
@@ -72,6 +74,7 @@ class MessagesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     plain_pending: bool = False
     tag_hold: bool = False
     tag_held: str = ""
+    scan: ArrayScan | None = None
 
 
 class StreamBody(msgspec.Struct, kw_only=True):
@@ -133,7 +136,8 @@ def _new_state(rt: ModelRuntime, req: MessagesRequest, *, request_id: str, model
     ms = MessagesStreamState(
         stop=stop, calls=mode != "off",
         plain_pending=tp in rules.PLAIN_TEXT_PARSERS and mode == "auto",
-        tag_hold=rt.config.reasoning_parser == "qwen3" and ctx.thinking_disabled())
+        tag_hold=rt.config.reasoning_parser == "qwen3" and ctx.thinking_disabled(),
+        scan=ArrayScan() if tp == "mistral" and mode in ("required", "named") else None)
     return ms, rs
 
 
@@ -207,7 +211,7 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
         st.holding = True  # argshape.ENGINE_PARSERS, tool_choice none: text held from here
     flushed = False
     n0 = len(b.events)
-    if ms.stop and ms.matched is None:  # stop strings: per-token stepping on the answer
+    if ms.stop and ms.matched is None and ms.scan is None:  # stop strings: per-token stepping on the answer
         detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special, state=st.detok)
         d, _used, matched, ms.held = step_answer(
             stack if st.parser is not None else None, st.parser, detok, text_ids,
@@ -232,7 +236,9 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
             st.detok = detok.state()
         if ms.plain_pending:
             _plain_first(ms, st, text)
-        if st.parser is None:
+        if ms.scan is not None:
+            d = bare_array.scan(ms.scan, text)
+        elif st.parser is None:
             d = Delta(content=text)
         else:
             d = stack.feed(st.parser, text, pids) if (text or pids) else Delta()
@@ -241,7 +247,9 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
     st.completion_tokens += len(ids)
     if not final:
         return None
-    if st.parser is not None and not flushed and ms.matched is None:
+    if ms.scan is not None:
+        b.feed(bare_array.finish(ms.scan), None)
+    elif st.parser is not None and not flushed and ms.matched is None:
         _finish_parsers(rt, ms, st, b)
     if ms.tag_held:
         b.feed(Delta(content=ms.tag_held), None)
