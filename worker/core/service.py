@@ -424,6 +424,29 @@ class DerenderService:
         store and the bytes to append to the log). Never raises for bad input."""
         return messages_service.derender_stream(self.runtime, body, state_bytes, reader)
 
+    def _messages_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None, pieces: bool,
+                         reader) -> tuple[StreamResult, bytes | None]:
+        """``derender_stream`` for a Messages stream (issue 26): with ``pieces`` its piece log is
+        the stream's pieces and its state ``PIECES_MAGIC`` + the core's state; without, the
+        stored value packs both (``PACKED_MAGIC``). A state of the other layout or kind: 400."""
+        magic = messages_service.PIECES_MAGIC if pieces else messages_service.PACKED_MAGIC
+        if state_bytes and state_bytes[:len(magic)] != magic:
+            err = messages_service.error_body("stored Messages stream state is unreadable: not a Messages "
+                                              "stream state of this layout", 400)
+            return StreamResult(err, 400, None, messages_service.STREAM_KIND), None
+        if not pieces:
+            mres, packed = messages_service.derender_stream_packed(self.runtime, body, state_bytes)
+            res = StreamResult(mres.body, mres.status, mres.request_id, mres.kind, mres.done)
+            return res, packed
+        mres = messages_service.derender_stream(self.runtime, body, state_bytes[len(magic):] if state_bytes else None,
+                                                reader, seq)
+        res = StreamResult(mres.body, mres.status, mres.request_id, mres.kind, mres.done, seq)
+        res.needs_pieces = mres.needs_pieces
+        if mres.state is None:
+            return res, None
+        res.append, res.pieces_len = mres.log_append, mres.log_len
+        return res, magic + mres.state
+
     def _responses_with_pieces(self, body: bytes, state_bytes: bytes | None, seq: int | None, created: int | None,
                                reader) -> tuple[StreamResult, bytes | None]:
         """``derender_stream(pieces=True)`` for a Responses stream: its piece log goes to the
@@ -504,6 +527,9 @@ class DerenderService:
         goes to ``responses_service``: with ``pieces`` its log is the stream's pieces
         (``_responses_with_pieces``), without them the stored value packs it
         (``derender_stream_packed``).
+        A Messages stream (kind ``messages``/``messages-stream``, a Messages state, or a first chunk
+        carrying ``messages_request``; replies are JSON lists of Anthropic stream events, issue 26)
+        goes to ``messages_service`` the same way (``_messages_stream``).
         ``created``: Unix seconds for every chunk of the request, taken on its first chunk (the
         state keeps it; the Kafka worker passes the first chunk record's timestamp; None = 0).
 
@@ -524,6 +550,8 @@ class DerenderService:
         with its state; states then hold only their digest); a later chunk takes them from
         ``settings_cache``, else from ``settings`` (``stream_settings``), else returns
         ``result.needs_settings`` (nothing derendered: call again with ``settings``)."""
+        if messages_service.is_messages_stream(body, state_bytes, kind):  # issue 26: Messages streams
+            return self._messages_stream(body, state_bytes, seq, pieces, reader)
         if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
             if pieces:
                 return self._responses_with_pieces(body, state_bytes, seq, created, reader)

@@ -29,7 +29,7 @@ from worker.core.derender import (
     effective_skip_special_tokens,
 )
 from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, stop_token_trimmed
-from worker.core.errors import BadRequest
+from worker.core.errors import BadRequest, Conflict
 from worker.core.messages import bare_array, rules
 from worker.core.messages.bare_array import ArrayScan
 from worker.core.messages.events import Outcome, accumulate, translate
@@ -334,12 +334,13 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest) -> Messag
 
 
 # --------------------------------------------------------------------------------- streaming ---
-def derender_messages_chunk(rt: ModelRuntime, body: StreamBody, state: bytes | None, reader: Reader | None = None
-                            ) -> tuple[list, bytes, bool, bytes, int]:
+def derender_messages_chunk(rt: ModelRuntime, body: StreamBody, state: bytes | None, reader: Reader | None = None,
+                            seq: int | None = None) -> tuple[list, bytes, bool, bytes, int]:
     """Derender one streaming Messages chunk. ``state``: the stored state bytes (None on the
     first chunk: then ``messages_request`` is required when a parser is configured);
     ``reader(start, end)``: the stream's persisted piece log (None: raise ``PiecesNeeded``
-    when this chunk needs some of it).
+    when this chunk needs some of it); ``seq``: the chunk's sequence number when the transport has
+    one (below the state's next expected one: stale, 409 ``Conflict``, nothing changes).
 
     Returns ``(events, state bytes, done, log_append, log_len)``. Raises ``BadRequest`` before any
     change (a chunk after the end, a request whose digest differs from the stored one, a model
@@ -364,6 +365,8 @@ def derender_messages_chunk(rt: ModelRuntime, body: StreamBody, state: bytes | N
         ms = st = None
     else:
         ms, st = decode_state(rt, state)
+        if seq is not None and seq < st.next_seq:
+            raise Conflict(f"stale chunk: sequence number {seq} < next expected {st.next_seq}", param="seq")
         if st.done:
             raise BadRequest("the Messages stream already ended; no chunk may follow its finish_reason",
                              param="generate_chunk")
@@ -393,7 +396,7 @@ def derender_messages_chunk(rt: ModelRuntime, body: StreamBody, state: bytes | N
     for c in gc.choices:
         if _step(rt, ms, st, b, c) is not None:
             outcome = _outcome(ms, st, c)
-    st.next_seq += 1
+    st.next_seq = seq + 1 if seq is not None else st.next_seq + 1
     st.log_len = len(log)
     events = translate(b.events, st.request_id, st.model, st.fmt, st.prompt_tokens, outcome)
     return events, encode_state(ms, st), st.done, bytes(log.new), st.log_len

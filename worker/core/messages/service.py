@@ -20,7 +20,7 @@ from worker.core.messages.derender import StreamBody, derender_messages, derende
 from worker.core.responses.log import PiecesLost, PiecesNeeded, Reader, memory_reader
 
 __all__ = ["KIND", "STREAM_KIND", "PACKED_MAGIC", "PIECES_MAGIC", "error_body", "derender", "MessagesStreamResult",
-           "derender_stream", "derender_stream_packed", "is_messages_body"]
+           "derender_stream", "derender_stream_packed", "is_messages_body", "is_messages_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,17 @@ def _probe(body: bytes) -> tuple[_Probe | None, str | None]:
         return None, None
 
 
+def is_messages_stream(body: bytes, state_bytes: bytes | None, kind: str | None) -> bool:
+    """Whether a chunk given to ``DerenderService.derender_stream`` belongs to a Messages stream:
+    the kind header (``messages`` / ``messages-stream``), a Messages state, or (first chunk, no
+    kind) a ``messages_request`` in the body."""
+    if kind is not None:
+        return kind.removesuffix("-stream") == KIND
+    if state_bytes:
+        return state_bytes[:len(PACKED_MAGIC)] in (PACKED_MAGIC, PIECES_MAGIC)
+    return is_messages_body(body)
+
+
 def is_messages_body(body: bytes) -> bool:
     """Whether a body without a kind header is a Messages body: it carries a non-null
     ``messages_request``."""
@@ -124,11 +135,12 @@ class MessagesStreamResult:
         self.needs_pieces: tuple[int, int] | None = None
 
 
-def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Reader | None = None
-                    ) -> MessagesStreamResult:
+def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Reader | None = None,
+                    seq: int | None = None) -> MessagesStreamResult:
     """One streaming Messages chunk. ``state_bytes``: the stored state (None for the first
-    chunk); ``reader(start, end)``: the stream's stored piece log. Never raises for bad input;
-    a reader returning fewer bytes than recorded gives a 409 (the log was lost)."""
+    chunk); ``reader(start, end)``: the stream's stored piece log; ``seq``: the chunk's sequence
+    number when the transport has one (stale: 409). Never raises for bad input; a reader
+    returning fewer bytes than recorded gives a 409 (the log was lost)."""
     p, rid = _probe(body)
     try:
         if p is None or p.model is None:
@@ -142,7 +154,9 @@ def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Rea
             raise BadRequest("invalid request body: JSON nested too deeply") from None
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise error_from_validation(e) from None
-        events, state, done, append, log_len = derender_messages_chunk(rt, req, state_bytes, reader)
+        if seq is not None and not 0 <= seq <= 2**63 - 2:
+            raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
+        events, state, done, append, log_len = derender_messages_chunk(rt, req, state_bytes, reader, seq)
         return MessagesStreamResult(_encoder.encode(events), 200, rid, done, state, append, log_len)
     except PiecesNeeded as e:
         res = MessagesStreamResult(b"", 0, rid)
