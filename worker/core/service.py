@@ -424,6 +424,19 @@ class DerenderService:
         store and the bytes to append to the log). Never raises for bad input."""
         return messages_service.derender_stream(self.runtime, body, state_bytes, reader)
 
+    def _api_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None, kind: str | None,
+                    created: int | None, pieces: bool, reader) -> tuple[StreamResult, bytes | None] | None:
+        """``derender_stream`` of a Responses stream (``responses_service.is_responses_stream``) or
+        a Messages stream (``messages_service.is_messages_stream``); None for a chat/completion one."""
+        if messages_service.is_messages_stream(body, state_bytes, kind):  # issue 26: Messages streams
+            return self._messages_stream(body, state_bytes, seq, pieces, reader)
+        if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
+            if pieces:
+                return self._responses_with_pieces(body, state_bytes, seq, created, reader)
+            rres, packed = responses_service.derender_stream_packed(self.runtime, body, state_bytes, seq, created)
+            return StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq), packed
+        return None
+
     def _messages_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None, pieces: bool,
                          reader) -> tuple[StreamResult, bytes | None]:
         """``derender_stream`` for a Messages stream (issue 26): with ``pieces`` its piece log is
@@ -527,9 +540,6 @@ class DerenderService:
         goes to ``responses_service``: with ``pieces`` its log is the stream's pieces
         (``_responses_with_pieces``), without them the stored value packs it
         (``derender_stream_packed``).
-        A Messages stream (kind ``messages``/``messages-stream``, a Messages state, or a first chunk
-        carrying ``messages_request``; replies are JSON lists of Anthropic stream events, issue 26)
-        goes to ``messages_service`` the same way (``_messages_stream``).
         ``created``: Unix seconds for every chunk of the request, taken on its first chunk (the
         state keeps it; the Kafka worker passes the first chunk record's timestamp; None = 0).
 
@@ -550,13 +560,9 @@ class DerenderService:
         with its state; states then hold only their digest); a later chunk takes them from
         ``settings_cache``, else from ``settings`` (``stream_settings``), else returns
         ``result.needs_settings`` (nothing derendered: call again with ``settings``)."""
-        if messages_service.is_messages_stream(body, state_bytes, kind):  # issue 26: Messages streams
-            return self._messages_stream(body, state_bytes, seq, pieces, reader)
-        if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
-            if pieces:
-                return self._responses_with_pieces(body, state_bytes, seq, created, reader)
-            rres, packed = responses_service.derender_stream_packed(self.runtime, body, state_bytes, seq, created)
-            return StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq), packed
+        api = self._api_stream(body, state_bytes, seq, kind, created, pieces, reader)
+        if api is not None:  # a Responses (issue 14) or Messages (issue 26) stream
+            return api
         request_id = None
         kind_used = None
         later = bool(state_bytes)  # after the first chunk only generate_chunk is decoded
