@@ -321,3 +321,19 @@ def test_refused_requests_need_no_output(service):
         res = service.derender(msgspec.json.encode(m2r.nonstream_body(case)))
         want = case["expected"]["error"]["nonstream"]
         assert res.status == want["status"] and json.loads(res.body) == want["body"], case["id"]
+
+
+def test_parquet_rows_with_messages_request(tmp_path):
+    """Parquet rows with a messages_request column (JSON strings): the same Messages, 42/42."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    bodies = [m2r.nonstream_body(c) for c in CASES]
+    cols = {k: [b.get(k) if k == "model" else json.dumps(b.get(k)) for b in bodies]
+            for k in ("model", "generate_response", "prompt_tokens", "prompt_token_ids", "messages_request")}
+    src, out = tmp_path / "in.parquet", tmp_path / "out.jsonl"
+    pq.write_table(pa.table(cols), src)
+    r = _run(["-m", "worker.cli", "batch", str(src), "-o", str(out), "--config", str(MODELS), "--workers", "1",
+              "--output-format", "jsonl"])
+    assert r.returncode == 0, r.stderr
+    res = _compare(out, False)
+    assert all(v == "PASS" for v in res.values()), res

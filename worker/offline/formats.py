@@ -47,7 +47,7 @@ OUTPUT_FORMATS = ("jsonl", "openai-batch", "parquet")
 
 #: derender body fields that hold JSON objects (a Parquet string column of them is parsed)
 OBJECT_FIELDS = ("generate_response", "generate_responses", "chat_request", "completion_request",
-                 "generate_chunk", "stream_state", "responses_request")
+                 "generate_chunk", "stream_state", "responses_request", "messages_request")
 #: body fields a Parquet string column of which is parsed as JSON: every field but ``model``
 #: (``schemas/Derender*Request.schema.json``: none of these is ever a string), so a file can hold
 #: chat and completion bodies, whose ``prompt_tokens``/``prompt_token_ids`` differ in type (int
