@@ -337,3 +337,39 @@ def test_parquet_rows_with_messages_request(tmp_path):
     assert r.returncode == 0, r.stderr
     res = _compare(out, False)
     assert all(v == "PASS" for v in res.values()), res
+
+
+def test_hostile_request_fields_never_crash(service):
+    """Odd values in every request field a derender reads (wrong types, huge numbers, history tool
+    ids that are not strings): a Message or an Anthropic 4xx error, never a 500."""
+    weird = [None, 1, -1, 2**70, "x", [], {}, [1], {"type": 5}, {"type": "tool"}, {"type": "tool", "name": 3},
+             [{"a": 1}], True, 1.5]
+    fields = ["tools", "tool_choice", "thinking", "stop_sequences", "max_tokens", "messages", "system", "top_k",
+              "metadata", "stream"]
+    rng = random.Random(26)
+    statuses = set()
+    for _ in range(150):
+        case = rng.choice(CASES)
+        stream = rng.random() < 0.5
+        bodies = m2r.stream_bodies(case) if stream else [m2r.nonstream_body(case)]
+        req = bodies[0]["messages_request"]
+        req[rng.choice(fields)] = rng.choice(weird)
+        if rng.random() < 0.3:
+            req["messages"] = [{"role": "assistant", "content": [{"type": "tool_use", "id": rng.choice(weird)}]}]
+        if not stream:
+            res = service.derender(msgspec.json.encode(bodies[0]))
+            statuses.add(res.status)
+            assert res.status in (200, 400), res.body
+            if res.status != 200:
+                _err(res.body, 400)
+            continue
+        state, log = None, bytearray()
+        for b in bodies:
+            res = service.derender_messages_stream(msgspec.json.encode(b), state, memory_reader(log))
+            statuses.add(res.status)
+            assert res.status in (200, 400), res.body
+            if res.status != 200:
+                _err(res.body, 400)
+                break
+            state, log = res.state, log + res.log_append
+    assert statuses == {200, 400}
