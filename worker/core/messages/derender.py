@@ -180,6 +180,18 @@ def _merge_final_arguments(st: ResponsesStreamState, b: EventBuilder, n0: int) -
         b.log.append_text(rest)
 
 
+def _segments(rt: ModelRuntime, st: ResponsesStreamState, ids: list[int]) -> list[list[int]]:
+    """The chunks the non-streaming view feeds when calls are possible: one per token under a
+    shaped tool parser (llama3_json: its argument rule is per engine step); else the output cut
+    after each added token (call and reasoning markers are added tokens: text after a call then
+    comes in its own step, as in any stream; the rest of vLLM's rules are split-independent)."""
+    if st.arg_shape:
+        return [[t] for t in ids]
+    added = rt.tokenizer.added_token_ids
+    cuts = [i + 1 for i, t in enumerate(ids) if t in added]
+    return [ids[a:z] for a, z in zip([0] + cuts, cuts + [len(ids)]) if z > a]
+
+
 def _stepped(rt: ModelRuntime, req: MessagesRequest, prompt_ids: list[int] | None) -> bool:
     """Whether the non-streaming view steps token by token: the request's tool mode is on."""
     return rt.stack.tool_mode(parser_context(req, prompt_ids)) != "off"
@@ -323,9 +335,9 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest) -> Messag
     ids = list(c.token_ids or [])
     chunk = GenerateTokensStreamChoice(index=0, token_ids=ids[-1:] if ms.calls else ids,
                                        finish_reason=c.finish_reason or "stop", stop_reason=c.stop_reason)
-    if ms.calls:  # calls possible: the 1-token stream's parse (vLLM's stream rules are per step)
-        for t in ids[:-1]:
-            _step(rt, ms, st, b, GenerateTokensStreamChoice(index=0, token_ids=[t]))
+    if ms.calls:  # calls possible: the stream's parse (vLLM's stream rules are per step)
+        for seg in _segments(rt, st, ids[:-1]):
+            _step(rt, ms, st, b, GenerateTokensStreamChoice(index=0, token_ids=seg))
         _step(rt, ms, st, b, chunk)
     else:
         _step(rt, ms, st, b, chunk, pids or [])

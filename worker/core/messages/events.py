@@ -165,14 +165,19 @@ def accumulate(events: list[Any]) -> Message:
                 block.thinking += d.thinking
             elif isinstance(d, SignatureDelta):
                 block.signature = d.signature
-            else:
+            else:  # parsed once, at the block's stop (the SDK parses after every delta: same last value)
                 bufs[ev.index] = bufs.get(ev.index, "") + d.partial_json
-                parsed = partial_input(bufs[ev.index])
-                if parsed is not None:
-                    block.input = parsed
+        elif isinstance(ev, ContentBlockStopEvent) and ev.index in bufs:
+            parsed = partial_input(bufs.pop(ev.index))
+            if parsed is not None:
+                msg.content[ev.index].input = parsed
         elif isinstance(ev, MessageDeltaEvent):
             msg.stop_reason, msg.stop_sequence = ev.delta.stop_reason, ev.delta.stop_sequence
             msg.usage = MessageUsage(input_tokens=ev.usage.input_tokens, output_tokens=ev.usage.output_tokens)
     if msg is None:
         raise ValueError("a Messages stream starts with message_start")
+    for i, buf in bufs.items():  # a block the events never stopped (not in a whole stream)
+        parsed = partial_input(buf)
+        if parsed is not None:
+            msg.content[i].input = parsed
     return msg
