@@ -180,16 +180,14 @@ def _merge_final_arguments(st: ResponsesStreamState, b: EventBuilder, n0: int) -
         b.log.append_text(rest)
 
 
-def _segments(rt: ModelRuntime, st: ResponsesStreamState, ids: list[int]) -> list[list[int]]:
-    """The chunks the non-streaming view feeds when calls are possible: one per token under a
-    shaped tool parser (llama3_json: its argument rule is per engine step); else the output cut
-    after each added token (call and reasoning markers are added tokens: text after a call then
-    comes in its own step, as in any stream; the rest of vLLM's rules are split-independent)."""
-    if st.arg_shape:
-        return [[t] for t in ids]
+def _segments(rt: ModelRuntime, ids: list[int]) -> list[tuple[int, list[int]]]:
+    """``(start, ids)`` of the steps the non-streaming view feeds when calls are possible: the
+    output cut after each added token (call and reasoning markers are added tokens: text after a
+    call then comes in its own step, as in any stream; the rest of vLLM's rules, but llama3_json's,
+    are split-independent). At least one (possibly empty) segment."""
     added = rt.tokenizer.added_token_ids
-    cuts = [i + 1 for i, t in enumerate(ids) if t in added]
-    return [ids[a:z] for a, z in zip([0] + cuts, cuts + [len(ids)]) if z > a]
+    cuts = [i + 1 for i, t in enumerate(ids[:-1]) if t in added]
+    return [(a, ids[a:z]) for a, z in zip([0] + cuts, cuts + [len(ids)])]
 
 
 def _stepped(rt: ModelRuntime, req: MessagesRequest, prompt_ids: list[int] | None) -> bool:
@@ -328,19 +326,24 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest) -> Messag
     _check_tokens(rt, c, 0, "choice 0")
     req = body.messages_request or DEFAULT_REQUEST
     pids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
+    per_token = rt.config.tool_parser in argshape.SHAPED_PARSERS and _stepped(rt, req, pids)
     ms, st = _new_state(rt, req, request_id=gr.request_id or "", model=body.model, prompt_ids=pids,
-                        prompt_tokens=body.prompt_tokens, whole=not _stepped(rt, req, pids))
+                        prompt_tokens=body.prompt_tokens, whole=not per_token)
     b = EventBuilder(st, PieceLog(None, 0))
     b.start()
     ids = list(c.token_ids or [])
-    chunk = GenerateTokensStreamChoice(index=0, token_ids=ids[-1:] if ms.calls else ids,
-                                       finish_reason=c.finish_reason or "stop", stop_reason=c.stop_reason)
-    if ms.calls:  # calls possible: the stream's parse (vLLM's stream rules are per step)
-        for seg in _segments(rt, st, ids[:-1]):
-            _step(rt, ms, st, b, GenerateTokensStreamChoice(index=0, token_ids=seg))
+    fin = {"finish_reason": c.finish_reason or "stop", "stop_reason": c.stop_reason}
+    if per_token:  # llama3_json: its argument rule is per engine step (the 1-token stream's parse)
+        for t in ids[:-1]:
+            _step(rt, ms, st, b, GenerateTokensStreamChoice(index=0, token_ids=[t]))
+        chunk = GenerateTokensStreamChoice(index=0, token_ids=ids[-1:], **fin)
         _step(rt, ms, st, b, chunk)
-    else:
-        _step(rt, ms, st, b, chunk, pids or [])
+    else:  # the stream's parse, one step per segment (each detokenized in one shot, in context)
+        segs = _segments(rt, ids) if ms.calls else [(0, ids)]
+        for k, (start, seg) in enumerate(segs):
+            last = k == len(segs) - 1
+            chunk = GenerateTokensStreamChoice(index=0, token_ids=seg, **(fin if last else {}))
+            _step(rt, ms, st, b, chunk, (pids or []) + ids[:start] if start else (pids or []))
     events = translate(b.events, st.request_id, st.model, st.fmt, st.prompt_tokens, _outcome(ms, st, chunk))
     return accumulate(events)
 
