@@ -373,3 +373,16 @@ def test_hostile_request_fields_never_crash(service):
                 break
             state, log = res.state, log + res.log_append
     assert statuses == {200, 400}
+
+
+def test_disable_parallel_tool_use_keeps_the_first_call(service):
+    """``tool_choice.disable_parallel_tool_use`` -> vLLM's ``parallel_tool_calls: false``: only the
+    first call of a parallel output becomes a tool_use block, in both views."""
+    case = next(c for c in OK_CASES if c["id"] == "qwen3-tool-use-parallel")
+    assert [b["type"] for b in _nonstream(service, case)["content"]].count("tool_use") == 2
+    one = json.loads(json.dumps(case))
+    one["request"]["tool_choice"] = {"type": "auto", "disable_parallel_tool_use": True}
+    msg = _nonstream(service, one)
+    assert [b["type"] for b in msg["content"]] == ["tool_use"] and msg["stop_reason"] == "tool_use"
+    assert msgspec.to_builtins(accumulate([_decode_event(e) for e in _stream(service, m2r.stream_bodies(one))])) \
+        == msg
