@@ -518,6 +518,11 @@ from schemas.responses import RESPONSES_MESSAGE_TYPES  # noqa: E402
 
 MESSAGE_TYPES.update(RESPONSES_MESSAGE_TYPES)
 
+# Anthropic Messages API (``schemas/messages.py``): its message types join the table (issue 26)
+from schemas.messages import MESSAGES_MESSAGE_TYPES  # noqa: E402
+
+MESSAGE_TYPES.update(MESSAGES_MESSAGE_TYPES)
+
 AnyDerenderRequest = (
     DerenderChatRequest | DerenderCompletionRequest | DerenderChatStreamRequest | DerenderCompletionStreamRequest
 )

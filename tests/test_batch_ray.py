@@ -120,3 +120,25 @@ def test_ray_engine_responses_equals_local_engine(tmp_path, local_ray):
         events = json.loads(line)
         assert [e["sequence_number"] for e in events] == list(range(len(events)))
         assert cmp.norm_response(events[-1]["response"]) == case["expected"]["nonstream"]
+
+
+def test_ray_engine_messages_equals_local_engine(tmp_path, local_ray):
+    """Anthropic Messages bodies (issue 26) and whole-request Messages stream lines through Ray
+    Data: the same bytes as the local engine, and the reference's answers (compare_messages.py)."""
+    from tests.harness.messages import CASES, MODELS, WHITESPACE_AFTER_THINK
+    from tests.parity_tools import compare_messages as cmp
+    from tests.parity_tools import messages_to_requests as m2r
+    svc = DerenderService(load_config_file(str(MODELS)))
+    streamed = [c for c in CASES if not m2r.is_error_case(c) and c["id"] not in WHITESPACE_AFTER_THINK][:6]
+    lines = [m2r.nonstream_body(c) for c in CASES] + [m2r.stream_bodies(c) for c in streamed]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    ref, out = tmp_path / "ref.jsonl", tmp_path / "ray.jsonl"
+    run_batch(svc, str(src), str(ref), workers=1, progress=False)
+    run_ray(svc, str(src), str(out), workers=2, actor_cpus=0.5, batch_size=8, progress=False)
+    got = out.read_text().splitlines()
+    assert got == ref.read_text().splitlines() and len(got) == len(lines)
+    for case, line in zip(CASES, got):
+        assert cmp.compare_nonstream(case, json.loads(line)) is None, case["id"]
+    for case, line in zip(streamed, got[len(CASES):]):
+        assert cmp.compare_stream(case, [json.loads(line)]) is None, case["id"]

@@ -360,6 +360,16 @@ def responses_streams() -> list[list[dict]]:
     return [r2r.stream_bodies(c) for c in cases if r2r.served_name(c) in served]
 
 
+@cache
+def messages_streams() -> list[list[dict]]:
+    """The Anthropic Messages reference cases (issue 26) of the served models as streams of chunk
+    bodies (kind told by ``messages_request``; replies are JSON arrays of Messages events)."""
+    from tests.parity_tools import messages_to_requests as m2r
+    served = json.loads(MODELS_JSON.read_text())
+    cases = m2r.load_cases(str(REPO / "tests" / "data" / "parity" / "messages_public.jsonl"), None)
+    return [m2r.stream_bodies(c) for c in cases if m2r.served_name(c) in served]
+
+
 def big_call_streams(words: int = 700) -> list[list[dict]]:
     """Streams whose one tool call carries a ``words``-word string argument (several KB: the
     open call's body spills to the stream's pieces, ``worker.core.stream``), 1-token chunks: a

@@ -41,6 +41,7 @@ from tests.chaos.harness import (
     h,
     make_singles,
     make_streams,
+    messages_streams,
     produce,
     responses_streams,
     rss_kb,
@@ -220,16 +221,17 @@ def kill9_batch(size: str = "reduced") -> dict[str, Any]:
 
 
 def kill9_stream(size: str = "reduced") -> dict[str, Any]:
-    """Streams over two workers, chat / completion and Responses API ones (issue 14); kill -9 of
-    one mid-stream (after 40% of the chunks): every stream completes on the survivor with
-    byte-identical duplicates only."""
+    """Streams over two workers, chat / completion, Responses API (issue 14) and Anthropic Messages
+    (issue 26) ones; kill -9 of one mid-stream (after 40% of the chunks): every stream completes on
+    the survivor with byte-identical duplicates only."""
     sz = SIZES[size]
     rig = Rig("kill9-stream", partitions=sz["partitions"])
     try:
         a, b = rig.worker(), rig.worker()
         rig.wait_ready([a, b])
         ledger = Ledger(streams=make_streams(sz["streams"], "ks")
-                        + make_streams(max(4, sz["streams"] // 2), "kr", source=responses_streams()))
+                        + make_streams(max(4, sz["streams"] // 2), "kr", source=responses_streams())
+                        + make_streams(max(4, sz["streams"] // 2), "km", source=messages_streams()))
         recs = [r for rnd in stream_records(ledger.streams) for r in rnd]
         total = len(recs)
 

@@ -71,6 +71,16 @@ def responses_body(chat_body: bytes) -> bytes:
     return json.dumps(b).encode()
 
 
+def messages_body(chat_body: bytes) -> bytes:
+    """A ``build_bodies`` chat body turned into the Anthropic Messages body of the same ids (the
+    tools in Anthropic's shape, issue 26)."""
+    b = json.loads(chat_body)
+    tools = [{"name": t["function"]["name"], "input_schema": t["function"].get("parameters")}
+             for t in b.pop("chat_request").get("tools") or []]
+    b["messages_request"] = {"model": b["model"], "max_tokens": 4096, "messages": [], "tools": tools}
+    return json.dumps(b).encode()
+
+
 def add_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``bench core`` (the model flags, as in ``run``/``batch``, are added by
     ``worker.config.add_model_args``; without ``--model``/``--tokenizer``/``--config`` the demo's

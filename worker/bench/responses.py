@@ -1,4 +1,5 @@
-"""Responses API benchmark (issue 14): the Responses paths next to chat, same token ids.
+"""Responses API benchmark (issue 14): the Responses paths (and the Anthropic Messages paths,
+issue 26) next to chat, same token ids.
 
 ``derender-worker bench responses`` (also ``python -m worker.bench.responses`` and, for old
 command lines, ``python -m worker.bench_responses``) ``[--tokenizer DIR] [--tokens 256] [--stream-tokens 2048]
@@ -27,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from worker.bench.core import build_bodies, responses_body
+from worker.bench.core import build_bodies, messages_body, responses_body
 from worker.bench.stream import build_output, stream_bodies, stream_pass
 from worker.config import ServedModelConfig
 from worker.core.service import DerenderService
@@ -78,11 +79,16 @@ def run_suite(args: argparse.Namespace) -> int:
     if [it["type"] for it in out.get("output", [])] != ["reasoning", "message", "function_call"]:
         print(f"bench body not parsed as expected: {json.dumps(out)[:300]}", file=sys.stderr)
         return 1
+    msgs = [messages_body(b) for b in chat]  # issue 26: the Anthropic Messages path on the same ids
+    out = json.loads(svc.derender(msgs[0], "messages").body)
+    if [c["type"] for c in out.get("content", [])] != ["thinking", "text", "tool_use"]:
+        print(f"bench body not parsed as expected: {json.dumps(out)[:300]}", file=sys.stderr)
+        return 1
     print(f"per record: {args.tokens} output tokens (reasoning + answer + tool call), qwen3 + hermes, 1 process "
-          f"(chat and Responses runs interleaved, medians of {args.repeat})")
-    runs: dict[str, list[float]] = {"chat": [], "responses": []}
-    for _ in range(args.repeat):  # interleaved: a load change on a shared machine hits both
-        for kind, bodies in (("chat", chat), ("responses", resp)):
+          f"(chat, Responses and Messages runs interleaved, medians of {args.repeat})")
+    runs: dict[str, list[float]] = {"chat": [], "responses": [], "messages": []}
+    for _ in range(args.repeat):  # interleaved: a load change on a shared machine hits all
+        for kind, bodies in (("chat", chat), ("responses", resp), ("messages", msgs)):
             runs[kind].append(_rate(svc, bodies, kind, args.seconds, 1))
     for kind, rs in runs.items():
         r = statistics.median(rs)
@@ -91,14 +97,14 @@ def run_suite(args: argparse.Namespace) -> int:
     tok = svc.runtime("qwen3").tokenizer
     prompt, ids = build_output(tok, args.stream_tokens)
     print(f"per chunk: {len(ids)} tokens in 1-token chunks, state decoded/encoded per chunk, {args.repeat} repeats")
-    for kind in ("chat", "responses"):
-        for top in (0, 20):
+    for kind in ("chat", "responses", "messages"):
+        for top in ((0,) if kind == "messages" else (0, 20)):
             s = stream_pass(svc, stream_bodies(prompt, ids, kind, top), kind, args.repeat)
             m = s["marks"]
             cells = "  ".join(f"#{x}: {s['lat'][x] * 1e6:6.1f} us" for x in m)
             print(f"  {kind:10s} top_logprobs {top:2d}: {cells}  ratio last/first {s['lat'][m[-1]] / s['lat'][m[0]]:.2f}"
                   f"; state max {max(s['sizes'])} B"
-                  + (f", piece log {s['log']} B" if kind == "responses" else "")
+                  + (f", piece log {s['log']} B" if kind != "chat" else "")
                   + f", last reply {s['last_reply']} B, whole stream {s['total'] * 1e3:.0f} ms")
     return 0
 

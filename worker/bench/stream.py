@@ -95,8 +95,9 @@ RESPONSES_TOOLS = [{"type": "function", **{k: v for k, v in t["function"].items(
 
 
 def stream_bodies(prompt: list[int], out: list[int], kind: str, top: int) -> list[bytes]:
-    """1-token chunk bodies of output ``out`` for ``kind`` ``chat`` (``chat_request``) or
-    ``responses`` (``responses_request``, Responses tool shape), the request on the first chunk
+    """1-token chunk bodies of output ``out`` for ``kind`` ``chat`` (``chat_request``),
+    ``responses`` (``responses_request``, Responses tool shape) or ``messages``
+    (``messages_request``, Anthropic tool shape, no logprobs), the request on the first chunk
     only; ``top``: ``top_logprobs`` (0: no logprobs; else engine entries with ``top``
     candidates)."""
     bodies = []
@@ -114,6 +115,10 @@ def stream_bodies(prompt: list[int], out: list[int], kind: str, top: int) -> lis
             if kind == "chat":
                 b["chat_request"] = {"model": "qwen3", "messages": [], "tool_choice": "auto", "logprobs": bool(top),
                                      "top_logprobs": top or None, "tools": _TOOLS}
+            elif kind == "messages":  # issue 26: Anthropic tools; the Messages API has no logprobs
+                b["messages_request"] = {"model": "qwen3", "max_tokens": len(out), "messages": [],
+                                         "tools": [{"name": t["name"], "input_schema": t.get("parameters")}
+                                                   for t in RESPONSES_TOOLS]}
             else:
                 b["responses_request"] = {"model": "qwen3", "input": "weather?", "tools": RESPONSES_TOOLS,
                                           "include": ["message.output_text.logprobs"] if top else None,
@@ -124,8 +129,8 @@ def stream_bodies(prompt: list[int], out: list[int], kind: str, top: int) -> lis
 
 def stream_pass(svc: DerenderService, bodies: list[bytes], kind: str, repeat: int) -> dict:
     """Stream ``bodies`` (``stream_bodies``) ``repeat`` + 1 times (the first warms caches)
-    through ``derender_stream`` (chat) or ``derender_responses_stream`` (Responses, the piece log
-    in memory), timing each chunk in thread CPU seconds. Returns ``{"marks": chunk numbers (16,
+    through ``derender_stream`` (chat), ``derender_responses_stream`` (Responses) or
+    ``derender_messages_stream`` (Messages; the piece log in memory), timing each chunk in thread CPU seconds. Returns ``{"marks": chunk numbers (16,
     256, 1024 and the last, those within the stream), "lat": {mark: median seconds over the
     mark's chunk and the 7 before it, across repeats}, "sizes": state bytes per chunk, "log":
     final piece log bytes (Responses), "last_reply": terminal reply bytes, "total": summed
@@ -140,6 +145,10 @@ def stream_pass(svc: DerenderService, bodies: list[bytes], kind: str, repeat: in
             t0 = time.thread_time()
             if kind == "chat":
                 res, state = svc.derender_stream(b, state)
+            elif kind == "messages":
+                res = svc.derender_messages_stream(b, state, memory_reader(log))
+                state = res.state
+                log += res.log_append
             else:
                 res = svc.derender_responses_stream(b, state, memory_reader(log))
                 state = res.state

@@ -2,7 +2,7 @@
 
 Starts the embedded Tansu broker (``worker.transport.broker``; or uses ``--bootstrap-servers``),
 creates the topics, publishes the shipped Qwen3 engine outputs (``worker/demo_data/examples.jsonl``:
-one ``{"kind": "chat"|"completion"|"responses", "title": str, "body": {...derender body...}}`` per line),
+one ``{"kind": "chat"|"completion"|"responses"|"messages", "title": str, "body": {...derender body...}}`` per line),
 runs a ``KafkaDerenderWorker`` in-process with ``worker/demo_data/models.json``, reads the replies
 back and prints each OpenAI response as pretty JSON under its title. Exit status 0 only when
 every example got a non-error (``derender-status: 200``) reply in time, the last line then
@@ -65,9 +65,9 @@ def load_examples(path: str | Path) -> list[dict]:
                 ex = json.loads(line)
             except ValueError as e:
                 raise ValueError(f"{path}:{n}: not JSON: {e}") from e
-            if not isinstance(ex, dict) or ex.get("kind") not in ("chat", "completion", "responses") \
+            if not isinstance(ex, dict) or ex.get("kind") not in ("chat", "completion", "responses", "messages") \
                     or "body" not in ex:
-                raise ValueError(f"{path}:{n}: expected {{kind: chat|completion|responses, title, body}}")
+                raise ValueError(f"{path}:{n}: expected {{kind: chat|completion|responses|messages, title, body}}")
             out.append(ex)
     if not out:
         raise ValueError(f"{path}: no examples")

@@ -38,6 +38,7 @@ from worker.core.derender import (
 )
 from worker.core.errors import BadRequest, Conflict, DerenderError, ModelNotFound, error_from_validation
 from worker.core.errors import error_body as error_body
+from worker.core.messages import service as messages_service  # issue 26: the Messages kinds
 from worker.core.responses import service as responses_service  # issue 14: the Responses kinds
 from worker.core.responses.log import PieceLog, PiecesLost, PiecesNeeded
 
@@ -354,6 +355,10 @@ class DerenderService:
         worker passes the input record's timestamp, batch passes None (= 0).
 
         Returns a ``DerenderResult``; never raises for bad input (400/404 error objects)."""
+        if kind in (messages_service.KIND, messages_service.STREAM_KIND) or (
+                kind is None and messages_service.is_messages_body(body)):  # issue 26: the Messages kind
+            out, status, rid = messages_service.derender(self.runtime, body)
+            return DerenderResult(out, status, rid, messages_service.KIND)
         request_id = None
         try:
             bound, decoders = self._one
@@ -411,6 +416,49 @@ class DerenderService:
         (``reader(start, end)`` reads the stream's piece log; the result carries the state to
         store and the bytes to append to the log). Never raises for bad input."""
         return responses_service.derender_stream(self.runtime, body, state_bytes, reader, seq, created)
+
+    def derender_messages_stream(self, body: bytes, state_bytes: bytes | None, reader=None
+                                 ) -> messages_service.MessagesStreamResult:
+        """One streaming Messages chunk (issue 26): see ``worker.core.messages.service.derender_stream``
+        (``reader(start, end)`` reads the stream's piece log; the result carries the state to
+        store and the bytes to append to the log). Never raises for bad input."""
+        return messages_service.derender_stream(self.runtime, body, state_bytes, reader)
+
+    def _api_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None, kind: str | None,
+                    created: int | None, pieces: bool, reader) -> tuple[StreamResult, bytes | None] | None:
+        """``derender_stream`` of a Responses stream (``responses_service.is_responses_stream``) or
+        a Messages stream (``messages_service.is_messages_stream``); None for a chat/completion one."""
+        if messages_service.is_messages_stream(body, state_bytes, kind):  # issue 26: Messages streams
+            return self._messages_stream(body, state_bytes, seq, pieces, reader)
+        if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
+            if pieces:
+                return self._responses_with_pieces(body, state_bytes, seq, created, reader)
+            rres, packed = responses_service.derender_stream_packed(self.runtime, body, state_bytes, seq, created)
+            return StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq), packed
+        return None
+
+    def _messages_stream(self, body: bytes, state_bytes: bytes | None, seq: int | None, pieces: bool,
+                         reader) -> tuple[StreamResult, bytes | None]:
+        """``derender_stream`` for a Messages stream (issue 26): with ``pieces`` its piece log is
+        the stream's pieces and its state ``PIECES_MAGIC`` + the core's state; without, the
+        stored value packs both (``PACKED_MAGIC``). A state of the other layout or kind: 400."""
+        magic = messages_service.PIECES_MAGIC if pieces else messages_service.PACKED_MAGIC
+        if state_bytes and state_bytes[:len(magic)] != magic:
+            err = messages_service.error_body("stored Messages stream state is unreadable: not a Messages "
+                                              "stream state of this layout", 400)
+            return StreamResult(err, 400, None, messages_service.STREAM_KIND), None
+        if not pieces:
+            mres, packed = messages_service.derender_stream_packed(self.runtime, body, state_bytes)
+            res = StreamResult(mres.body, mres.status, mres.request_id, mres.kind, mres.done)
+            return res, packed
+        mres = messages_service.derender_stream(self.runtime, body, state_bytes[len(magic):] if state_bytes else None,
+                                                reader, seq)
+        res = StreamResult(mres.body, mres.status, mres.request_id, mres.kind, mres.done, seq)
+        res.needs_pieces = mres.needs_pieces
+        if mres.state is None:
+            return res, None
+        res.append, res.pieces_len = mres.log_append, mres.log_len
+        return res, magic + mres.state
 
     def _responses_with_pieces(self, body: bytes, state_bytes: bytes | None, seq: int | None, created: int | None,
                                reader) -> tuple[StreamResult, bytes | None]:
@@ -512,11 +560,9 @@ class DerenderService:
         with its state; states then hold only their digest); a later chunk takes them from
         ``settings_cache``, else from ``settings`` (``stream_settings``), else returns
         ``result.needs_settings`` (nothing derendered: call again with ``settings``)."""
-        if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams
-            if pieces:
-                return self._responses_with_pieces(body, state_bytes, seq, created, reader)
-            rres, packed = responses_service.derender_stream_packed(self.runtime, body, state_bytes, seq, created)
-            return StreamResult(rres.body, rres.status, rres.request_id, rres.kind, rres.done, rres.seq), packed
+        api = self._api_stream(body, state_bytes, seq, kind, created, pieces, reader)
+        if api is not None:  # a Responses (issue 14) or Messages (issue 26) stream
+            return api
         request_id = None
         kind_used = None
         later = bool(state_bytes)  # after the first chunk only generate_chunk is decoded

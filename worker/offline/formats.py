@@ -47,7 +47,7 @@ OUTPUT_FORMATS = ("jsonl", "openai-batch", "parquet")
 
 #: derender body fields that hold JSON objects (a Parquet string column of them is parsed)
 OBJECT_FIELDS = ("generate_response", "generate_responses", "chat_request", "completion_request",
-                 "generate_chunk", "stream_state", "responses_request")
+                 "generate_chunk", "stream_state", "responses_request", "messages_request")
 #: body fields a Parquet string column of which is parsed as JSON: every field but ``model``
 #: (``schemas/Derender*Request.schema.json``: none of these is ever a string), so a file can hold
 #: chat and completion bodies, whose ``prompt_tokens``/``prompt_token_ids`` differ in type (int
@@ -149,6 +149,8 @@ class _BatchLine(msgspec.Struct):
 #: OpenAI Batch ``url`` of a Responses line (issue 14): its body is derendered as kind
 #: ``responses`` even without ``responses_request`` (the body alone then has chat's shape)
 RESPONSES_URL = "/v1/responses"
+#: OpenAI Batch-style ``url`` of an Anthropic Messages line (issue 26): kind ``messages``
+MESSAGES_URL = "/v1/messages"
 
 
 class KindBody(bytes):
@@ -176,7 +178,8 @@ _batch_line = msgspec.json.Decoder(_BatchLine)
 def read_openai_batch(f: IO[bytes]) -> Iterator[tuple[bytes | tuple[bytes, int], str | None]]:
     """OpenAI Batch input: ``body`` of each line is the derender body, ``custom_id`` is carried
     to the output; ``method`` is not checked; chat vs completion is told by the body's shape, and a
-    ``url`` of ``/v1/responses`` makes the body a Responses one (``KindBody``). A line that is not
+    ``url`` of ``/v1/responses`` makes the body a Responses one, ``/v1/messages`` a Messages one
+    (``KindBody``). A line that is not
     such an object gets a 400 error result."""
     for raw in f:
         line = raw.strip()
@@ -194,6 +197,8 @@ def read_openai_batch(f: IO[bytes]) -> Iterator[tuple[bytes | tuple[bytes, int],
             continue
         if rec.url is not None and rec.url.rstrip("/") == RESPONSES_URL:
             body = KindBody.of(body, "responses")
+        elif rec.url is not None and rec.url.rstrip("/") == MESSAGES_URL:
+            body = KindBody.of(body, "messages")
         yield body, rec.custom_id
 
 

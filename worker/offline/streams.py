@@ -16,7 +16,9 @@ Responses streams (issue 14): a chunk body whose request's first chunk carried
 ``responses_request`` (or an OpenAI Batch line with ``url`` ``/v1/responses``) yields the JSON
 list of the Responses events it produced, the stream state and its piece log (what grows with
 the output, ``worker.core.responses.log``) kept in memory per request id; a stream-list record
-of Responses chunks yields the JSON array of all its events.
+of Responses chunks yields the JSON array of all its events. Anthropic Messages streams (issue
+26: ``messages_request`` on the first chunk, or an OpenAI Batch line with ``url``
+``/v1/messages``) are kept the same way and yield JSON lists of Messages events.
 """
 from __future__ import annotations
 
@@ -52,11 +54,33 @@ def is_responses_chunk(line: bytes) -> bool:
     return bool(raw) and raw != b"null"
 
 
-class ResponsesStreams:
-    """In-memory Responses streams of a run: request id -> (state bytes, piece log)."""
+class _MessagesProbe(msgspec.Struct):
+    messages_request: msgspec.Raw = msgspec.Raw()
 
-    def __init__(self, service: DerenderService):
+
+_messages_probe = msgspec.json.Decoder(_MessagesProbe)
+
+
+def is_messages_chunk(line: bytes) -> bool:
+    """True for a chunk body tagged ``messages`` or carrying a ``messages_request`` (issue 26)."""
+    if kind_of_item(line) == "messages":
+        return True
+    if b'"messages_request"' not in line:
+        return False
+    try:
+        raw = bytes(_messages_probe.decode(line).messages_request)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return bool(raw) and raw != b"null"
+
+
+class ResponsesStreams:
+    """In-memory Responses streams of a run: request id -> (state bytes, piece log). ``messages``:
+    the same for Anthropic Messages streams (issue 26: the same state / piece-log contract)."""
+
+    def __init__(self, service: DerenderService, messages: bool = False):
         self.service = service
+        self.messages = messages
         self.streams: dict[str, tuple[bytes, bytearray]] = {}
 
     def __contains__(self, rid: str) -> bool:
@@ -65,7 +89,8 @@ class ResponsesStreams:
     def chunk(self, rid: str, item: bytes) -> tuple[bytes, int]:
         """Derender one chunk of stream ``rid``: (JSON list of events or error object, status)."""
         state, log = self.streams.get(rid, (None, bytearray()))
-        res = self.service.derender_responses_stream(item, state, memory_reader(log))
+        derender = self.service.derender_messages_stream if self.messages else self.service.derender_responses_stream
+        res = derender(item, state, memory_reader(log))
         if res.state is not None:
             log += res.log_append
             del log[res.log_len:]  # the state's recorded length wins (a replayed append reads the same)
@@ -147,8 +172,9 @@ def stream_list(service: DerenderService, line: bytes) -> tuple[bytes, int]:
     parts: list[bytes] = []
     state: bytes | None = None
     status = 200
-    if bodies and is_responses_chunk(bytes(bodies[0])):  # a Responses stream (issue 14)
-        streams = ResponsesStreams(service)
+    messages = bool(bodies) and is_messages_chunk(bytes(bodies[0]))  # a Messages stream (issue 26)
+    if bodies and (messages or is_responses_chunk(bytes(bodies[0]))):  # a Responses stream (issue 14)
+        streams = ResponsesStreams(service, messages)
         for raw in bodies:
             body, st = streams.chunk("", bytes(raw))
             body = bytes(body).strip()
@@ -181,6 +207,7 @@ class StreamLines:
         self.states: dict[str, bytes] = {}
         self.logs: dict[str, SideValues] = {}  # request id -> its pieces and settings (chat/completion streams)
         self.responses = ResponsesStreams(service)
+        self.messages = ResponsesStreams(service, messages=True)
         #: request ids whose stream an error reply ended (later chunks: the ended-stream 409, as the
         #: Kafka worker answers them; never derendered on top of the state before the refused chunk)
         self.ended: set[str] = set()
@@ -211,6 +238,13 @@ class StreamLines:
         if rid in self.ended:
             why = f"stream {rid!r} already ended with an error reply; chunk ignored"
             return error_body(why, 409, rid), 409
+        if rid in self.messages or (rid not in self.states and rid not in self.responses
+                                    and is_messages_chunk(item)):  # issue 26
+            body, status = self.messages.chunk(rid, item)
+            if status != 200 and rid:
+                self.messages.streams.pop(rid, None)
+                self.ended.add(rid)
+            return body, status
         if rid in self.responses or (rid not in self.states and is_responses_chunk(item)):
             body, status = self.responses.chunk(rid, item)
             if status != 200 and rid:
@@ -237,4 +271,4 @@ class StreamLines:
         return res.body, res.status
 
 
-__all__ = ["StreamLines", "stream_list", "stream_request_id"]
+__all__ = ["StreamLines", "stream_list", "stream_request_id", "is_messages_chunk"]

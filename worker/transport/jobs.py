@@ -28,6 +28,7 @@ class _Shape(msgspec.Struct):
     generate_response: msgspec.Raw = msgspec.Raw(b"")
     generate_responses: msgspec.Raw = msgspec.Raw(b"")
     responses_request: msgspec.Raw = msgspec.Raw(b"")  # issue 14: a Responses body
+    messages_request: msgspec.Raw = msgspec.Raw(b"")  # issue 26: a Messages body
 
 
 def _present(raw: msgspec.Raw) -> bool:
@@ -82,7 +83,8 @@ def _derender_job(service: Any, body: bytes, kind: str | None, t0: float,
     try:
         shape = _shape_decoder.decode(body)
         is_object = True
-        detected = ("responses" if _present(shape.responses_request) else "chat") if _present(
+        detected = ("responses" if _present(shape.responses_request) else
+                    "messages" if _present(shape.messages_request) else "chat") if _present(
             shape.generate_response) else ("completion" if _present(shape.generate_responses) else None)
     except (msgspec.DecodeError, msgspec.ValidationError):
         is_object, detected = False, None
@@ -199,7 +201,7 @@ def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, 
     an earlier outcome's ``needs_settings`` asked for them); never raises (a core
     exception becomes a 500 reply with its traceback in ``crash``). ``kind``: the
     ``derender-kind`` header (``chat``, ``completion``, ``chat-stream``, ``completion-stream``,
-    ``responses``, ``responses-stream`` or None; anything else is answered with a 400 error
+    ``responses``, ``responses-stream``, ``messages``, ``messages-stream`` or None; anything else is answered with a 400 error
     without calling the core). ``created``: the chunk record's timestamp in seconds (used by the
     core on the stream's first chunk only). ``pieces``: ``(start, bytes)``, the stream's stored
     piece bytes from offset ``start`` that an earlier outcome's ``needs_pieces`` asked for."""

@@ -22,7 +22,7 @@ __all__ = ["WorkerStats", "PromMetrics", "InstrumentedStore", "MODES", "KIND_VAL
            "STATE_OPS", "BUCKETS", "dlq_reason_label"]
 
 MODES = ("unary", "stream")  # stream = a record with a derender-seq header
-KIND_VALUES = ("chat", "completion", "responses", "unknown")  # the kind label: chat-stream counts as chat
+KIND_VALUES = ("chat", "completion", "responses", "messages", "unknown")  # the kind label: chat-stream counts as chat
 OUTCOMES = ("ok", "error", "dead_letter", "duplicate")
 #: the x-dlq-reason names of worker.transport.records (tests/test_metrics.py checks the list against it)
 DLQ_REASONS = ("invalid-reply-topic", "reply-topic-not-allowed", "unparseable-no-reply-topic", "no-correlation-id",

@@ -23,9 +23,10 @@ Input (``--input-topic``, default ``engine-outputs``)
       opaque bytes echoed unchanged on the reply; default: the key, else the body's
       ``generate_response.request_id``.
   ``derender-kind``
-      ``chat``, ``completion`` or ``responses`` (Responses API, issue 14). When absent the body's
-      shape decides: ``generate_response`` => chat (responses when it carries
-      ``responses_request``), ``generate_responses`` => completion. Any other value is answered
+      ``chat``, ``completion``, ``responses`` (Responses API, issue 14) or ``messages``
+      (Anthropic Messages API, issue 26). When absent the body's shape decides:
+      ``generate_response`` => chat (responses when it carries ``responses_request``, messages
+      when it carries ``messages_request``), ``generate_responses`` => completion. Any other value is answered
       with a 400 error.
   ``content-type``
       ``application/json`` (informational; the value is always parsed as JSON).
@@ -112,8 +113,9 @@ HDR_DLQ_REASON = "x-dlq-reason"
 HDR_SEQ = "derender-seq"  # stream chunk sequence number (see worker.transport.streams)
 HDR_STREAM_END = "derender-stream-end"
 JSON_CT = b"application/json"
-KINDS = ("chat", "completion", "responses")  # responses: issue 14 (Responses API)
-STREAM_KINDS = ("chat-stream", "completion-stream", "responses-stream")  # also accepted on stream chunk records
+KINDS = ("chat", "completion", "responses", "messages")  # responses: issue 14 (Responses API); messages: issue 26
+STREAM_KINDS = ("chat-stream", "completion-stream", "responses-stream",
+                "messages-stream")  # also accepted on stream chunk records
 TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
 
 
@@ -224,9 +226,9 @@ def parse_seq(msg) -> int | None:
 
 def bad_kind_message(kind: str) -> str:
     """Error message of an unknown ``derender-kind`` header value (lists every accepted value)."""
-    return (f"unknown {HDR_KIND} header {kind!r}; expected 'chat', 'completion' or 'responses' (stream chunk "
-            f"records, which carry a {HDR_SEQ} header, also accept 'chat-stream', 'completion-stream' or "
-            "'responses-stream')")
+    return (f"unknown {HDR_KIND} header {kind!r}; expected 'chat', 'completion', 'responses' or 'messages' "
+            f"(stream chunk records, which carry a {HDR_SEQ} header, also accept 'chat-stream', "
+            "'completion-stream', 'responses-stream' or 'messages-stream')")
 
 
 def record_created(msg) -> int | None:
