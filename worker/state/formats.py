@@ -59,6 +59,12 @@ FORMATS_KEY = "state-formats"
 #: first bytes of a Responses stream state (``worker.core.responses.service``: ``PIECES_MAGIC``
 #: as the Kafka worker stores it; ``PACKED_MAGIC`` for a caller that keeps one value)
 _RESPONSES_MAGICS = (b"\xc1RSP2", b"\xc1RSP1")
+#: the same for a Messages stream state (``worker.core.messages.service``); release e8f2be2 wrote
+#: none (it has no Messages kinds: during a roll its workers answer Messages records with errors)
+_MESSAGES_MAGICS = (b"\xc1MSG2", b"\xc1MSG1")
+#: the state version of each kind in format 6
+_KIND_VERSIONS6 = {"chat": 6, "responses": 1, "messages": 1}
+_KIND_NAMES = {"chat": "", "responses": "Responses ", "messages": "Messages "}
 
 
 class UnreadableValue(ValueError):
@@ -90,16 +96,18 @@ def _head_version(data: bytes) -> int | None:
 
 
 def _state_versions(state: bytes) -> tuple[str, int | None]:
-    """``("chat", v)`` / ``("responses", v)`` of a stored state's bytes (v None: unreadable)."""
-    for magic in _RESPONSES_MAGICS:
-        if state[:len(magic)] == magic:
-            return "responses", _head_version(state[len(magic):])
+    """``("chat", v)`` / ``("responses", v)`` / ``("messages", v)`` of a stored state's bytes (v
+    None: unreadable)."""
+    for kind, magics in (("responses", _RESPONSES_MAGICS), ("messages", _MESSAGES_MAGICS)):
+        for magic in magics:
+            if state[:len(magic)] == magic:
+                return kind, _head_version(state[len(magic):])
     return "chat", _head_version(state)
 
 
 def _probe6(value: bytes) -> str | None:
-    """None when ``value`` is a format-6 checkpoint (envelope 1; chat state 6 or Responses state 1,
-    or nil: a tombstone), else why not."""
+    """None when ``value`` is a format-6 checkpoint (envelope 1; chat state 6, Responses or
+    Messages state 1, or nil: a tombstone), else why not."""
     v = _head_version(value)
     if v is not None and v != 1:
         return f"checkpoint version {v}"
@@ -110,9 +118,8 @@ def _probe6(value: bytes) -> str | None:
     if env.state is None:
         return None
     kind, v = _state_versions(env.state)
-    want = 1 if kind == "responses" else 6
-    if v != want:
-        return f"{'Responses ' if kind == 'responses' else ''}state version {v if v is not None else 'unreadable'}"
+    if v != _KIND_VERSIONS6[kind]:
+        return f"{_KIND_NAMES[kind]}state version {v if v is not None else 'unreadable'}"
     return None
 
 
