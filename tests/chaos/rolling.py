@@ -64,6 +64,17 @@ SLOWEST_LIMIT_S = 5.0
 MAX_REPLY_GAP_S = 2.5
 
 
+def min_ready_seconds(manifest: Path = REPO / "ops" / "k8s" / "deployment.yaml") -> float:
+    """``spec.minReadySeconds`` of the shipped Deployment (0 when absent): how long a new worker
+    stays ready before the roll stops the next old one."""
+    import yaml
+    return float((yaml.safe_load(manifest.read_text())["spec"]).get("minReadySeconds", 0))
+
+
+#: the Deployment's minReadySeconds, mirrored by every roll step (``RollingPool.hold_ready``)
+MIN_READY_S = min_ready_seconds()
+
+
 def _readyz(port: int) -> int:
     """HTTP status of a worker's ``/readyz`` (0 when its port does not answer)."""
     try:
@@ -110,6 +121,26 @@ class RollingPool:
                 return None
             time.sleep(0.2)
         self.rig.phase(f"{w.name}_ready")
+        return round(time.monotonic() - t, 1)
+
+    def hold_ready(self, w: WorkerProc, seconds: float) -> float | None:
+        """The Deployment's ``minReadySeconds``: wait until ``/readyz`` has answered 200 for
+        ``seconds`` without a break (a break starts the count again); seconds taken, None when
+        the worker exits meanwhile (``unbidden``) or ``READY_TIMEOUT_S`` passes."""
+        t = since = time.monotonic()
+        while time.monotonic() - since < seconds:
+            if not w.alive:
+                w.drain_output()
+                self.unbidden.append(w.name)
+                self.exits[w.name] = w.p.returncode
+                w.killed = True
+                return None
+            if time.monotonic() - t > READY_TIMEOUT_S:
+                return None
+            if _readyz(self.ports[w.name]) != 200:
+                since = time.monotonic()
+            time.sleep(0.2)
+        self.rig.phase(f"{w.name}_available")
         return round(time.monotonic() - t, 1)
 
     def terminate(self, w: WorkerProc) -> float:
@@ -283,6 +314,8 @@ def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]
             for i, w_old in enumerate(olds):  # maxSurge 1, maxUnavailable 0
                 w_new = pool.start(b)
                 ready_s = pool.wait_ready(w_new)
+                if ready_s is not None and pool.hold_ready(w_new, MIN_READY_S) is None:
+                    ready_s = None
                 if ready_s is None:  # the rollout stalls: the A workers left keep serving
                     steps.append({"step": i, "started": w_new.name, "ready_s": None, "stalled": True,
                                   "exit": pool.exits.get(w_new.name)})
