@@ -1,7 +1,8 @@
 """Rolling upgrade and rollback under mixed load (issue 23): a pool of two workers of release A
 rolled to release B as the shipped Deployment does it (``ops/k8s/deployment.yaml``: RollingUpdate,
-maxSurge 1, maxUnavailable 0): start one B worker, wait until its ``/readyz`` answers 200, SIGTERM
-one A worker and wait for its exit, start the next B, wait until ready, SIGTERM the last A.
+maxSurge 1, maxUnavailable 0, minReadySeconds): start one B worker, wait until its ``/readyz``
+has answered 200 for minReadySeconds, SIGTERM one A worker and wait for its exit, start the next
+B, wait until it is available, SIGTERM the last A.
 
 ``rolling-upgrade``: A = the previous release (``tests/chaos/releases.py``, a detached git
 worktree), B = this tree; ``rolling-rollback``: the reverse. The load is the ``redis-stall-*``
@@ -57,10 +58,14 @@ SIGTERM_TIMEOUT_S = 25.0  # the Rig's --drain-timeout (10 s) + margin (the Deplo
 QUIET_S, COLLECT_MAX_S = 10.0, 120.0  # after the load: wait until all answered, or no reply for QUIET_S
 SLOWEST_LIMIT_S = 5.0
 #: "no second without a reply" as a pause bound that does not depend on where a pause falls on the
-#: clock: every JoinGroup and SyncGroup of the embedded broker (Tansu) takes ~1 s, so each of a
-#: roll's four rebalances pauses the replies of the moved partitions for 1.0-1.25 s (measured:
-#: longest gap 1.09-1.25 s over ten release-to-itself rolls) and such a pause empties a calendar
-#: second in about half the rolls (7 of 16; figure ``zero_single_reply_seconds``, not asserted)
+#: clock. The embedded broker (Tansu 0.6.0) holds every JoinGroup in 1 s sleeps until half the
+#: session timeout has passed (at least one: ~1.0 s at --session-timeout-ms 2000 or 1000, 5.0 s
+#: at 10000; the client's rebalance_timeout_ms does not change it), and a follower's SyncGroup
+#: that arrives before the leader's one more second. Every member revokes before it joins
+#: (aiokafka's eager protocol), so each of a roll's four rebalances stops the leader's partitions
+#: for >= 1.0 s, the others' for >= 2.0 s, the whole pool for >= 1.0 s (measured: longest gap
+#: 1.05-1.25 s) and such a pause empties a calendar second in about half the rolls (figure
+#: ``zero_single_reply_seconds``, not asserted; docs/delivery.md)
 MAX_REPLY_GAP_S = 2.5
 
 
