@@ -319,15 +319,14 @@ def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]
             for i, w_old in enumerate(olds):  # maxSurge 1, maxUnavailable 0
                 w_new = pool.start(b)
                 ready_s = pool.wait_ready(w_new)
-                if ready_s is not None and pool.hold_ready(w_new, MIN_READY_S) is None:
-                    ready_s = None
-                if ready_s is None:  # the rollout stalls: the A workers left keep serving
-                    steps.append({"step": i, "started": w_new.name, "ready_s": None, "stalled": True,
+                held_s = pool.hold_ready(w_new, MIN_READY_S) if ready_s is not None else None
+                if held_s is None:  # the rollout stalls: the A workers left keep serving
+                    steps.append({"step": i, "started": w_new.name, "ready_s": ready_s, "stalled": True,
                                   "exit": pool.exits.get(w_new.name)})
                     break
                 exit_s = pool.terminate(w_old)
-                steps.append({"step": i, "started": w_new.name, "ready_s": ready_s, "sigterm": w_old.name,
-                              "exit_s": exit_s, "exit": pool.exits[w_old.name]})
+                steps.append({"step": i, "started": w_new.name, "ready_s": ready_s, "held_ready_s": held_s,
+                              "sigterm": w_old.name, "exit_s": exit_s, "exit": pool.exits[w_old.name]})
             rig.phase("rolled")
             time.sleep(POST_S)
             stop.set()
