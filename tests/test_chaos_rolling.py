@@ -9,7 +9,7 @@ import pytest
 
 from tests.chaos.harness import CORR, END, REPO, SEQ, STATUS, Single, Stream
 from tests.chaos.releases import PREVIOUS_RELEASE, NotAGitCheckout, resolve
-from tests.chaos.rolling import _check, roll_figures
+from tests.chaos.rolling import MIN_READY_S, _check, min_ready_seconds, roll_figures
 
 T0 = 1_000.0
 ENDED = b'{"error":{"message":"stored stream state has version 3, expected 6","code":409}}'
@@ -98,3 +98,13 @@ def test_the_previous_release_tree_is_checked_out_and_removed():
     listed = subprocess.run(["git", "-C", str(REPO), "worktree", "list", "--porcelain"], capture_output=True,
                             text=True, check=True).stdout
     assert listed and str(tree) not in listed
+
+
+def test_the_roll_waits_the_deployments_min_ready_seconds(tmp_path):
+    m = tmp_path / "deployment.yaml"
+    m.write_text("apiVersion: apps/v1\nkind: Deployment\nspec:\n  replicas: 2\n")
+    assert min_ready_seconds(m) == 0.0  # absent: the Deployment's default
+    m.write_text("apiVersion: apps/v1\nkind: Deployment\nspec:\n  minReadySeconds: 7\n")
+    assert min_ready_seconds(m) == 7.0
+    # the shipped one waits: a rebalance ends for every member before the next worker leaves
+    assert MIN_READY_S == min_ready_seconds() >= 3

@@ -1,7 +1,8 @@
 """Rolling upgrade and rollback under mixed load (issue 23): a pool of two workers of release A
 rolled to release B as the shipped Deployment does it (``ops/k8s/deployment.yaml``: RollingUpdate,
-maxSurge 1, maxUnavailable 0): start one B worker, wait until its ``/readyz`` answers 200, SIGTERM
-one A worker and wait for its exit, start the next B, wait until ready, SIGTERM the last A.
+maxSurge 1, maxUnavailable 0, minReadySeconds): start one B worker, wait until its ``/readyz``
+has answered 200 for minReadySeconds, SIGTERM one A worker and wait for its exit, start the next
+B, wait until it is available, SIGTERM the last A.
 
 ``rolling-upgrade``: A = the previous release (``tests/chaos/releases.py``, a detached git
 worktree), B = this tree; ``rolling-rollback``: the reverse. The load is the ``redis-stall-*``
@@ -57,11 +58,26 @@ SIGTERM_TIMEOUT_S = 25.0  # the Rig's --drain-timeout (10 s) + margin (the Deplo
 QUIET_S, COLLECT_MAX_S = 10.0, 120.0  # after the load: wait until all answered, or no reply for QUIET_S
 SLOWEST_LIMIT_S = 5.0
 #: "no second without a reply" as a pause bound that does not depend on where a pause falls on the
-#: clock: every JoinGroup and SyncGroup of the embedded broker (Tansu) takes ~1 s, so each of a
-#: roll's four rebalances pauses the replies of the moved partitions for 1.0-1.25 s (measured:
-#: longest gap 1.09-1.25 s over ten release-to-itself rolls) and such a pause empties a calendar
-#: second in about half the rolls (7 of 16; figure ``zero_single_reply_seconds``, not asserted)
+#: clock. The embedded broker (Tansu 0.6.0) holds every JoinGroup in 1 s sleeps until half the
+#: session timeout has passed (at least one: ~1.0 s at --session-timeout-ms 2000 or 1000, 5.0 s
+#: at 10000; the client's rebalance_timeout_ms does not change it), and a follower's SyncGroup
+#: that arrives before the leader's one more second. Every member revokes before it joins
+#: (aiokafka's eager protocol), so each of a roll's four rebalances stops the leader's partitions
+#: for >= 1.0 s, the others' for >= 2.0 s, the whole pool for >= 1.0 s (measured: longest gap
+#: 1.05-1.25 s) and such a pause empties a calendar second in about half the rolls (figure
+#: ``zero_single_reply_seconds``, not asserted; docs/delivery.md)
 MAX_REPLY_GAP_S = 2.5
+
+
+def min_ready_seconds(manifest: Path = REPO / "ops" / "k8s" / "deployment.yaml") -> float:
+    """``spec.minReadySeconds`` of the shipped Deployment (0 when absent): how long a new worker
+    stays ready before the roll stops the next old one."""
+    import yaml
+    return float((yaml.safe_load(manifest.read_text())["spec"]).get("minReadySeconds", 0))
+
+
+#: the Deployment's minReadySeconds, mirrored by every roll step (``RollingPool.hold_ready``)
+MIN_READY_S = min_ready_seconds()
 
 
 def _readyz(port: int) -> int:
@@ -110,6 +126,26 @@ class RollingPool:
                 return None
             time.sleep(0.2)
         self.rig.phase(f"{w.name}_ready")
+        return round(time.monotonic() - t, 1)
+
+    def hold_ready(self, w: WorkerProc, seconds: float) -> float | None:
+        """The Deployment's ``minReadySeconds``: wait until ``/readyz`` has answered 200 for
+        ``seconds`` without a break (a break starts the count again); seconds taken, None when
+        the worker exits meanwhile (``unbidden``) or ``READY_TIMEOUT_S`` passes."""
+        t = since = time.monotonic()
+        while time.monotonic() - since < seconds:
+            if not w.alive:
+                w.drain_output()
+                self.unbidden.append(w.name)
+                self.exits[w.name] = w.p.returncode
+                w.killed = True
+                return None
+            if time.monotonic() - t > READY_TIMEOUT_S:
+                return None
+            if _readyz(self.ports[w.name]) != 200:
+                since = time.monotonic()
+            time.sleep(0.2)
+        self.rig.phase(f"{w.name}_available")
         return round(time.monotonic() - t, 1)
 
     def terminate(self, w: WorkerProc) -> float:
@@ -283,13 +319,14 @@ def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]
             for i, w_old in enumerate(olds):  # maxSurge 1, maxUnavailable 0
                 w_new = pool.start(b)
                 ready_s = pool.wait_ready(w_new)
-                if ready_s is None:  # the rollout stalls: the A workers left keep serving
-                    steps.append({"step": i, "started": w_new.name, "ready_s": None, "stalled": True,
+                held_s = pool.hold_ready(w_new, MIN_READY_S) if ready_s is not None else None
+                if held_s is None:  # the rollout stalls: the A workers left keep serving
+                    steps.append({"step": i, "started": w_new.name, "ready_s": ready_s, "stalled": True,
                                   "exit": pool.exits.get(w_new.name)})
                     break
                 exit_s = pool.terminate(w_old)
-                steps.append({"step": i, "started": w_new.name, "ready_s": ready_s, "sigterm": w_old.name,
-                              "exit_s": exit_s, "exit": pool.exits[w_old.name]})
+                steps.append({"step": i, "started": w_new.name, "ready_s": ready_s, "held_ready_s": held_s,
+                              "sigterm": w_old.name, "exit_s": exit_s, "exit": pool.exits[w_old.name]})
             rig.phase("rolled")
             time.sleep(POST_S)
             stop.set()
