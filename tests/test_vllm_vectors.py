@@ -6,11 +6,13 @@ commit and versions. Each vector runs non-streaming, then streamed in 1-token an
 chunks with ``--tool-call-streaming`` ``whole`` and ``incremental`` (state round-tripped after
 every chunk): every run must give the vector's answer (vLLM's, or the documented deviation's
 ``ours``), so the joined stream equals the non-streaming answer. Families covered: those with a
-real tokenizer in ``tests/data/tokenizers``. ``test_coverage_table`` prints per family vectors run
+real tokenizer in ``tests/data/tokenizers``, the others on a byte-level test tokenizer with the
+family's real markers as added tokens (``tests/data/test_tokenizers``). ``test_coverage_table`` prints per family vectors run
 / passed / deviations (``-s``) and checks the table in ``docs/parsers.md``.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -65,6 +67,9 @@ def test_vector(doc, v):
 
 
 def _markers(doc) -> list[str]:
+    if doc["tokenizer"].startswith("test/"):
+        d = Path(__file__).resolve().parent / "data" / "test_tokenizers" / doc["tokenizer"].removeprefix("test/")
+        return json.loads((d / "markers.json").read_text(encoding="utf-8"))["markers"]
     return {"qwen3": ["<think>", "</think>", "<tool_call>", "</tool_call>"],
             "mistral-7b-v0.3": ["[TOOL_CALLS]"], "deepseek-v4": ["<think>", "</think>"],
             "llama3": ["<|python_tag|>"]}[doc["tokenizer"]]

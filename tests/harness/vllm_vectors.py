@@ -2,7 +2,7 @@
 run of one output through our parsers on real token ids.
 
 A data file is one vLLM test module for one parser: ``family``, ``kind`` (reasoning | tool), the
-parsers, ``tokenizer`` (a directory of ``tests/data/tokenizers``), ``vllm_file`` /
+parsers, ``tokenizer`` (a directory of ``tests/data/tokenizers``, or ``test/<family>``), ``vllm_file`` /
 ``vllm_commit`` / ``vllm_versions`` (where the facts were copied from), and ``vectors``: ``test``
 (the vLLM test id), ``streaming`` (the vLLM test's mode), ``output`` (model output text), the
 expected ``reasoning`` / ``content`` (None as vLLM writes it: empty here) / ``tool_calls``
@@ -35,7 +35,10 @@ VECTORS_DIR = DATA / "vllm_vectors"
 
 @functools.cache
 def real_tokenizer(name: str):
-    """A tokenizer of ``tests/data/tokenizers/<name>``, loaded once."""
+    """A tokenizer of ``tests/data/tokenizers/<name>`` (``test/<family>``: the test tokenizer of
+    ``tests/data/test_tokenizers/<family>``, ``tests.harness.make_test_tokenizers``), loaded once."""
+    if name.startswith("test/"):
+        return load_tokenizer(str(DATA / "test_tokenizers" / name.removeprefix("test/")))
     return load_tokenizer(str(DATA / "tokenizers" / name))
 
 
