@@ -10,7 +10,8 @@ expected ``reasoning`` / ``content`` (None as vLLM writes it: empty here) / ``to
 vLLM test checks it), optional ``chat_template_kwargs``, ``tools``, ``tool_parser`` (a vector's own), ``checks`` (what the
 vLLM test asserts, ``matches``), and ``deviation`` (``ours``:
 our answer, ``reason``, ``source``) or ``nonstreaming_only`` (why the streamed runs are not
-compared).
+compared), or ``open`` (a vector we do not pass yet: why; the test expects it to fail, so it
+cannot pass unnoticed, and the coverage table counts it as run, not passed).
 """
 from __future__ import annotations
 
