@@ -7,7 +7,7 @@ parsers, ``tokenizer`` (a directory of ``tests/data/tokenizers``, or ``test/<fam
 (the vLLM test id), ``streaming`` (the vLLM test's mode), ``output`` (model output text), the
 expected ``reasoning`` / ``content`` (None as vLLM writes it: empty here) / ``tool_calls``
 (``[{name, arguments}]``, arguments compared as JSON; ``arguments_text``: the exact text when the
-vLLM test checks it), optional ``chat_template_kwargs``, ``tools``, ``tool_parser`` (a vector's own), ``checks`` (what the
+vLLM test checks it), optional ``chat_template_kwargs``, ``prompt`` (the rendered prompt's text, file or vector), ``tools``, ``tool_parser`` (a vector's own), ``checks`` (what the
 vLLM test asserts, ``matches``), and ``deviation`` (``ours``:
 our answer, ``reason``, ``source``) or ``nonstreaming_only`` (why the streamed runs are not
 compared), or ``open`` (a vector we do not pass yet: why; the test expects it to fail, so it
@@ -61,10 +61,11 @@ def chunk_sizes(n: int, how: str, rng: random.Random) -> list[int]:
 
 
 def run_output(tok_name: str, rp: str | None, tp: str | None, text: str, *, tools=None, kwargs=None,
-               how: str = "one", mode: str = "whole", seed: int = 0) -> dict[str, Any]:
+               how: str = "one", mode: str = "whole", seed: int = 0, prompt: str | None = None) -> dict[str, Any]:
     """``text`` as token ids of ``tok_name`` through a (``rp``, ``tp``) stack with
     ``--tool-call-streaming mode``, in ``how`` chunks (``one``: a non-streamed choice), the state
-    round-tripped after every chunk. Returns ``{reasoning, content, tool_calls: [{name,
+    round-tripped after every chunk; ``prompt``: the rendered prompt's text (its ids are the
+    request's ``prompt_token_ids``), for families whose generation prompt opens the reasoning. Returns ``{reasoning, content, tool_calls: [{name,
     arguments}], arguments_text, text}`` (``text``: the detokenized output, to check the round
     trip)."""
     tok = real_tokenizer(tok_name)
@@ -72,7 +73,7 @@ def run_output(tok_name: str, rp: str | None, tp: str | None, text: str, *, tool
                         enable_auto_tool_choice=True, tool_call_streaming=mode)
     ids = tok.encode(text)
     ctx = RequestContext(tools=copy.deepcopy(tools), tool_choice="auto" if tools else None,
-                         chat_template_kwargs=kwargs)
+                         chat_template_kwargs=kwargs, prompt_token_ids=tok.encode(prompt) if prompt else None)
     st = stack.initial_state(ctx, streaming=how != "one")
     detok = IncrementalDetokenizer(tok, skip_special_tokens=False)
     reasoning, content, seen = [], [], []
