@@ -188,4 +188,5 @@ class Gemma4ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<|tool_call>",)
     ends = ("<tool_call|>",)
+    strip_before_call = True  # vLLM's TestExtractToolCalls::test_text_before_tool_call
     parse_body = staticmethod(parse_gemma4_call)
