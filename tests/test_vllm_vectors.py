@@ -87,6 +87,16 @@ def test_markers_are_single_ids():
             assert len(tok.encode(m)) == 1, (doc["family"], m)
 
 
+def test_test_tokenizers_are_the_generators_output():
+    """``tests/data/test_tokenizers`` is what ``tests.harness.make_test_tokenizers`` writes."""
+    from tests.harness.make_test_tokenizers import MARKERS, OUT, build
+
+    for fam, markers in MARKERS.items():
+        stored = json.loads((OUT / fam / "tokenizer.json").read_text(encoding="utf-8"))
+        assert stored == json.loads(build(markers).to_str()), fam
+        assert json.loads((OUT / fam / "markers.json").read_text(encoding="utf-8"))["markers"] == markers
+
+
 def coverage() -> list[tuple[str, str, int, int, int, int]]:
     """Per vector file: (family, kind, run, passed as vLLM expects, deviations, open), from the
     non-streaming runs (``test_vector`` checks the streams give the same)."""
