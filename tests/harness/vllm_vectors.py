@@ -2,15 +2,16 @@
 run of one output through our parsers on real token ids.
 
 A data file is one vLLM test module for one parser: ``family``, ``kind`` (reasoning | tool), the
-parsers, ``tokenizer`` (a directory of ``tests/data/tokenizers``), ``vllm_file`` /
+parsers, ``tokenizer`` (a directory of ``tests/data/tokenizers``, or ``test/<family>``), ``vllm_file`` /
 ``vllm_commit`` / ``vllm_versions`` (where the facts were copied from), and ``vectors``: ``test``
 (the vLLM test id), ``streaming`` (the vLLM test's mode), ``output`` (model output text), the
 expected ``reasoning`` / ``content`` (None as vLLM writes it: empty here) / ``tool_calls``
 (``[{name, arguments}]``, arguments compared as JSON; ``arguments_text``: the exact text when the
-vLLM test checks it), optional ``chat_template_kwargs``, ``tools``, ``tool_parser`` (a vector's own), ``checks`` (what the
+vLLM test checks it), optional ``chat_template_kwargs``, ``prompt`` (the rendered prompt's text, file or vector), ``tools``, ``tool_parser`` (a vector's own), ``checks`` (what the
 vLLM test asserts, ``matches``), and ``deviation`` (``ours``:
 our answer, ``reason``, ``source``) or ``nonstreaming_only`` (why the streamed runs are not
-compared).
+compared), or ``open`` (a vector we do not pass yet: why; the test expects it to fail, so it
+cannot pass unnoticed, and the coverage table counts it as run, not passed).
 """
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ VECTORS_DIR = DATA / "vllm_vectors"
 
 @functools.cache
 def real_tokenizer(name: str):
-    """A tokenizer of ``tests/data/tokenizers/<name>``, loaded once."""
+    """A tokenizer of ``tests/data/tokenizers/<name>`` (``test/<family>``: the test tokenizer of
+    ``tests/data/test_tokenizers/<family>``, ``tests.harness.make_test_tokenizers``), loaded once."""
+    if name.startswith("test/"):
+        return load_tokenizer(str(DATA / "test_tokenizers" / name.removeprefix("test/")))
     return load_tokenizer(str(DATA / "tokenizers" / name))
 
 
@@ -57,10 +61,11 @@ def chunk_sizes(n: int, how: str, rng: random.Random) -> list[int]:
 
 
 def run_output(tok_name: str, rp: str | None, tp: str | None, text: str, *, tools=None, kwargs=None,
-               how: str = "one", mode: str = "whole", seed: int = 0) -> dict[str, Any]:
+               how: str = "one", mode: str = "whole", seed: int = 0, prompt: str | None = None) -> dict[str, Any]:
     """``text`` as token ids of ``tok_name`` through a (``rp``, ``tp``) stack with
     ``--tool-call-streaming mode``, in ``how`` chunks (``one``: a non-streamed choice), the state
-    round-tripped after every chunk. Returns ``{reasoning, content, tool_calls: [{name,
+    round-tripped after every chunk; ``prompt``: the rendered prompt's text (its ids are the
+    request's ``prompt_token_ids``), for families whose generation prompt opens the reasoning. Returns ``{reasoning, content, tool_calls: [{name,
     arguments}], arguments_text, text}`` (``text``: the detokenized output, to check the round
     trip)."""
     tok = real_tokenizer(tok_name)
@@ -68,7 +73,7 @@ def run_output(tok_name: str, rp: str | None, tp: str | None, text: str, *, tool
                         enable_auto_tool_choice=True, tool_call_streaming=mode)
     ids = tok.encode(text)
     ctx = RequestContext(tools=copy.deepcopy(tools), tool_choice="auto" if tools else None,
-                         chat_template_kwargs=kwargs)
+                         chat_template_kwargs=kwargs, prompt_token_ids=tok.encode(prompt) if prompt else None)
     st = stack.initial_state(ctx, streaming=how != "one")
     detok = IncrementalDetokenizer(tok, skip_special_tokens=False)
     reasoning, content, seen = [], [], []

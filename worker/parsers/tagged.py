@@ -277,6 +277,9 @@ class TaggedToolParser(ToolParser):
     #: (module docstring, "bare calls"; empty: none)
     bare_start: ClassVar[str] = ""
     bare_end: ClassVar[str] = ""
+    #: the whitespace between the text and a call block is not content (held until the next
+    #: text or block: vLLM's ernie45 / gemma4 parsers strip the content before the calls)
+    strip_before_call: ClassVar[bool] = False
     parse_body: ClassVar[Callable[[str], list[tuple[str, str]] | None]] = staticmethod(json_name_arguments)
 
     def __init__(self, tok):
@@ -465,10 +468,16 @@ class TaggedToolParser(ToolParser):
             return
         if self.bare_start:  # where a bare opener may start a call (module docstring)
             code_state(st, t)
-        if st.seg_text:
+        if st.seg_text and not self.strip_before_call:
             out.content += t
         elif t.isspace():
             st.pending_ws += t
+        elif self.strip_before_call:  # trailing whitespace held (the class attribute)
+            t = st.pending_ws + t
+            core = t.rstrip()
+            out.content += core
+            st.pending_ws = t[len(core):]
+            st.seg_text = True
         else:
             out.content += st.pending_ws + t
             st.pending_ws = ""

@@ -34,3 +34,4 @@ class Ernie45ToolParser(TaggedToolParser):
     ends = ("</tool_call>",)
     #: Hermes-like: a block open at EOS whose JSON is complete is a call
     eos_closes = True
+    strip_before_call = True  # vLLM's test_extract_tool_calls[tool_call_with_content_before]

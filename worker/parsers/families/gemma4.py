@@ -3,7 +3,8 @@
 Reasoning (Gemma 4 chat template with ``enable_thinking``; vLLM ``gemma4``): the thought
 channel ``<|channel>thought\\n…<channel|>`` (special tokens ``<|channel>``/``<channel|>``); the
 ``thought\\n`` channel label is not reasoning text and is stripped; output that does not open
-the channel is content; a ``<|tool_call>`` straight from the channel ends it.
+the channel is content; a channel opened after content is reasoning (the text around it content:
+vLLM's ``test_gemma4_reasoning[new_line]``); a ``<|tool_call>`` straight from the channel ends it.
 
 Example: ``<|channel>thought\\nUser wants X.<channel|>Here is X.`` -> reasoning ``User wants X.``,
 content ``Here is X.``
@@ -150,7 +151,7 @@ class Gemma4ThinkState(ThinkState, kw_only=True, array_like=True):
 class Gemma4ReasoningParser(ThinkReasoningParser):
     needs_special_tokens = True
     spec = ThinkSpec(start=("<|channel>",), end=("<channel|>",), default_reasoning=False,
-                     turn_token="<|turn>", implicit_end=("<|tool_call>",))
+                     turn_token="<|turn>", implicit_end=("<|tool_call>",), start_anywhere=True)
 
     def initial_state(self, ctx: RequestContext) -> Gemma4ThinkState:
         b = super().initial_state(ctx)
@@ -188,4 +189,5 @@ class Gemma4ToolParser(TaggedToolParser):
     needs_special_tokens = True
     starts = ("<|tool_call>",)
     ends = ("<tool_call|>",)
+    strip_before_call = True  # vLLM's TestExtractToolCalls::test_text_before_tool_call
     parse_body = staticmethod(parse_gemma4_call)

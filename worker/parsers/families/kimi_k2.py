@@ -18,12 +18,16 @@ cut-off call after them is dropped; with no complete call it is content.
 
 Kimi-K2.5 sometimes drops the ``.``/``:`` of the call id (``functionsexec5``, bug-020): an id
 whose canonical name is not a declared tool resolves to the declared tool it spells with
-those separators removed (``functions`` prefix and index digits around it).
+those separators removed (``functions`` prefix and index digits around it); a non-canonical id
+that spells no declared tool is skipped, a bare counter id (``0``) names the declared tool its
+arguments fit (``resolve_kimi_name``; vLLM's tests). Text between the section opener and the
+first call is dropped.
 
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): a call's name (resolved as
 above) goes out once ``<|tool_call_argument_begin|>{`` arrives, then the arguments' raw JSON text;
 a call cut off after its name keeps the raw text that went out.
 """
+import json
 import re
 
 from worker.parsers.incremental import JsonArgs
@@ -47,10 +51,19 @@ def kimi_name(call_id: str) -> str | None:
     return head or None
 
 
-def resolve_kimi_name(call_id: str, declared) -> str | None:
+_CANONICAL = re.compile(r"\s*(?:functions\.)?[^:\s]+:\d+\s*")
+
+
+def resolve_kimi_name(call_id: str, declared, args: str | None = None) -> str | None:
     """The function a call id names: ``kimi_name`` when that is a declared tool (or no tools
-    are known), else the longest declared tool the id spells in a non-canonical form
-    (``functionsexec5``, ``functions_exec_5``, ``exec5``), else ``kimi_name``."""
+    are known); else the longest declared tool the id spells in a non-canonical form
+    (``functionsexec5``, ``functions_exec_5``, ``exec5``); else ``kimi_name`` for a canonical id
+    (``[functions.]NAME:i``); else None (the call is skipped, vLLM's
+    ``test_invalid_funcall_id_skipped``). A bare counter id (``0``) names the only declared
+    tool, or the only one whose parameters hold every key of ``args`` (None when ``args`` is
+    not given, not a JSON object, or fits several tools: vLLM's ``test_bare_counter*``)."""
+    if call_id.strip().isdigit() and declared:
+        return _tool_of_args(declared, args)
     name = kimi_name(call_id)
     if not declared or name in declared:
         return name
@@ -59,20 +72,42 @@ def resolve_kimi_name(call_id: str, declared) -> str | None:
         if re.fullmatch(r"(?:functions[._:]?)?" + re.escape(tool) + r"(?:[._:]?\d+)?", call_id.strip()):
             if best is None or len(tool) > len(best):
                 best = tool
-    return best or name
+    return best or (name if _CANONICAL.fullmatch(call_id) else None)
+
+
+def _tool_of_args(declared, args: str | None) -> str | None:
+    """The declared tool a bare-counter call names (``resolve_kimi_name``)."""
+    if len(declared) == 1:
+        return next(iter(declared))
+    if args is None or not isinstance(declared, dict):
+        return None
+    try:
+        obj = json.loads(args)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    fits = [t for t, props in declared.items() if set(obj) <= set(props or ())]
+    return fits[0] if len(fits) == 1 else None
 
 
 def parse_kimi_section(body: str, declared=()) -> list[tuple[str, str]] | None:
-    calls = match_all(_CALL, body)
+    """The calls of a section body; text before the first call is dropped (vLLM's
+    ``test_noise_between_markers_suppressed``), a call whose id names no function is skipped
+    (``resolve_kimi_name``); None when the calls do not parse or none is left."""
+    i = body.find("<|tool_call_begin|>")
+    calls = match_all(_CALL, body[i:] if i > 0 else body)
     if calls is None:
         return None
     out = []
     for m in calls:
-        name, args = resolve_kimi_name(m.group(1), declared), json_args(m.group(2).strip())
-        if name is None or args is None:
+        args = json_args(m.group(2).strip())
+        if args is None:
             return None
-        out.append((name, args))
-    return out
+        name = resolve_kimi_name(m.group(1), declared, args)
+        if name is not None:
+            out.append((name, args))
+    return out or None
 
 
 @register_reasoning("kimi_k2", "Kimi K2 Thinking, Kimi K2.5",
@@ -101,4 +136,5 @@ class KimiK2ToolParser(TaggedToolParser):
         return parse_kimi_section(body.strip(), st.types)
 
     def stream_name(self, st, raw: str) -> str | None:
+        # a bare counter with several declared tools is named by its arguments: not streamed
         return resolve_kimi_name(raw, st.types)

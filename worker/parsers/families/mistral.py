@@ -8,7 +8,8 @@ token, so the parser needs ``skip_special_tokens`` off (vLLM's ``adjust_request`
 are 9 alphanumerics (the v0.3 template rejects any other shape).
 
 Newer Mistral tokenizers (v11+) write each call as ``[TOOL_CALLS]NAME[ARGS]{json}``, one
-``[TOOL_CALLS]`` per call (bug-011): a body in that shape gives one call per segment.
+``[TOOL_CALLS]`` per call (bug-011): a body in that shape gives one call per segment, also
+with ``[ARGS]`` not written (``NAME{json}``: the text vLLM's v11 tests hand the parser).
 
 Parity rules (corpus ``mistral-tool-*``): text before the marker is content, as written
 (``" Let me check. "``); a body that is not such a list (``mistral-tool-malformed-v0``) is
@@ -27,6 +28,7 @@ without brackets read, non-object list entries skipped, and every ``[TOOL_CALLS]
 from __future__ import annotations
 
 import json
+import re
 
 from worker.parsers.incremental import NAME_ARGS_HEAD, JsonArgs
 from worker.parsers.jsontail import JsonTailToolParser, call_of
@@ -58,6 +60,28 @@ def parse_args_segments(body: str) -> list[tuple[str, str]] | None:
         if not isinstance(obj, dict) or args[end:].strip():
             return None
         out.append((name, json.dumps(obj, ensure_ascii=False)))
+    return out or None
+
+
+_NAME_JSON = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*(?=\{)")
+
+
+def parse_name_segments(body: str) -> list[tuple[str, str]] | None:
+    """``NAME{json}[TOOL_CALLS]NAME{json}...``: the v11 form as vLLM's parser sees it with the
+    ``[ARGS]`` control token not written (vLLM 0.33 ``test_extract_tool_calls[single_tool_add]``
+    …) -> one call per segment; None unless every segment is a name and one JSON object."""
+    out = []
+    for seg in body.split("[TOOL_CALLS]"):
+        m = _NAME_JSON.match(seg)
+        if m is None:
+            return None
+        try:
+            obj, end = _DECODER.raw_decode(seg, m.end())
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or seg[end:].strip():
+            return None
+        out.append((m.group(1), json.dumps(obj, ensure_ascii=False)))
     return out or None
 
 
@@ -120,7 +144,7 @@ def parse_mistral_body(body: str) -> list[tuple[str, str]] | None:
     except ValueError:
         if _ARGS in body:
             return parse_args_segments(body)
-        return parse_lenient(body)
+        return parse_name_segments(body) or parse_lenient(body)
     items = obj if isinstance(obj, list) else [obj]
     calls = [call_of(x) for x in items]
     if not calls or any(c is None for c in calls):

@@ -9,13 +9,15 @@ Tool calls (Step-3 template; vLLM ``step3``): a section of calls, each an XML in
     <steptml:parameter name="city">Beijing</steptml:parameter></steptml:invoke><｜tool_call_end｜>
     <｜tool_calls_end｜>
 
-values are stripped of surrounding whitespace (as vLLM does) and typed by the request's tool
-schema (undeclared parameters stay strings). A section left open at the end of the output keeps
+The ``function<｜tool_sep｜>`` framing is optional (vLLM's tests omit it or put the name after it);
+a value of a parameter the schema declares a string keeps its surrounding whitespace (it sits
+inline between the tags: vLLM's ``TestStep3ParameterWhitespace``), any other value is stripped;
+values are typed by the request's tool schema (undeclared parameters stay strings). A section left open at the end of the output keeps
 its complete calls (``TaggedToolParser.call_ends``), the cut-off call after them is dropped.
 
 ``--tool-call-streaming incremental`` (``worker.parsers.incremental``): each invoke's name goes
-out with ``<steptml:invoke name=…>``, a string parameter's value as it arrives (surrounding
-whitespace held back), any other parameter when its closing tag arrives, ``}`` with
+out with ``<steptml:invoke name=…>``, a declared string parameter's value as it arrives, any
+other parameter when its closing tag arrives, ``}`` with
 ``</steptml:invoke>``.
 """
 import re
@@ -24,9 +26,13 @@ from worker.parsers.incremental import XmlArgs
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec
-from worker.parsers.xmlcall import invoke_format, match_all, parse_invokes, typed_value
+from worker.parsers.values import dumps_args, is_string_param
+from worker.parsers.xmlcall import invoke_format, match_all, read_calls, typed_value
 
-_CALL = re.compile(r"<｜tool_call_begin｜>\s*function\s*<｜tool_sep｜>(.*?)<｜tool_call_end｜>", re.DOTALL)
+#: a call block; the ``function<｜tool_sep｜>NAME`` framing before the invoke is optional, a
+#: ``<｜tool_sep｜>`` between blocks is skipped (vLLM's common tests write both forms)
+_CALL = re.compile(r"(?:<｜tool_sep｜>\s*)?<｜tool_call_begin｜>\s*(?:function\s*<｜tool_sep｜>[^<]*)?(.*?)<｜tool_call_end｜>",
+                   re.DOTALL)
 
 
 def parse_step3_section(body: str, types: dict) -> list[tuple[str, str]] | None:
@@ -35,11 +41,22 @@ def parse_step3_section(body: str, types: dict) -> list[tuple[str, str]] | None:
         return None
     out = []
     for m in calls:
-        one = parse_invokes(m.group(1), "steptml:invoke", "steptml:parameter", types, strip_values=True)
+        one = read_calls(invoke_format("steptml:invoke", "steptml:parameter"), m.group(1))
         if one is None:
             return None
-        out.extend(one)
+        out.extend((n, dumps_args({k: _value(types.get(n), k, raw) for k, raw in ps})) for n, ps in one)
     return out
+
+
+def _declared_string(fn_types: dict | None, key: str) -> bool:
+    return fn_types is not None and key in fn_types and is_string_param(fn_types[key])
+
+
+def _value(fn_types: dict | None, key: str, raw: str):
+    """A parameter's JSON value: a declared string keeps its whitespace (the value sits inline
+    between the tags: vLLM's ``TestStep3ParameterWhitespace``), any other value is stripped,
+    then typed by the schema."""
+    return typed_value(raw if _declared_string(fn_types, key) else raw.strip(), fn_types, key)
 
 
 @register_reasoning("step3", "StepFun Step-3", "reasoning until </think> (prompt pre-opens it)")
@@ -61,10 +78,15 @@ class Step3ToolParser(TaggedToolParser):
     #: closing tag; the ``<｜tool_call_begin｜>function<｜tool_sep｜>`` framing is skipped
     stream_spec = XmlArgs(invoke_format("steptml:invoke", "steptml:parameter"), outside=True)
 
-    stream_strip = "all"
+    stream_strip = "none"
+
+    def string_param(self, st: TaggedState, name: str, key: str) -> bool:
+        # only a declared string streams as it arrives (kept whole); any other value is
+        # stripped, so it goes out when its closing tag arrives
+        return _declared_string(st.types.get(name), key)
 
     def stream_value(self, st: TaggedState, name: str, key: str, raw: str):
-        return typed_value(raw.strip(), st.types.get(name), key)  # values stripped, as parse_invokes
+        return _value(st.types.get(name), key, raw)  # as parse_step3_section
 
     def parse_call(self, st: TaggedState, body: str):
         return parse_step3_section(body.strip(), st.types)
