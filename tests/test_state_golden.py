@@ -280,3 +280,84 @@ def test_previous_release_continues_a_held_tool_call(prev_tree, closed):
     assert joined == want
     assert "<tool_call>" in want["reasoning"] and not want["calls"]
     assert _join(ours)["reasoning"] + _join(rest)["reasoning"] == want["reasoning"]
+
+
+_PREV_LAYOUT = """
+import importlib, sys, msgspec
+from msgspec.structs import asdict
+
+def filled(t):
+    kw = {}
+    for f in msgspec.structs.fields(t):
+        if f.required:
+            return None
+        d = f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+        kw[f.name] = f.name + "!" if f.type is str else (not d) if f.type is bool else \\
+            d + 7 if f.type is int else d
+    return t(**kw)
+
+out = {}
+for mod, name, blob in msgspec.msgpack.decode(sys.stdin.buffer.read()):
+    try:
+        t = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError):
+        continue
+    if filled(t) is None:
+        out[name] = None
+        continue
+    try:
+        read = asdict(msgspec.msgpack.decode(blob, type=t))
+    except msgspec.ValidationError as e:
+        read = str(e)
+    out[name] = [read, msgspec.msgpack.encode(filled(t))]
+sys.stdout.buffer.write(msgspec.msgpack.encode(out))
+"""
+
+
+def _parser_state_types() -> list[type]:
+    """The array-like Structs of ``worker.parsers`` (the parser states a stream state holds)."""
+    import importlib
+    import pkgutil
+
+    import worker.parsers
+    out = []
+    for m in pkgutil.walk_packages(worker.parsers.__path__, "worker.parsers."):
+        for v in vars(importlib.import_module(m.name)).values():
+            if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == m.name \
+                    and v.__struct_config__.array_like:
+                out.append(v)
+    return out
+
+
+def _plain(x):
+    """``x`` as msgpack decodes it (nested Structs as lists, as the other release sent them)."""
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(x))
+
+
+def test_parser_states_are_read_by_the_previous_release_both_ways(prev_tree):
+    """Every parser state type e8f2be2 also has (same module and name): this release's state with
+    every str / bool / int field set decodes in e8f2be2 to the same values of e8f2be2's fields
+    (new fields are trailing: ignored), and e8f2be2's such state decodes here to its values, the
+    new fields at their defaults. Catches a field added before a subclass's fields (the wrapped
+    and Gemma 4 think states: ``ThinkFields``)."""
+    from msgspec.structs import asdict
+    ns: dict = {}
+    exec(compile(_PREV_LAYOUT.split("out = {}")[0], "layout", "exec"), ns)  # the same filler here
+    types = [t for t in _parser_state_types() if ns["filled"](t) is not None]
+    assert {"ThinkState", "WrappedThinkState", "Gemma4ThinkState", "TaggedState"} <= {t.__name__ for t in types}
+    jobs = [(t.__module__, t.__name__, msgspec.msgpack.encode(ns["filled"](t))) for t in types]
+    r = subprocess.run([sys.executable, "-P", "-c", _PREV_LAYOUT], input=msgspec.msgpack.encode(jobs), cwd=prev_tree,
+                       env=dict(os.environ, PYTHONPATH=str(prev_tree)), capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode()[-4000:]
+    got = msgspec.msgpack.decode(r.stdout)
+    assert {"ThinkState", "WrappedThinkState", "Gemma4ThinkState", "TaggedState"} <= set(got)
+    for t in types:
+        if got.get(t.__name__) is None:  # (a type e8f2be2 does not have, or not with defaults)
+            continue
+        theirs, their_blob = got[t.__name__]
+        assert isinstance(theirs, dict), (t.__name__, theirs)  # (else: e8f2be2's decode error)
+        ours = _plain(asdict(ns["filled"](t)))
+        assert theirs == {k: ours[k] for k in theirs}, t.__name__
+        back = _plain(asdict(msgspec.msgpack.decode(their_blob, type=t)))
+        default = _plain(asdict(t()))
+        assert back == {k: theirs.get(k, default[k]) for k in back}, t.__name__
