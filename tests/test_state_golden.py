@@ -8,11 +8,26 @@ written by a real Kafka worker of that release) is read by this one, both ways:
   each stream: its replies equal the in-process core's bytes of an uninterrupted run, and the
   tombstone it writes is byte-identical to the one e8f2be2 wrote;
 * the keys it writes for the first half of each stream (the format it selects while e8f2be2 may
-  be in the group) are byte-identical to e8f2be2's, so e8f2be2 reads them.
+  be in the group) are read by e8f2be2's own code (a worktree of that release,
+  ``tests/chaos/releases.py``, running ``tests/harness/prev_continue.py``) with the same meaning:
+  e8f2be2 decodes them to what it decodes from its own golden keys, and continuing each stream
+  it answers the second half with the golden replies. Pieces, the replay window and the
+  completion checkpoint and settings are still byte-identical; a chat or Responses stream's
+  checkpoint and a chat stream's settings are not: its reasoning parser state carries trailing fields e8f2be2
+  ignores (``ThinkState``'s ``closed`` / ``held_len`` / ``held_in``, docs/delivery.md "Rolling
+  upgrades across releases"), and the state records the digest of its settings' bytes;
+* a Qwen3 stream cut while this release holds a ``<tool_call>`` met inside ``<think>`` (the held
+  mode, stored as reasoning text still to emit) is continued by e8f2be2 with e8f2be2's own
+  uninterrupted answer: the held text comes out as reasoning.
 """
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -20,8 +35,9 @@ import msgspec
 import pytest
 import redis
 
+from tests.chaos.releases import NotAGitCheckout, previous_release, release_tree
 from tests.harness.golden_state import TS_MS, load_streams, run_phase, v6_read
-from tests.harness.kafka import REDIS_URL
+from tests.harness.kafka import REDIS_URL, qwen3_stream
 from worker.core.service import DerenderService
 from worker.state import formats
 from worker.transport.checkpoints import decode_stored
@@ -29,6 +45,37 @@ from worker.transport.jobs import derender_stream_job
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden_state" / "v6"
 STREAMS = load_streams(GOLDEN / "streams.json")
+PREV_CONTINUE = Path(__file__).resolve().parent / "harness" / "prev_continue.py"
+#: streams whose state holds a reasoning parser state: checkpoint (and settings) not byte-identical
+THINK_STATE = {"chat", "bigcall", "responses"}
+
+
+@pytest.fixture(scope="module")
+def prev_tree():
+    """A worktree of the previous release (``tests/chaos/releases.py``); skipped outside a git checkout."""
+    try:
+        with release_tree(previous_release()) as tree:
+            yield tree
+    except NotAGitCheckout as e:
+        pytest.skip(str(e))
+
+
+def prev_run(tree: Path, jobs: list[dict]) -> dict:
+    """``tests/harness/prev_continue.py`` run by the release checked out at ``tree`` over ``jobs``."""
+    with tempfile.TemporaryDirectory(prefix="prev-continue-") as d:
+        src, dst = Path(d) / "in", Path(d) / "out"
+        src.write_bytes(msgspec.msgpack.encode(jobs))
+        env = dict(os.environ, PYTHONPATH=str(tree))
+        r = subprocess.run([sys.executable, "-P", str(PREV_CONTINUE), str(src), str(dst)], cwd=tree, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-4000:]
+        return msgspec.msgpack.decode(dst.read_bytes())
+
+
+def _job(s, start: int, values: dict[str, bytes]) -> dict:
+    return {"name": s["name"], "chunks": s["chunks"], "start": start, "kind": s["kind"], "created": TS_MS // 1000,
+            "model": "qwen3", "checkpoint": values.get("checkpoint"), "settings": values.get("settings"),
+            "pieces": values.get("pieces")}
 
 
 def _files(name: str) -> dict[str, bytes]:
@@ -81,12 +128,15 @@ def _uninterrupted(s) -> list[bytes]:
 
 @pytest.mark.kafka
 @pytest.mark.redis
-def test_this_release_continues_golden_streams_and_writes_their_bytes(kafka_bootstrap, kafka_broker_kind,
-                                                                      qwen3_models, redis_prefix):
+def test_this_release_continues_golden_streams_and_writes_what_e8f2be2_reads(kafka_bootstrap, kafka_broker_kind,
+                                                                             qwen3_models, redis_prefix, prev_tree):
     """Continue: the golden mid-stream keys under a fresh prefix, a worker of this release
     answers the second half of every stream; replies = the uninterrupted run's, tombstones = the
     golden ones. Write: a worker of this release answers the first half of every stream under
-    another prefix; the keys it wrote are the golden bytes (e8f2be2's layout, hence readable by it)."""
+    another prefix; the keys it wrote are the golden bytes, except a chat or Responses stream's
+    checkpoint and a chat stream's settings (same seq and replay window; reasoning parser state with trailing fields e8f2be2
+    ignores); e8f2be2's own code reads them as its golden keys and continues each stream with the
+    golden replies."""
     sync = redis.Redis.from_url(REDIS_URL)
     for s in STREAMS:
         key = f"{redis_prefix}{{{s['rid']}}}"
@@ -118,8 +168,196 @@ def test_this_release_continues_golden_streams_and_writes_their_bytes(kafka_boot
             sync.delete(*keys)
     for s in STREAMS:
         files = _files(s["name"])
-        for name, value in mid[s["name"]].items():
-            assert value == files[f"mid.{name}"], (s["name"], name)
-            if name == "checkpoint":
-                v6_read(value)
         assert set(mid[s["name"]]) == {n[4:] for n in files if n.startswith("mid.")}
+        for name, value in mid[s["name"]].items():
+            if name == "checkpoint" and s["name"] in THINK_STATE:
+                ours, old = v6_read(value), v6_read(files["mid.checkpoint"])
+                assert value[:20] == files["mid.checkpoint"][:20]
+                assert ours.replies == old.replies, s["name"]
+            elif name == "settings" and s["name"] in THINK_STATE:
+                assert msgspec.msgpack.decode(value)[0] == 6
+            else:
+                assert value == files[f"mid.{name}"], (s["name"], name)
+                if name == "checkpoint":
+                    v6_read(value)
+    _prev_continues(prev_tree, mid)
+
+
+def _prev_continues(tree: Path, mid: dict) -> None:
+    """e8f2be2 reads what this release wrote at each golden stream's cut (``mid``: the stream's
+    stored values) as it reads its own golden values, and continues each stream with its golden
+    replies (its uninterrupted run's, in the golden tombstone's replay window)."""
+    jobs = [_job(s, s["cut"], mid[s["name"]]) for s in STREAMS]
+    jobs += [dict(_job(s, len(s["chunks"]), {n[4:]: v for n, v in _files(s["name"]).items() if n.startswith("mid.")}),
+                  name=s["name"] + ":golden") for s in STREAMS]
+    got = prev_run(tree, jobs)
+    for s in STREAMS:
+        name = s["name"]
+        assert got[name]["norm"] == got[name + ":golden"]["norm"], name
+        assert got[name]["norm"] is not None
+        assert got[name]["norm_settings"] == _files(name).get("mid.settings"), name
+        golden = {e.seq: e.value for e in v6_read(_files(name)["end.checkpoint"]).replies}
+        bodies = got[name]["bodies"]
+        assert len(bodies) == len(s["chunks"]) - s["cut"], name
+        for seq, body in enumerate(bodies, s["cut"]):
+            assert body == golden[seq], (name, seq, body[:200], golden[seq][:200])
+
+
+def _join(bodies: list[bytes]) -> dict:
+    """The joined answer of chat stream reply bodies: reasoning, content, calls (name, arguments),
+    finish reasons."""
+    out = {"reasoning": "", "content": "", "calls": {}, "finish": []}
+    for body in bodies:
+        for chunk in json.loads(body):
+            for c in chunk["choices"]:
+                d = c["delta"]
+                out["reasoning"] += d.get("reasoning") or d.get("reasoning_content") or ""
+                out["content"] += d.get("content") or ""
+                for tc in d.get("tool_calls") or []:
+                    call = out["calls"].setdefault(tc["index"], {"name": "", "arguments": ""})
+                    fn = tc.get("function") or {}
+                    call["name"] += fn.get("name") or ""
+                    call["arguments"] += fn.get("arguments") or ""
+                if c.get("finish_reason"):
+                    out["finish"].append(c["finish_reason"])
+    return out
+
+
+def _first_half(s: dict) -> tuple[list[bytes], bytes, bytes | None, bytes]:
+    """This release's in-process run of chunks ``[0, cut)``: reply bodies, state, settings, pieces."""
+    from worker.config import load_config_file
+    svc = DerenderService(load_config_file(str(GOLDEN.parent.parent / "models.json")))
+    state, settings, pieces, bodies = None, None, bytearray(), []
+    for seq in range(s["cut"]):
+        out = derender_stream_job(svc, s["chunks"][seq], state, seq, s["kind"], TS_MS // 1000, None, settings)
+        assert out.needs_pieces is None and not out.needs_settings and out.status == 200
+        settings = out.settings or settings
+        if out.pieces_len:
+            pieces[out.pieces_len - len(out.append):] = out.append
+        state = out.state
+        bodies.append(out.body)
+    return bodies, state, settings, bytes(pieces)
+
+
+def _held_cut(s: dict) -> int:
+    """The first chunk after which this release's Qwen3 reasoning parser holds ``<tool_call>`` and
+    some of its JSON (the held mode, at rest: ``held_len`` characters of reasoning text)."""
+    from worker.config import load_config_file
+    from worker.core.stream_state import decode_state
+    svc = DerenderService(load_config_file(str(GOLDEN.parent.parent / "models.json")))
+    state, settings = None, None
+    for seq, body in enumerate(s["chunks"]):
+        out = derender_stream_job(svc, body, state, seq, s["kind"], TS_MS // 1000, None, settings)
+        settings, state = out.settings or settings, out.state
+        st = decode_state(svc.runtime("qwen3"), state)
+        think = st.choices[0].parser.reasoning
+        if think.held_len > len("<tool_call>") + 8:
+            assert think.mode == "reasoning" and think.buf.startswith("<tool_call>")
+            return seq + 1
+    raise AssertionError("the stream never held a tool call")
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["no-think-end", "think-end-later"])
+def test_previous_release_continues_a_held_tool_call(prev_tree, closed):
+    """Cut while a ``<tool_call>`` inside ``<think>`` is held (no ``</think>`` yet): e8f2be2 continues
+    the stream from this release's state with its own answer (the held text as reasoning): the
+    replies after the first of the second half are its uninterrupted run's bytes, and the stream
+    joined across the releases is its uninterrupted answer."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(GOLDEN.parent.parent / "tokenizers" / "qwen3" / "tokenizer.json"))
+    text = ('<think>\nThe user wants Oslo.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+            '\n</tool_call>\n' + ("That call was only a sketch.\n</think>\n\nIt is sunny." if closed else ""))
+    _, chunks = qwen3_stream(tok, "held-" + str(closed), text, "Oslo")
+    s = {"name": "held", "rid": "held", "kind": "chat-stream", "chunks": chunks, "cut": 0}
+    s["cut"] = _held_cut(s)
+    ours, state, settings, pieces = _first_half(s)
+    got = prev_run(prev_tree, [dict(_job(s, s["cut"], {"settings": settings, "pieces": pieces}), state=state),
+                               dict(_job(s, 0, {}), name="whole")])
+    rest, whole = got["held"]["bodies"], got["whole"]["bodies"]
+    assert len(rest) == len(chunks) - s["cut"] and len(whole) == len(chunks)
+    assert rest[1:] == whole[s["cut"] + 1:]
+    joined, want = _join(ours + rest), _join(whole)
+    assert joined == want
+    assert "<tool_call>" in want["reasoning"] and not want["calls"]
+    assert _join(ours)["reasoning"] + _join(rest)["reasoning"] == want["reasoning"]
+
+
+_PREV_LAYOUT = """
+import importlib, sys, msgspec
+from msgspec.structs import asdict
+
+def filled(t):
+    kw = {}
+    for f in msgspec.structs.fields(t):
+        if f.required:
+            return None
+        d = f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+        kw[f.name] = f.name + "!" if f.type is str else (not d) if f.type is bool else \\
+            d + 7 if f.type is int else d
+    return t(**kw)
+
+out = {}
+for mod, name, blob in msgspec.msgpack.decode(sys.stdin.buffer.read()):
+    try:
+        t = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError):
+        continue
+    if filled(t) is None:
+        out[name] = None
+        continue
+    try:
+        read = asdict(msgspec.msgpack.decode(blob, type=t))
+    except msgspec.ValidationError as e:
+        read = str(e)
+    out[name] = [read, msgspec.msgpack.encode(filled(t))]
+sys.stdout.buffer.write(msgspec.msgpack.encode(out))
+"""
+
+
+def _parser_state_types() -> list[type]:
+    """The array-like Structs of ``worker.parsers`` (the parser states a stream state holds)."""
+    import importlib
+    import pkgutil
+
+    import worker.parsers
+    out = []
+    for m in pkgutil.walk_packages(worker.parsers.__path__, "worker.parsers."):
+        for v in vars(importlib.import_module(m.name)).values():
+            if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == m.name \
+                    and v.__struct_config__.array_like:
+                out.append(v)
+    return out
+
+
+def _plain(x):
+    """``x`` as msgpack decodes it (nested Structs as lists, as the other release sent them)."""
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(x))
+
+
+def test_parser_states_are_read_by_the_previous_release_both_ways(prev_tree):
+    """Every parser state type e8f2be2 also has (same module and name): this release's state with
+    every str / bool / int field set decodes in e8f2be2 to the same values of e8f2be2's fields
+    (new fields are trailing: ignored), and e8f2be2's such state decodes here to its values, the
+    new fields at their defaults. Catches a field added before a subclass's fields (the wrapped
+    and Gemma 4 think states: ``ThinkFields``)."""
+    from msgspec.structs import asdict
+    ns: dict = {}
+    exec(compile(_PREV_LAYOUT.split("out = {}")[0], "layout", "exec"), ns)  # the same filler here
+    types = [t for t in _parser_state_types() if ns["filled"](t) is not None]
+    assert {"ThinkState", "WrappedThinkState", "Gemma4ThinkState", "TaggedState"} <= {t.__name__ for t in types}
+    jobs = [(t.__module__, t.__name__, msgspec.msgpack.encode(ns["filled"](t))) for t in types]
+    r = subprocess.run([sys.executable, "-P", "-c", _PREV_LAYOUT], input=msgspec.msgpack.encode(jobs), cwd=prev_tree,
+                       env=dict(os.environ, PYTHONPATH=str(prev_tree)), capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode()[-4000:]
+    got = msgspec.msgpack.decode(r.stdout)
+    assert {"ThinkState", "WrappedThinkState", "Gemma4ThinkState", "TaggedState"} <= set(got)
+    for t in types:
+        if got.get(t.__name__) is None:  # (a type e8f2be2 does not have, or not with defaults)
+            continue
+        theirs, their_blob = got[t.__name__]
+        assert isinstance(theirs, dict), (t.__name__, theirs)  # (else: e8f2be2's decode error)
+        ours = _plain(asdict(ns["filled"](t)))
+        assert theirs == {k: ours[k] for k in theirs}, t.__name__
+        back = _plain(asdict(msgspec.msgpack.decode(their_blob, type=t)))
+        default = _plain(asdict(t()))
+        assert back == {k: theirs.get(k, default[k]) for k in back}, t.__name__

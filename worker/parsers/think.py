@@ -22,7 +22,8 @@ Rules (from the models' chat templates and vLLM's reasoning parsers):
   the model called the tools without closing its reasoning (content, vLLM's
   ``tool_call_with_think_no_end``); other text after a closed block means quoted. Same answer in
   both modes; the held text is streamed once decided. It stays in the state (the size of the
-  held call blocks, like an open call's body, but not spilled to pieces). Limit: ``reasoning_tokens`` follows the
+  held call blocks, like an open call's body, but not spilled to pieces); at rest as reasoning
+  text still in ``buf`` (``ThinkState``: the previous release reads it as reasoning). Limit: ``reasoning_tokens`` follows the
   ids, where the explicit rule holds (an implicit-end id in an explicit block is a reasoning
   token), so the ids of calls surfaced that way still count as reasoning tokens;
 * after a block closed by an end marker, a repeated end marker in the content is dropped
@@ -45,9 +46,13 @@ from worker.parsers.base import Delta, ReasoningParser, RequestContext, find_fir
 from worker.parsers.idscan import SMALL, id_text
 
 
-class ThinkState(msgspec.Struct, kw_only=True, array_like=True):
-    """Per-sequence state: ``mode`` (start|reasoning|content), ``buf`` (held-back text that may
-    be a split marker, at most one marker long) and ``tok_reasoning`` (id-level mode)."""
+class ThinkFields(msgspec.Struct, kw_only=True, array_like=True):
+    """The fields of release e8f2be2's ``ThinkState``, in its order (stream state format 6):
+    ``mode`` (start|reasoning|content), ``buf`` (held-back text that may be a split marker, at
+    most one marker long; at rest also the held text, ``ThinkState.held_len``),
+    ``tok_reasoning`` (id-level mode). A state type puts its own fields after these, then
+    ``closed`` / ``held_len`` / ``held_in``: trailing fields e8f2be2 ignores when it decodes
+    (docs/delivery.md, "Rolling upgrades across releases")."""
 
     mode: str = "start"
     buf: str = ""
@@ -57,12 +62,19 @@ class ThinkState(msgspec.Struct, kw_only=True, array_like=True):
     tok_explicit: bool = False
     #: trailing reasoning whitespace held back (``ThinkSpec.strip_trailing_ws``)
     ws: str = ""
-    #: an end marker closed the block: a repeated end marker in the content is dropped
+
+
+class ThinkState(ThinkFields, kw_only=True, array_like=True):
+    """Per-sequence state: ``ThinkFields`` plus ``closed`` (an end marker closed the block: a
+    repeated end marker in the content is dropped) and the held mode of
+    ``ThinkSpec.hold_implicit``: the text from an implicit end marker met in an explicit block,
+    undecided until ``</think>`` (reasoning) or the output's end (content). At rest (between
+    feeds) that mode is stored as mode ``reasoning`` with the held text as the first
+    ``held_len`` characters of ``buf`` (what e8f2be2 reads as reasoning: its answer for that
+    output); ``held_in``: inside that tool-call block (before its ``implicit_close``)."""
+
     closed: bool = False
-    #: ``ThinkSpec.hold_implicit``: the text from an implicit end marker met in an explicit
-    #: block (mode ``held``), undecided until ``</think>`` (reasoning) or the output's end
-    #: (content); ``held_in``: inside that tool-call block (before its ``implicit_close``)
-    held: str = ""
+    held_len: int = 0
     held_in: bool = False
 
 
@@ -344,8 +356,15 @@ class ThinkReasoningParser(ReasoningParser):
 
     def feed(self, state: ThinkState, text: str, token_ids: list[int]) -> Delta:
         out = Delta(reasoning_tokens=self._count(state, token_ids))
+        held = _unpack(state)
         s = state.buf + text
         state.buf = ""
+        _pack(state, self._read(state, out, s, held))
+        return out
+
+    def _read(self, state: ThinkState, out: Delta, s: str, held: str) -> str:
+        """The text steps of ``feed`` over ``s`` (``buf`` + the delta) into ``out``; ``held``:
+        the held text (mode ``held``, unpacked). Returns the held text left."""
         spec = self.spec
         i, size = 0, len(s)  # ``s[i:]`` is still to be read (offsets: no copy of the rest per step)
         while i < size:
@@ -356,7 +375,7 @@ class ThinkReasoningParser(ReasoningParser):
                 if k == size or (size - k < self._longest_start and
                                  any(len(m) > size - k and m.startswith(s[k:]) for m in spec.start)):
                     state.buf = s[i:]
-                    return out
+                    return held
                 for m in spec.start:
                     if s.startswith(m, k):  # whitespace before the start marker is dropped
                         i = k + len(m)
@@ -367,9 +386,9 @@ class ThinkReasoningParser(ReasoningParser):
                     state.mode = "reasoning" if spec.default_reasoning else "content"
                 continue
             if state.mode == "held":
-                i = self._held(state, out, s, i)
+                i, held = self._held(state, out, s, i, held)
                 if i < 0:
-                    return out
+                    return held
                 continue
             if state.mode == "reasoning":
                 ends = spec.end if state.explicit and not spec.hold_implicit else self._end_markers
@@ -378,10 +397,10 @@ class ThinkReasoningParser(ReasoningParser):
                     keep = hold_back(s[max(i, size - self._longest_end):], ends)
                     self._reason(state, out, s[i: size - keep])
                     state.buf = s[size - keep:]
-                    return out
+                    return held
                 self._reason(state, out, s[i:j])
                 if state.explicit and spec.hold_implicit and m not in spec.end:
-                    state.mode, state.held, state.held_in = "held", m, True
+                    state.mode, held, state.held_in = "held", m, True
                     i = j + len(m)
                     continue
                 state.ws = ""  # reasoning ended: its trailing whitespace is dropped
@@ -402,7 +421,7 @@ class ThinkReasoningParser(ReasoningParser):
                 keep = hold_back(s[max(i, size - self._longest_end):], spec.end)
                 out.content += s[i: size - keep]
                 state.buf = s[size - keep:]
-                return out
+                return held
             if spec.start_anywhere:
                 j, m = find_first(s, spec.start, i)
                 if j >= 0:
@@ -413,14 +432,15 @@ class ThinkReasoningParser(ReasoningParser):
                 keep = hold_back(s[max(i, size - self._longest_start):], spec.start)
                 out.content += s[i: size - keep]
                 state.buf = s[size - keep:]
-                return out
+                return held
             out.content += s[i:] if i else s
-            return out
-        return out
+            return held
+        return held
 
-    def _held(self, st: ThinkState, out: Delta, s: str, i: int) -> int:
-        """One step of mode ``held`` (``ThinkSpec.hold_implicit``) over ``s[i:]``: returns where
-        reading goes on, or -1 when ``s`` is used up (a possible split marker kept in ``buf``)."""
+    def _held(self, st: ThinkState, out: Delta, s: str, i: int, held: str) -> tuple[int, str]:
+        """One step of mode ``held`` (``ThinkSpec.hold_implicit``) over ``s[i:]`` with the held
+        text ``held``: returns where reading goes on (-1 when ``s`` is used up, a possible split
+        marker kept in ``buf``) and the held text left."""
         spec = self.spec
         size = len(s)
         if st.held_in:  # inside a tool-call block: its close, or the think block's end
@@ -428,42 +448,38 @@ class ThinkReasoningParser(ReasoningParser):
             j, m = find_first(s, marks, i)
             if j < 0:
                 keep = hold_back(s[max(i, size - max(map(len, marks))):], marks)
-                st.held += s[i: size - keep]
                 st.buf = s[size - keep:]
-                return -1
+                return -1, held + s[i: size - keep]
             if m in spec.end:  # the calls were quoted inside the reasoning
-                self._reason(st, out, st.held + s[i:j])
-                st.held, st.held_in, st.mode, st.closed = "", False, "content", True
-                return j + len(m)
-            st.held += s[i: j + len(m)]
+                self._reason(st, out, held + s[i:j])
+                st.held_in, st.mode, st.closed = False, "content", True
+                return j + len(m), ""
             st.held_in = False
-            return j + len(m)
+            return j + len(m), held + s[i: j + len(m)]
         k = i
         while k < size and s[k].isspace():
             k += 1
         if k == size:
-            st.held += s[i:]
-            return -1
+            return -1, held + s[i:]
         marks = spec.implicit_end + spec.end
         if any(len(m) > size - k and m.startswith(s[k:]) for m in marks):
-            st.held += s[i:k]
             st.buf = s[k:]
-            return -1
+            return -1, held + s[i:k]
         for m in spec.implicit_end:
             if s.startswith(m, k):  # the next tool-call block
-                st.held += s[i: k + len(m)]
                 st.held_in = True
-                return k + len(m)
+                return k + len(m), held + s[i: k + len(m)]
         # text (or the end marker) after a closed block: the calls were quoted
-        self._reason(st, out, st.held)
-        st.held, st.mode = "", "reasoning"
-        return i
+        self._reason(st, out, held)
+        st.mode = "reasoning"
+        return i, ""
 
     def finish(self, state: ThinkState) -> Delta:
         out = Delta()
+        held = _unpack(state)
         if state.mode == "held":  # no end marker came: the reasoning ended at the held marker
-            out.content = state.held + state.buf
-            state.held, state.buf, state.held_in, state.mode = "", "", False, "content"
+            out.content = held + state.buf
+            state.buf, state.held_in, state.mode = "", False, "content"
         s, state.buf = state.buf, ""
         if s:
             mode = state.mode
@@ -475,3 +491,21 @@ class ThinkReasoningParser(ReasoningParser):
                 out.content = s
         state.ws = ""  # the output ended: trailing reasoning whitespace is dropped
         return out
+
+
+def _unpack(st: ThinkState) -> str:
+    """The held mode from its at-rest form (``ThinkState``): mode ``held`` again, ``buf`` without
+    the held text; returns the held text ("" when not held)."""
+    n = st.held_len
+    if not n:
+        return ""
+    held, st.buf = st.buf[:n], st.buf[n:]
+    st.mode, st.held_len = "held", 0
+    return held
+
+
+def _pack(st: ThinkState, held: str) -> None:
+    """The held mode to its at-rest form: mode ``reasoning``, the held text ``held`` first in
+    ``buf``, its length in ``held_len`` (e8f2be2 reads that as reasoning text still to emit)."""
+    if st.mode == "held":
+        st.mode, st.buf, st.held_len = "reasoning", held + st.buf, len(held)

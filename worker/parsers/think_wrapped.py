@@ -11,15 +11,19 @@ from __future__ import annotations
 from typing import ClassVar
 
 from worker.parsers.base import Delta, RequestContext, find_first, hold_back
-from worker.parsers.think import ThinkReasoningParser, ThinkState
+from worker.parsers.think import ThinkFields, ThinkReasoningParser
 
 
-class WrappedThinkState(ThinkState, kw_only=True, array_like=True):
-    """``ThinkState`` plus the content filter's held-back text (``cbuf``) and whether any
-    content was emitted yet (``cstarted``, for ``lstrip``)."""
+class WrappedThinkState(ThinkFields, kw_only=True, array_like=True):
+    """``ThinkState``'s fields plus the content filter's held-back text (``cbuf``) and whether
+    any content was emitted yet (``cstarted``, for ``lstrip``); ``ThinkState``'s later fields
+    come last (release e8f2be2's layout first: ``ThinkFields``)."""
 
     cbuf: str = ""
     cstarted: bool = False
+    closed: bool = False
+    held_len: int = 0
+    held_in: bool = False
 
 
 class WrappedThinkReasoningParser(ThinkReasoningParser):

@@ -33,7 +33,7 @@ from typing import Any
 from worker.parsers.base import Delta, RequestContext
 from worker.parsers.registry import register_reasoning, register_tool
 from worker.parsers.tagged import TaggedToolParser
-from worker.parsers.think import ThinkReasoningParser, ThinkSpec, ThinkState
+from worker.parsers.think import ThinkFields, ThinkReasoningParser, ThinkSpec
 
 Q = '<|"|>'
 _THOUGHT = "thought\n"
@@ -138,12 +138,16 @@ def parse_gemma4_call(body: str) -> list[tuple[str, str]] | None:
     return [(name, json.dumps(args, ensure_ascii=False))]
 
 
-class Gemma4ThinkState(ThinkState, kw_only=True, array_like=True):
-    """``ThinkState`` plus the held start of the reasoning (``rbuf``) until the ``thought\\n``
-    label is seen or ruled out (``rdone``)."""
+class Gemma4ThinkState(ThinkFields, kw_only=True, array_like=True):
+    """``ThinkState``'s fields plus the held start of the reasoning (``rbuf``) until the
+    ``thought\\n`` label is seen or ruled out (``rdone``); ``ThinkState``'s later fields come
+    last (release e8f2be2's layout first: ``ThinkFields``)."""
 
     rbuf: str = ""
     rdone: bool = False
+    closed: bool = False
+    held_len: int = 0
+    held_in: bool = False
 
 
 @register_reasoning("gemma4", "Google Gemma 4 (thinking enabled)",
