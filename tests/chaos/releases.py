@@ -8,6 +8,7 @@ whose stream state format differs), never in CI."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -20,10 +21,24 @@ from tests.chaos.harness import REPO
 #: the previous release's main (full hash); bumped by every release to the main it replaces
 PREVIOUS_RELEASE = "e8f2be210e273f8a3494de24a420e7e56c723341"
 
+#: body fields that tell the record kinds added since the previous release (issue 26: Anthropic
+#: Messages). The previous release has no such kind and answers these records with a 400, so a
+#: roll's load leaves them out: a new kind is served once the roll completes, and a rollback ends
+#: it (docs/delivery.md, "Rolling upgrades across releases"). Emptied when ``PREVIOUS_RELEASE``
+#: is bumped past the release that added them.
+NEW_KIND_FIELDS = ("messages_request",)
+
 
 class NotAGitCheckout(RuntimeError):
     """The tests do not run in a git checkout (an sdist, an unpacked archive): there is no
     previous release to check out, so the rolling scenarios cannot run (a skip, with this reason)."""
+
+
+def previous_serves(value: bytes) -> bool:
+    """Whether the previous release serves a record whose value is the JSON body ``value``: it
+    carries no field of a kind added since (``NEW_KIND_FIELDS``)."""
+    body = json.loads(value)
+    return not (isinstance(body, dict) and any(f in body for f in NEW_KIND_FIELDS))
 
 
 def previous_release() -> str:

@@ -45,7 +45,7 @@ from tests.chaos.harness import (
     make_streams,
 )
 from tests.chaos.load import mixed_load
-from tests.chaos.releases import previous_release, release_tree
+from tests.chaos.releases import previous_release, previous_serves, release_tree
 from tests.chaos.scenarios import Rig, free_port
 
 LIVE_STREAMS = 40
@@ -306,7 +306,8 @@ def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]
                 assert pool.wait_ready(w) is not None, f"{w.name} not ready ({w.p.returncode}):\n{w.text()}"
             rig.wait_ready(olds)
             streams = [st for st in make_streams(400, "rs") if len(st.chunks) >= MIN_CHUNKS]
-            singles = make_singles(int(SINGLES_PER_S * MAX_LOAD_S), "rq", small=True)
+            n = int(SINGLES_PER_S * MAX_LOAD_S)  # (kinds both releases serve: releases.NEW_KIND_FIELDS)
+            singles = [s for s in make_singles(2 * n, "rq", small=True) if previous_serves(s.value)][:n]
             marks: dict[str, Any] = {}
             stop = threading.Event()
             load = threading.Thread(target=lambda: asyncio.run(mixed_load(
