@@ -16,6 +16,7 @@ import pytest
 
 from tests.harness.cli import cli, one_error_line
 from worker.cli import _build_parser, parse_args
+from worker.cli.demo import DEMO_DIR, load_examples
 from worker.flags import nested_parsers
 
 
@@ -102,7 +103,8 @@ def test_no_worker_uses_the_variable_and_says_failed(kafka_bootstrap):
     assert p.returncode == 1, (p.stdout, p.stderr)
     assert f"to nw-in-{u} on {kafka_bootstrap}" in p.stdout, p.stdout
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
-    assert lines[-2] == "FAILED: 0/6 examples derendered OK (6 without a reply within --timeout 3s, " \
+    n = len(load_examples(DEMO_DIR / "examples.jsonl"))
+    assert lines[-2] == f"FAILED: 0/{n} examples derendered OK ({n} without a reply within --timeout 3s, " \
                         "0 with an error status)", lines[-2:]
     assert "examples derendered OK in" not in p.stdout
     assert lines[-1].startswith(f"no reply at all on nw-rep-{u} within --timeout 3s: is a worker pool") \
