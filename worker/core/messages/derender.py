@@ -24,7 +24,6 @@ from schemas.responses import FunctionCallArgumentsDelta, ResponsesRequest
 from worker.core.answer import step_answer
 from worker.core.derender import (
     ModelRuntime,
-    check_ids_and_logprobs,
     check_prompt_ids,
     effective_skip_special_tokens,
 )
@@ -35,9 +34,9 @@ from worker.core.messages.bare_array import ArrayScan
 from worker.core.messages.events import Outcome, accumulate, translate
 from worker.core.messages.request import DEFAULT_REQUEST, check_messages_request, parser_context, stop_strings
 from worker.core.responses import argshape
+from worker.core.responses.derender import check_prompt, check_tokens, request_digest
 from worker.core.responses.derender import decode_state as decode_rs
 from worker.core.responses.derender import encode_state as encode_rs
-from worker.core.responses.derender import request_digest
 from worker.core.responses.echo import response_head
 from worker.core.responses.events import EventBuilder, ResponsesStreamState
 from worker.core.responses.log import PieceLog, PiecesNeeded, Reader
@@ -277,35 +276,12 @@ def _outcome(ms: MessagesStreamState, st: ResponsesStreamState, c) -> Outcome:
                    tool_use=st.n_calls > 0, input_tokens=st.prompt_tokens, output_tokens=st.completion_tokens)
 
 
-def _check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = False) -> None:
-    """A choice's ids within the vocabulary and ``max_model_len`` (with the ``prior`` ids of the
-    stream). Null ``token_ids``: 400, except in a stream chunk (no new ids)."""
-    ids = c.token_ids
-    if ids is None:
-        if stream:
-            return
-        raise BadRequest(f"{where} has null token_ids", param=f"{where}.token_ids")
-    cfg = rt.config
-    if cfg.max_model_len is not None and prior + len(ids) > cfg.max_model_len:
-        raise BadRequest(f"{where}: {prior + len(ids)} output tokens exceed max_model_len ({cfg.max_model_len}).",
-                         param=f"{where}.token_ids")
-    check_ids_and_logprobs(rt, ids, c.logprobs, where)
-
-
 def _one_choice(choices: list, where: str) -> None:
     if len(choices) > 1:
         raise BadRequest(f"{where} has {len(choices)} choices; a Messages derender takes exactly one (a Message "
                          "has one output)", param=where)
     if choices and choices[0].index != 0:
         raise BadRequest(f"choice index {choices[0].index} in {where}: a Message's output is choice 0", param=where)
-
-
-def _check_prompt(rt: ModelRuntime, body) -> None:
-    if body.prompt_token_ids is not None and body.prompt_tokens is not None \
-            and body.prompt_tokens != len(body.prompt_token_ids):
-        raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
-                         f"({len(body.prompt_token_ids)})", param="prompt_tokens")
-    check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
 
 
 # ----------------------------------------------------------------------------- non-streaming ---
@@ -320,10 +296,10 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest) -> Messag
         raise BadRequest("generate_response.choices must hold exactly one choice", param="generate_response.choices")
     _one_choice(gr.choices, "generate_response.choices")
     check_messages_request(rt, body.messages_request, body.prompt_tokens)
-    _check_prompt(rt, body)
+    check_prompt(rt, body)
     check_prompt_ids(rt, gr.prompt_token_ids, "generate_response.prompt_token_ids")
     c = gr.choices[0]
-    _check_tokens(rt, c, 0, "choice 0")
+    check_tokens(rt, c, 0, "choice 0")
     req = body.messages_request or DEFAULT_REQUEST
     pids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
     per_token = rt.config.tool_parser in argshape.SHAPED_PARSERS and _stepped(rt, req, pids)
@@ -366,7 +342,7 @@ def derender_messages_chunk(rt: ModelRuntime, body: StreamBody, state: bytes | N
     raw = bytes(body.messages_request)
     has_req = len(raw) > 0 and raw != b"null"
     _one_choice(gc.choices, "generate_chunk.choices")
-    _check_prompt(rt, body)
+    check_prompt(rt, body)
     if state is None:
         req = None
         if has_req:
@@ -395,7 +371,7 @@ def derender_messages_chunk(rt: ModelRuntime, body: StreamBody, state: bytes | N
                              param="messages_request")
         prior = st.completion_tokens
     for c in gc.choices:
-        _check_tokens(rt, c, prior, "choice 0", stream=True)
+        check_tokens(rt, c, prior, "choice 0", stream=True)
     log = PieceLog(reader, st.log_len if st is not None else 0)
     if reader is None and log.base_len and any(c.finish_reason is not None for c in gc.choices):
         raise PiecesNeeded(0, log.base_len)

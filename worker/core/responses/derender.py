@@ -214,7 +214,7 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
     return b.finish(c.finish_reason)
 
 
-def _check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = False) -> None:
+def check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = False) -> None:
     """A choice's ids within the vocabulary and ``max_model_len`` (with the ``prior`` ids of
     the stream), logprobs matching them. Null ``token_ids``: 400, except in a stream chunk
     (no new ids, as chat streams take it)."""
@@ -238,7 +238,9 @@ def _one_choice(choices: list, where: str) -> None:
         raise BadRequest(f"choice index {choices[0].index} in {where}: a Responses output is choice 0", param=where)
 
 
-def _check_prompt(rt: ModelRuntime, body) -> None:
+def check_prompt(rt: ModelRuntime, body) -> None:
+    """``prompt_tokens`` equal to the length of ``prompt_token_ids`` when both are given, and the
+    prompt ids within the vocabulary (400 ``BadRequest`` naming the field otherwise)."""
     if body.prompt_token_ids is not None and body.prompt_tokens is not None \
             and body.prompt_tokens != len(body.prompt_token_ids):
         raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
@@ -259,10 +261,10 @@ def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created
         raise BadRequest("generate_response.choices must hold exactly one choice", param="generate_response.choices")
     _one_choice(gr.choices, "generate_response.choices")
     check_responses_request(rt, body.responses_request, body.prompt_tokens)
-    _check_prompt(rt, body)
+    check_prompt(rt, body)
     check_prompt_ids(rt, gr.prompt_token_ids, "generate_response.prompt_token_ids")
     c = gr.choices[0]
-    _check_tokens(rt, c, 0, "choice 0")
+    check_tokens(rt, c, 0, "choice 0")
     req = body.responses_request or DEFAULT_REQUEST
     pids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
     st = _new_state(rt, req, request_id=gr.request_id or "", model=body.model,
@@ -299,7 +301,7 @@ def derender_responses_chunk(rt: ModelRuntime, body: StreamBody, state: Response
     raw = bytes(body.responses_request)
     has_req = len(raw) > 0 and raw != b"null"
     _one_choice(gc.choices, "generate_chunk.choices")
-    _check_prompt(rt, body)
+    check_prompt(rt, body)
     if state is None:
         req = None
         if has_req:
@@ -324,7 +326,7 @@ def derender_responses_chunk(rt: ModelRuntime, body: StreamBody, state: Response
                              param="responses_request")
         prior = state.completion_tokens
     for c in gc.choices:
-        _check_tokens(rt, c, prior, "choice 0", stream=True)
+        check_tokens(rt, c, prior, "choice 0", stream=True)
     log = PieceLog(reader, state.log_len if state is not None else 0)
     if reader is None and log.base_len and any(c.finish_reason is not None for c in gc.choices):
         raise PiecesNeeded(0, log.base_len)  # the terminal event lists every item: the whole log
