@@ -38,40 +38,36 @@ class _ResponsesProbe(msgspec.Struct):
     responses_request: msgspec.Raw = msgspec.Raw()
 
 
-_responses_probe = msgspec.json.Decoder(_ResponsesProbe)
-
-
-def is_responses_chunk(line: bytes) -> bool:
-    """True for a chunk body tagged ``responses`` or carrying a ``responses_request``."""
-    if kind_of_item(line) == "responses":
-        return True
-    if b'"responses_request"' not in line:
-        return False
-    try:
-        raw = bytes(_responses_probe.decode(line).responses_request)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return False
-    return bool(raw) and raw != b"null"
-
-
 class _MessagesProbe(msgspec.Struct):
     messages_request: msgspec.Raw = msgspec.Raw()
 
 
-_messages_probe = msgspec.json.Decoder(_MessagesProbe)
+_PROBES = {"responses": (msgspec.json.Decoder(_ResponsesProbe), b'"responses_request"'),
+           "messages": (msgspec.json.Decoder(_MessagesProbe), b'"messages_request"')}
+
+
+def _is_api_chunk(line: bytes, api: str) -> bool:
+    """True for a chunk body tagged ``api`` or carrying that API's non-null ``<api>_request``."""
+    if kind_of_item(line) == api:
+        return True
+    decoder, field = _PROBES[api]
+    if field not in line:
+        return False
+    try:
+        raw = bytes(getattr(decoder.decode(line), f"{api}_request"))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return bool(raw) and raw != b"null"
+
+
+def is_responses_chunk(line: bytes) -> bool:
+    """True for a chunk body tagged ``responses`` or carrying a ``responses_request``."""
+    return _is_api_chunk(line, "responses")
 
 
 def is_messages_chunk(line: bytes) -> bool:
     """True for a chunk body tagged ``messages`` or carrying a ``messages_request`` (issue 26)."""
-    if kind_of_item(line) == "messages":
-        return True
-    if b'"messages_request"' not in line:
-        return False
-    try:
-        raw = bytes(_messages_probe.decode(line).messages_request)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return False
-    return bool(raw) and raw != b"null"
+    return _is_api_chunk(line, "messages")
 
 
 class ResponsesStreams:
