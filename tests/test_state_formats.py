@@ -288,6 +288,12 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
     bad["v3"] = "state version 3"
     sync.set(k % "envelope2", b"%020d" % 2 + msgspec.msgpack.encode([2, {"state": None}]))
     bad["envelope2"] = "checkpoint version 2"
+    # a seq beyond SEQ_MAX (2**63 - 2): no chunk can be newer, so without the bound every chunk
+    # would be skipped as an answered duplicate (no reply at all)
+    sync.set(k % "hugeseq", b"9" * 20 + CHAT_MID[20:])  # (a readable checkpoint)
+    bad["hugeseq"] = "beyond"
+    sync.set(k % "hugeseq-garbage", b"9" * 20 + b"garbage")
+    bad["hugeseq-garbage"] = "beyond"
     golden = {s["name"]: s for s in load_streams(GOLDEN / "streams.json")}
     for name, kind in (("chat", "settings"), ("bigcall", "pieces")):
         g = golden[name]
