@@ -275,8 +275,10 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
     """Streams met at chunk 3 whose checkpoint key is of another type, a foreign value or another
     release's version: each gets one 409 that ends it ("unreadable type or version"), its later
     chunks the ended-stream 409; a golden stream whose settings key is a hash, one whose pieces
-    key is a list: the same 409 naming that key. A stream after them on the same partition is answered
-    in full, the worker never stops."""
+    key is a list: the same 409 naming that key; a stored seq beyond ``SEQ_MAX``: the same 409
+    (not every chunk skipped as answered); a state of the right versions with damaged bytes: the
+    core's one 400 "unreadable" that ends it. A stream after them on the same partition is
+    answered in full, the worker never stops."""
     from tests.harness.golden_state import load_streams
     from worker.transport.consumer import KafkaDerenderWorker
     from worker.transport.topics import ensure_topics
@@ -294,6 +296,10 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
     bad["hugeseq"] = "beyond"
     sync.set(k % "hugeseq-garbage", b"9" * 20 + b"garbage")
     bad["hugeseq-garbage"] = "beyond"
+    # the right versions around a damaged state (the probe passes: the core's decode refuses it)
+    sync.set(k % "state6-garbage", b"%020d" % 2 + msgspec.msgpack.encode([1, msgspec.msgpack.encode([6, "x"]), []]))
+    sync.set(k % "responses-garbage", b"%020d" % 2 + msgspec.msgpack.encode([1, b"\xc1RSP2" + msgspec.msgpack.encode([1, 2]), []]))
+    damaged = ["state6-garbage", "responses-garbage"]
     golden = {s["name"]: s for s in load_streams(GOLDEN / "streams.json")}
     for name, kind in (("chat", "settings"), ("bigcall", "pieces")):
         g = golden[name]
@@ -304,7 +310,7 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
         sync.rpush((k % g["rid"]) + f":{kind}", b"x")
     tok = _tokenizer(qwen3_models)
     recs = []
-    for rid in bad:
+    for rid in [*bad, *damaged]:
         _, chunks = make_stream(tok, rid, 1)
         recs += [(rid.encode(), chunks[seq], [("derender-seq", str(seq).encode())]) for seq in (3, 4)]
     for name in ("chat", "bigcall"):
@@ -344,6 +350,12 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
         assert "unreadable type or version" in body and what in body and "another release" in body, body
         assert (h2["derender-status"], h2["derender-stream-end"]) == (b"409", b"1")
         assert b"already ended" in second.value
+    for rid in damaged:  # the core's 400 "unreadable" (its bytes, not the store's shape), ending the stream
+        first, second = by[rid]
+        h1, h2 = dict(first.headers), dict(second.headers)
+        assert (h1["derender-seq"], h1["derender-status"], h1["derender-stream-end"]) == (b"3", b"400", b"1")
+        assert b"stream state is unreadable" in first.value, first.value
+        assert (h2["derender-status"], h2["derender-stream-end"]) == (b"409", b"1") and b"already ended" in second.value
     for name, kind in (("chat", "settings"), ("bigcall", "pieces")):
         rs = by[golden[name]["rid"]]
         ends = [r for r in rs if dict(r.headers)["derender-status"] != b"200"]
