@@ -398,3 +398,38 @@ def test_the_advertiser_outlives_refresh_failures_and_withdraws(redis_prefix, mo
             await store.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.redis
+def test_a_huge_advertisements_hash_is_read_only_up_to_its_bound(monkeypatch):
+    """An advertisements hash of many more fields than ``ADVERTISED_MAX`` (a foreign writer, or
+    members that never expire): a refresh reads about the bound (``HSCAN``), not the whole hash
+    (``HGETALL`` of a million fields: GBs into every worker and its event loop blocked, every
+    ``ADVERTISE_EVERY_S``). Measured in bytes Redis sent (``total_net_output_bytes`` of a
+    private redis-server); the choice stays format 6."""
+    from worker.bench.redis_burst import PrivateRedis
+    from worker.state import redis_store
+    monkeypatch.setattr(redis_store, "ADVERTISED_MAX", 100)
+    far = int(time.time() * 1000) + 10 ** 9
+    with PrivateRedis() as red:
+        sync = redis.Redis.from_url(red.url)
+        key = "p:" + formats.FORMATS_KEY
+        for i in range(0, 20_000, 1000):
+            sync.hset(key, mapping={f"member-{j:06d}".encode(): b"%d 6 6" % far for j in range(i, i + 1000)})
+        whole = sum(len(f) + len(v) for f, v in sync.hgetall(key).items())
+
+        async def go():
+            store = RedisStateStore.from_settings(RedisSettings(url=red.url, prefix="p:"))
+            try:
+                await store.ping()
+                before = sync.info("stats")["total_net_output_bytes"]
+                got = await store.advertised_formats(int(time.time() * 1000))
+                sent = sync.info("stats")["total_net_output_bytes"] - before
+                assert await store.formats.refresh(store) == 6
+                return got, sent
+            finally:
+                await store.close()
+
+        got, sent = asyncio.run(go())
+    assert 0 < len(got) <= 100 and all(r == frozenset({6}) for r in got.values())
+    assert sent < whole / 4, (sent, whole)
