@@ -275,8 +275,10 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
     """Streams met at chunk 3 whose checkpoint key is of another type, a foreign value or another
     release's version: each gets one 409 that ends it ("unreadable type or version"), its later
     chunks the ended-stream 409; a golden stream whose settings key is a hash, one whose pieces
-    key is a list: the same 409 naming that key. A stream after them on the same partition is answered
-    in full, the worker never stops."""
+    key is a list: the same 409 naming that key; a stored seq beyond ``SEQ_MAX``: the same 409
+    (not every chunk skipped as answered); a state of the right versions with damaged bytes: the
+    core's one 400 "unreadable" that ends it. A stream after them on the same partition is
+    answered in full, the worker never stops."""
     from tests.harness.golden_state import load_streams
     from worker.transport.consumer import KafkaDerenderWorker
     from worker.transport.topics import ensure_topics
@@ -288,6 +290,16 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
     bad["v3"] = "state version 3"
     sync.set(k % "envelope2", b"%020d" % 2 + msgspec.msgpack.encode([2, {"state": None}]))
     bad["envelope2"] = "checkpoint version 2"
+    # a seq beyond SEQ_MAX (2**63 - 2): no chunk can be newer, so without the bound every chunk
+    # would be skipped as an answered duplicate (no reply at all)
+    sync.set(k % "hugeseq", b"9" * 20 + CHAT_MID[20:])  # (a readable checkpoint)
+    bad["hugeseq"] = "beyond"
+    sync.set(k % "hugeseq-garbage", b"9" * 20 + b"garbage")
+    bad["hugeseq-garbage"] = "beyond"
+    # the right versions around a damaged state (the probe passes: the core's decode refuses it)
+    sync.set(k % "state6-garbage", b"%020d" % 2 + msgspec.msgpack.encode([1, msgspec.msgpack.encode([6, "x"]), []]))
+    sync.set(k % "responses-garbage", b"%020d" % 2 + msgspec.msgpack.encode([1, b"\xc1RSP2" + msgspec.msgpack.encode([1, 2]), []]))
+    damaged = ["state6-garbage", "responses-garbage"]
     golden = {s["name"]: s for s in load_streams(GOLDEN / "streams.json")}
     for name, kind in (("chat", "settings"), ("bigcall", "pieces")):
         g = golden[name]
@@ -298,7 +310,7 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
         sync.rpush((k % g["rid"]) + f":{kind}", b"x")
     tok = _tokenizer(qwen3_models)
     recs = []
-    for rid in bad:
+    for rid in [*bad, *damaged]:
         _, chunks = make_stream(tok, rid, 1)
         recs += [(rid.encode(), chunks[seq], [("derender-seq", str(seq).encode())]) for seq in (3, 4)]
     for name in ("chat", "bigcall"):
@@ -338,6 +350,12 @@ def test_unreadable_stored_state_is_one_409_and_the_worker_goes_on(kafka_bootstr
         assert "unreadable type or version" in body and what in body and "another release" in body, body
         assert (h2["derender-status"], h2["derender-stream-end"]) == (b"409", b"1")
         assert b"already ended" in second.value
+    for rid in damaged:  # the core's 400 "unreadable" (its bytes, not the store's shape), ending the stream
+        first, second = by[rid]
+        h1, h2 = dict(first.headers), dict(second.headers)
+        assert (h1["derender-seq"], h1["derender-status"], h1["derender-stream-end"]) == (b"3", b"400", b"1")
+        assert b"stream state is unreadable" in first.value, first.value
+        assert (h2["derender-status"], h2["derender-stream-end"]) == (b"409", b"1") and b"already ended" in second.value
     for name, kind in (("chat", "settings"), ("bigcall", "pieces")):
         rs = by[golden[name]["rid"]]
         ends = [r for r in rs if dict(r.headers)["derender-status"] != b"200"]
@@ -380,3 +398,38 @@ def test_the_advertiser_outlives_refresh_failures_and_withdraws(redis_prefix, mo
             await store.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.redis
+def test_a_huge_advertisements_hash_is_read_only_up_to_its_bound(monkeypatch):
+    """An advertisements hash of many more fields than ``ADVERTISED_MAX`` (a foreign writer, or
+    members that never expire): a refresh reads about the bound (``HSCAN``), not the whole hash
+    (``HGETALL`` of a million fields: GBs into every worker and its event loop blocked, every
+    ``ADVERTISE_EVERY_S``). Measured in bytes Redis sent (``total_net_output_bytes`` of a
+    private redis-server); the choice stays format 6."""
+    from worker.bench.redis_burst import PrivateRedis
+    from worker.state import redis_store
+    monkeypatch.setattr(redis_store, "ADVERTISED_MAX", 100)
+    far = int(time.time() * 1000) + 10 ** 9
+    with PrivateRedis() as red:
+        sync = redis.Redis.from_url(red.url)
+        key = "p:" + formats.FORMATS_KEY
+        for i in range(0, 20_000, 1000):
+            sync.hset(key, mapping={f"member-{j:06d}".encode(): b"%d 6 6" % far for j in range(i, i + 1000)})
+        whole = sum(len(f) + len(v) for f, v in sync.hgetall(key).items())
+
+        async def go():
+            store = RedisStateStore.from_settings(RedisSettings(url=red.url, prefix="p:"))
+            try:
+                await store.ping()
+                before = sync.info("stats")["total_net_output_bytes"]
+                got = await store.advertised_formats(int(time.time() * 1000))
+                sent = sync.info("stats")["total_net_output_bytes"] - before
+                assert await store.formats.refresh(store) == 6
+                return got, sent
+            finally:
+                await store.close()
+
+        got, sent = asyncio.run(go())
+    assert 0 < len(got) <= 100 and all(r == frozenset({6}) for r in got.values())
+    assert sent < whole / 4, (sent, whole)

@@ -96,3 +96,19 @@ def test_a_stream_that_cannot_be_continued_expects_its_next_chunk():
     s = _Stream("bad-head")
     cannot_continue(s, -1, "no seq")
     assert s.next_seq == 0
+
+
+def test_a_stored_seq_beyond_seq_max_cannot_be_continued():
+    """A stored value whose seq is beyond ``SEQ_MAX`` (hostile or damaged: no chunk can be
+    newer) is a stream that cannot continue, from seq 0 on: its next chunk gets the 409 that
+    ends it; resumed at that seq, every chunk was skipped as an answered duplicate, unanswered."""
+    from worker.state import StoredState
+    from worker.transport.records import SEQ_MAX
+    from worker.transport.stream_registry import stored_checkpoint
+    for seq in (SEQ_MAX + 1, 10 ** 20 - 1):
+        s = _Stream("huge")
+        assert stored_checkpoint(s, StoredState(encode_checkpoint(None, []), seq)) is None
+        assert s.next_seq == 0 and "beyond" in s.broken
+    s = _Stream("max")
+    assert stored_checkpoint(s, StoredState(encode_checkpoint(None, []), SEQ_MAX)) is not None
+    assert s.next_seq == SEQ_MAX + 1 and s.broken is None and s.ended  # (a tombstone)

@@ -570,10 +570,15 @@ class RedisStateStore:
 
     async def advertised_formats(self, now_ms: int) -> dict[str, frozenset[int]]:
         """The live advertisements (member -> read formats; at most ``ADVERTISED_MAX`` members,
-        each at most 64 formats); expired ones are removed (``HDEL``), malformed ones ignored.
+        each at most 64 formats), read by ``HSCAN`` up to that bound (a hash of millions of
+        fields is never read whole); expired ones are removed (``HDEL``), malformed ones ignored.
         Raises ``redis`` errors (a ``formats_key`` of another type: ``WRONGTYPE``)."""
         k = self.formats_key()
-        got = await self.client.hgetall(k)
+        got: dict = {}
+        cursor = None
+        while cursor != 0 and len(got) < ADVERTISED_MAX:
+            cursor, part = await self.client.hscan(k, cursor or 0, count=min(1000, ADVERTISED_MAX))
+            got.update(part)
         out: dict[str, frozenset[int]] = {}
         stale = []
         for m, v in list(got.items())[:ADVERTISED_MAX]:

@@ -18,6 +18,7 @@ from worker.logs import record_fields
 from worker.state import StateWrite, UnreadableState
 from worker.transport.checkpoints import ReplayEntry, UnreadableCheckpoint, decode_stored
 from worker.transport.jobs import error_body
+from worker.transport.records import SEQ_MAX
 
 log = logging.getLogger(__name__)
 
@@ -259,13 +260,17 @@ def stored_checkpoint(s: LiveStream, got):
     """Resume ``s`` from ``got`` (``get_many``'s ``StoredState`` of any format this release reads)
     and return its checkpoint; None when ``got`` cannot be read (``UnreadableState``: another Redis
     type...; ``UnreadableCheckpoint``): the stream then cannot continue here (``cannot_continue``:
-    its next new chunk gets the one 409 that ends it, no gap wait)."""
+    its next new chunk gets the one 409 that ends it, no gap wait); so is a seq beyond
+    ``SEQ_MAX``."""
     try:
         if isinstance(got, UnreadableState):
             raise UnreadableCheckpoint(got.reason)
+        if not 0 <= got.seq <= SEQ_MAX:  # (no chunk is newer: each would be skipped as answered, unanswered)
+            raise UnreadableCheckpoint(f"seq {got.seq} beyond {SEQ_MAX}")
         ck = decode_stored(got.state)
     except UnreadableCheckpoint as e:
         seq = getattr(got, "seq", -1)
+        seq = seq if 0 <= seq <= SEQ_MAX else -1
         log.error("stream %r: unreadable stored state at seq %d (%s); its next chunk ends it with a 409", s.rid, seq, e)
         cannot_continue(s, seq, str(e))
         return None
