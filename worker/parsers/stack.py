@@ -88,18 +88,23 @@ def _json_calls(text: str, mode: str, named: str | None) -> list[ToolCallDelta] 
     return calls
 
 
+#: the most leading whitespace ``_defer_leading_ws`` holds in a stream state (characters)
+LEAD_WS_LIMIT = 1024
+
+
 def _defer_leading_ws(st: StackState, out: Delta, final: bool) -> None:
     """vLLM 0.32's parser engine (``ParserEngine._events_to_delta``,
     vllm/frontend/processing/parser/engine/parser_engine.py: ``_deferred_content``,
     ``_content_has_nonws``): until the content has a non-whitespace character, whitespace-only
     content is held and sent joined to the next content, or alone at the output's end or with
-    a call's delta. Rewrites ``out.content`` in place."""
+    a call's delta; past ``LEAD_WS_LIMIT`` characters it is sent (the stream state stays
+    bounded). Rewrites ``out.content`` in place."""
     text = st.lead_ws + out.content
     if not text:
         return
     if not text.isspace():
         st.text_seen = True
-    elif not (final or out.tool_calls):
+    elif not (final or out.tool_calls or len(text) > LEAD_WS_LIMIT):
         st.lead_ws, out.content = text, ""
         return
     st.lead_ws, out.content = "", text
