@@ -20,7 +20,6 @@ from tests.harness.responses import (  # noqa: E402,F401
     CASES,
     CASES_PATH,
     DATA,
-    DELTA_BOUNDARIES,
     MODELS,
     ROOT,
 )
@@ -80,13 +79,12 @@ def test_nonstream_parity_through_batch(batch_outputs):
 
 
 def test_stream_parity_through_batch(batch_outputs):
-    """compare_responses.py --stream over `derender-worker batch` chunk lines: exact for every
-    case but the delta-boundary ones (DELTA_BOUNDARIES, joined view checked below)."""
+    """compare_responses.py --stream over `derender-worker batch` chunk lines: every case event
+    by event (27/27, the merged engine outputs fed as the reference's `stream_chunks` lists)."""
     res = _compare(batch_outputs[True], True)
     failed = {k: v for k, v in res.items() if v != "PASS"}
-    assert set(failed) == DELTA_BOUNDARIES, failed
-    for cid, why in failed.items():
-        assert "delta" in why, (cid, why)
+    assert not failed, failed
+    assert len(res) == 27
 
 
 def _joined(events: list[dict]) -> list[dict]:

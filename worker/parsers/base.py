@@ -126,6 +126,10 @@ class ToolParser(Parser):
     #: the parser can stream a call's name then its arguments as they are generated
     #: (``--tool-call-streaming incremental``, ``worker.parsers.incremental``)
     incremental: ClassVar[bool] = False
+    #: vLLM 0.32 runs the family on its parser engine, which defers whitespace-only content
+    #: until the first non-whitespace content (joined to it) or the output's end, with or
+    #: without tools in the request (``ParserStack``, ``StackState.lead_ws``)
+    defers_leading_ws: ClassVar[bool] = False
 
     def stream_arguments(self, state: Any) -> None:
         """Switch a fresh ``state`` to incremental argument streaming (only called when

@@ -31,7 +31,11 @@ class StackState(msgspec.Struct, kw_only=True):
     """State of one choice's parser stack: the two parsers' states (their own Struct types,
     see ``ParserStack.load_state``), the tool mode, and for required/named modes the content
     kept back for JSON parsing (``held``; ``held_spilled``: characters of it moved out of the
-    state, ``ParserStack.spill_held``) and whether any call was emitted."""
+    state, ``ParserStack.spill_held``) and whether any call was emitted. Trailing fields of
+    this release (docs/delivery.md, "Rolling upgrades across releases"): ``lead_ws``, the
+    whitespace-only content held by ``ToolParser.defers_leading_ws``, and ``text_seen``, a
+    non-whitespace content was emitted (the previous release ignores both: a stream it takes
+    over at that one step loses the held whitespace)."""
 
     mode: str = "off"
     named: str | None = None
@@ -41,6 +45,8 @@ class StackState(msgspec.Struct, kw_only=True):
     held: str = ""
     calls: int = 0
     held_spilled: int = 0
+    lead_ws: str = ""
+    text_seen: bool = False
 
 
 def tool_call_id(request_id: str, choice_index: int, call_index: int, fmt: str = "chatcmpl-tool") -> str:
@@ -80,6 +86,28 @@ def _json_calls(text: str, mode: str, named: str | None) -> list[ToolCallDelta] 
         calls.append(ToolCallDelta(index=i, name=item["name"],
                                    arguments=args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
     return calls
+
+
+#: the most leading whitespace ``_defer_leading_ws`` holds in a stream state (characters)
+LEAD_WS_LIMIT = 1024
+
+
+def _defer_leading_ws(st: StackState, out: Delta, final: bool) -> None:
+    """vLLM 0.32's parser engine (``ParserEngine._events_to_delta``,
+    vllm/frontend/processing/parser/engine/parser_engine.py: ``_deferred_content``,
+    ``_content_has_nonws``): until the content has a non-whitespace character, whitespace-only
+    content is held and sent joined to the next content, or alone at the output's end or with
+    a call's delta; past ``LEAD_WS_LIMIT`` characters it is sent (the stream state stays
+    bounded). Rewrites ``out.content`` in place."""
+    text = st.lead_ws + out.content
+    if not text:
+        return
+    if not text.isspace():
+        st.text_seen = True
+    elif not (final or out.tool_calls or len(text) > LEAD_WS_LIMIT):
+        st.lead_ws, out.content = text, ""
+        return
+    st.lead_ws, out.content = "", text
 
 
 class ParserStack:
@@ -183,6 +211,12 @@ class ParserStack:
                                  bases=(StackState,), kw_only=True)
 
     def _tools(self, st: StackState, content: str, token_ids: list[int], final: bool) -> Delta:
+        out = self._parse_tools(st, content, token_ids, final)
+        if self.tool is not None and self.tool.defers_leading_ws and not st.text_seen:
+            _defer_leading_ws(st, out, final)
+        return out
+
+    def _parse_tools(self, st: StackState, content: str, token_ids: list[int], final: bool) -> Delta:
         out = Delta()
         if st.mode == "off":
             out.content = content

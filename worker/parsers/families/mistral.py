@@ -158,6 +158,10 @@ def parse_mistral_body(body: str) -> list[tuple[str, str]] | None:
 class MistralToolParser(JsonTailToolParser):
     """``[TOOL_CALLS]`` + JSON list."""
 
+    #: vLLM 0.32 runs it on its parser engine: leading whitespace-only content joins the next
+    #: text (``ToolParser.defers_leading_ws``)
+    defers_leading_ws = True
+
     markers = ("[TOOL_CALLS]",)
     needs_special_tokens = True
     id_format = "alnum9"

@@ -122,6 +122,8 @@ class Qwen3CoderToolParser(TaggedToolParser):
     #: incremental streaming: the name at ``<function=NAME>``, string values as they arrive
     #: with vLLM 0.32's delta boundaries (module docstring; ``worker.parsers.incremental``)
     stream_spec = XmlArgs(CODER_FORMAT, safe_prefix=True)
+    #: vLLM 0.32's parser engine: leading whitespace-only content joins the next text
+    defers_leading_ws = True
 
     def parse_call(self, st: TaggedState, body: str) -> list[tuple[str, str]] | None:
         calls = parse_coder_body(body, st.types, complete=True, string_null=self.string_null)
