@@ -5,6 +5,7 @@ with ``derender-status``, ``derender-stream-end: 1`` and ``derender-kind: messag
 413 of a terminal reply over ``--max-request-size`` (ending the stream; a duplicate gets the
 identical 413, a later chunk the ended-stream 409, on this owner and on a new one that reads
 the tombstone), the 409 of a gap and of an unknown stream (told by header and by shape alone);
+a non-streaming Messages record's 413 (``derender-kind: messages``, no stream end);
 a chat stream's transport 409 stays OpenAI's object without a kind header."""
 from __future__ import annotations
 
@@ -95,6 +96,10 @@ def test_messages_stream_transport_errors(kafka_bootstrap, kafka_broker_kind, re
     # big: by shape; gap: by header; unknown: by shape alone (its chunk 0 never comes)
     first = [rec(big, bb[k], k) for k in range(len(bb))] + [rec(big, bb[1], last + 1), rec(big, bb[last], last)]
     first += [rec(gap, gb[k], k, b"messages-stream") for k in (0, 1, 3)] + [rec(unk, ub[2], 2), rec(cunk, cb[2], 2)]
+    one = m2r.nonstream_body(case)  # a non-streaming Messages record (by shape) whose Message is over LIMIT
+    one["generate_response"]["request_id"] = f"one-{u}"
+    one["generate_response"]["choices"][0]["token_ids"] = word * 2500 + one["generate_response"]["choices"][0]["token_ids"]
+    first.append((f"one-{u}".encode(), json.dumps(one).encode(), []))
     redis = RedisSettings(url=REDIS_URL, prefix=redis_prefix, ttl_s=120)
     settings = _settings(kafka_bootstrap, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply,
                          dead_letter_topic=n.dlq, group_id=n.group, redis=redis, max_request_size=LIMIT,
@@ -115,15 +120,15 @@ def test_messages_stream_transport_errors(kafka_bootstrap, kafka_broker_kind, re
 
     async def go():
         await ensure_topics(kafka_bootstrap, {n.inp: 1, n.reply: 1, n.dlq: 1})
-        got1 = await owner(first, len(bb) + 2 + 3 + 2 + 1)
-        got2 = await owner([rec(big, bb[1], last + 2)], len(bb) + 2 + 3 + 2 + 1 + 1)  # a new owner
+        got1 = await owner(first, len(bb) + 2 + 3 + 2 + 1 + 2)
+        got2 = await owner([rec(big, bb[1], last + 2)], len(bb) + 2 + 3 + 2 + 1 + 2 + 1)  # a new owner
         return got1, got2
 
     got1, got2 = asyncio.run(go())
     by_key = defaultdict(list)
     for r in got1[n.reply]:
         by_key[r.key.decode()].append(r)
-    assert len(got1[n.dlq]) == 1 and _h(got1[n.dlq][0])["x-dlq-reason"].startswith(b"reply-too-large: ")
+    assert len(got1[n.dlq]) == 2 and all(_h(d)["x-dlq-reason"].startswith(b"reply-too-large: ") for d in got1[n.dlq])
 
     b = by_key[big]
     assert [(int(_h(r)[SEQ]), _h(r)[STATUS]) for r in b] == \
@@ -143,6 +148,13 @@ def test_messages_stream_transport_errors(kafka_bootstrap, kafka_broker_kind, re
     assert "chunk(s) 2..2 missing" in _anthropic(g[2], 409, "invalid_request_error")
     (k,) = by_key[unk]
     assert _anthropic(k, 409, "invalid_request_error").startswith(f"unknown stream {unk!r}")
+
+    (o,) = by_key[f"one-{u}"]  # non-streaming: the 413 is Anthropic's too (no stream end)
+    h = _h(o)
+    assert (h[STATUS], h[KIND], END in h) == (b"413", b"messages", False), h
+    obj = json.loads(o.value)
+    anthropic_types.ErrorResponse.model_validate(obj)
+    assert obj["error"]["type"] == "invalid_request_error" and obj["error"]["message"].startswith("reply of ")
 
     (c,) = by_key[cunk]  # a chat stream's transport 409: OpenAI's object, no kind header (as always)
     assert _h(c)[STATUS] == b"409" and _h(c)[END] == b"1" and KIND not in _h(c)
