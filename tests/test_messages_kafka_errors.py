@@ -36,8 +36,6 @@ from worker.transport.topics import ensure_topics
 
 anthropic_types = pytest.importorskip("anthropic.types")
 
-pytestmark = [pytest.mark.kafka, pytest.mark.redis]
-
 SEQ, END, STATUS, KIND = "derender-seq", "derender-stream-end", "derender-status", "derender-kind"
 LIMIT = 8192
 
@@ -67,6 +65,27 @@ def test_error_body_for_keeps_openai_bytes():
     assert record_api("chat-stream", b'{"messages_request": {}}') == "chat"  # (the kind wins)
 
 
+def test_batch_ended_messages_stream_answers_anthropic_409():
+    """``derender-worker batch``: a later chunk of a Messages stream an error ended gets the
+    ended-stream 409 as Anthropic's object (a chat stream's stays OpenAI's)."""
+    from worker.core.service import DerenderService
+    from worker.offline.streams import StreamLines
+
+    lines = StreamLines(DerenderService(load_config_file(str(MODELS))))
+    bodies = m2r.stream_bodies(BY_ID["qwen3-plain"])
+    bad = json.loads(json.dumps(bodies[1]))
+    bad["generate_chunk"]["choices"].append(dict(bad["generate_chunk"]["choices"][0], index=1))
+    outs = [lines.route(json.dumps(b).encode()) for b in (bodies[0], bad, bodies[2])]
+    assert [s for _, s in outs] == [200, 400, 409]
+    for body, _ in outs[1:]:
+        obj = json.loads(body)
+        anthropic_types.ErrorResponse.model_validate(obj)
+        assert obj["error"]["type"] == "invalid_request_error"
+    assert "already ended" in json.loads(outs[2][0])["error"]["message"]
+
+
+@pytest.mark.kafka
+@pytest.mark.redis
 def test_messages_stream_transport_errors(kafka_bootstrap, kafka_broker_kind, redis_prefix):  # noqa: F811
     models = load_config_file(str(MODELS))
     tok = _tokenizer(models)
