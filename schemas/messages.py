@@ -217,8 +217,8 @@ MessageStreamEvent = (
 
 # ----------------------------------------------------------------------------------- errors ---
 class AnthropicErrorInfo(Struct, kw_only=True):
-    """``error``: ``type`` (``invalid_request_error`` for 400, ``not_found_error`` 404,
-    ``request_too_large`` 413, ``api_error`` 500, ...) and ``message``."""
+    """``error``: ``type`` (``invalid_request_error`` for 400, 409 and 413, ``not_found_error``
+    404, ``api_error`` 500, ...) and ``message``."""
 
     type: str
     message: str

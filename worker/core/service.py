@@ -715,4 +715,35 @@ def _request_id(probe: _Probe) -> str | None:
     return None
 
 
-__all__ = ["DerenderService", "DerenderResult", "StreamResult", "SettingsCache", "error_body", "ErrorResponse", "KINDS"]
+#: the APIs a record can speak (its kinds without ``-stream``; ``record_api``)
+APIS = ("chat", "completion", responses_service.KIND, messages_service.KIND)
+
+
+def record_api(kind: str | None, body: bytes = b"", state: bytes | None = None) -> str | None:
+    """The API a record speaks, for an error object built outside the core (issue 26 item 5):
+    its kind (the ``derender-kind`` header or the core's result kind, ``-stream`` dropped) when
+    one of ``APIS``; else a stream's stored ``state`` (the Messages / Responses magic); else the
+    body's shape (a non-null ``messages_request`` / ``responses_request``); None when nothing
+    tells (a chat or completion body: OpenAI's error object either way)."""
+    api = kind.removesuffix("-stream") if kind else None
+    if api in APIS:
+        return api
+    if messages_service.is_messages_stream(body, state, None):
+        return messages_service.KIND
+    if responses_service.is_responses_stream(body, state, None):
+        return responses_service.KIND
+    return None
+
+
+def error_body_for(api: str | None, message: str, status: int = 400, request_id: str | None = None) -> bytes:
+    """JSON bytes of the error object of ``api`` (``record_api``) with ``status``: Anthropic's
+    ``{"type": "error", "error": {"type", "message"}}`` for ``messages``
+    (``messages_service.error_body``: the status travels beside it, no request id inside),
+    else OpenAI's (``errors.error_body``, with ``request_id``)."""
+    if api == messages_service.KIND:
+        return messages_service.error_body(message, status)
+    return error_body(message, status, request_id)
+
+
+__all__ = ["DerenderService", "DerenderResult", "StreamResult", "SettingsCache", "error_body", "ErrorResponse", "KINDS",
+           "APIS", "record_api", "error_body_for"]

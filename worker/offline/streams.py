@@ -25,7 +25,7 @@ from __future__ import annotations
 import msgspec
 
 from worker.core.responses import memory_reader
-from worker.core.service import DerenderService, error_body
+from worker.core.service import DerenderService, error_body, error_body_for
 from worker.offline.formats import kind_of_item
 
 
@@ -204,9 +204,10 @@ class StreamLines:
         self.logs: dict[str, SideValues] = {}  # request id -> its pieces and settings (chat/completion streams)
         self.responses = ResponsesStreams(service)
         self.messages = ResponsesStreams(service, messages=True)
-        #: request ids whose stream an error reply ended (later chunks: the ended-stream 409, as the
-        #: Kafka worker answers them; never derendered on top of the state before the refused chunk)
-        self.ended: set[str] = set()
+        #: request ids whose stream an error reply ended -> its API (later chunks: the ended-stream
+        #: 409 in that API's error object, as the Kafka worker answers them; never derendered on top
+        #: of the state before the refused chunk)
+        self.ended: dict[str, str | None] = {}
 
     def route(self, item: bytes | tuple[bytes, int]) -> bytes | tuple[bytes, int]:
         """A finished result ``(body, status)`` for blank, stream-chunk and stream-list records
@@ -233,19 +234,19 @@ class StreamLines:
     def _chunk(self, rid: str, item: bytes) -> tuple[bytes, int]:
         if rid in self.ended:
             why = f"stream {rid!r} already ended with an error reply; chunk ignored"
-            return error_body(why, 409, rid), 409
+            return error_body_for(self.ended[rid], why, 409, rid), 409
         if rid in self.messages or (rid not in self.states and rid not in self.responses
                                     and is_messages_chunk(item)):  # issue 26
             body, status = self.messages.chunk(rid, item)
             if status != 200 and rid:
                 self.messages.streams.pop(rid, None)
-                self.ended.add(rid)
+                self.ended[rid] = "messages"
             return body, status
         if rid in self.responses or (rid not in self.states and is_responses_chunk(item)):
             body, status = self.responses.chunk(rid, item)
             if status != 200 and rid:
                 self.responses.streams.pop(rid, None)
-                self.ended.add(rid)
+                self.ended[rid] = "responses"
             return body, status
         side = self.logs.get(rid)
         if side is None:
@@ -254,7 +255,7 @@ class StreamLines:
         if res.is_error and rid:  # an error reply ends the stream (as the Kafka worker's)
             self.states.pop(rid, None)
             self.logs.pop(rid, None)
-            self.ended.add(rid)
+            self.ended[rid] = None
             return res.body, res.status
         if new_state is not None:
             if res.done:

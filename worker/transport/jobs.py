@@ -14,7 +14,7 @@ import msgspec
 
 from worker.config import ServedModelConfig
 from worker.core.errors import error_body
-from worker.core.service import DerenderService
+from worker.core.service import DerenderService, error_body_for, record_api
 from worker.logs import setup_logging_from_env
 from worker.transport.lifetime import guard_pool_process
 from worker.transport.records import KINDS, STREAM_KINDS, bad_kind_message
@@ -55,9 +55,10 @@ class JobOutcome(msgspec.Struct, array_like=True):
     seconds: float = 0.0
 
 
-def _crash_outcome(e: BaseException, kind: str | None, is_object: bool, t0: float) -> JobOutcome:
-    return JobOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, None, kind,
-                      is_object, crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
+def _crash_outcome(e: BaseException, kind: str | None, is_object: bool, t0: float, body: bytes = b"") -> JobOutcome:
+    """The 500 of a job that raised (the error object of the record's API: ``record_api``)."""
+    return JobOutcome(error_body_for(record_api(kind, body), f"internal error: {type(e).__name__}: {e}", 500),
+                      500, None, kind, is_object, crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
 
 
 def derender_job(service: Any, value: bytes | None, kind: str | None, created: int | None = None) -> JobOutcome:
@@ -75,7 +76,7 @@ def derender_job(service: Any, value: bytes | None, kind: str | None, created: i
     try:
         return _derender_job(service, body, kind, t0, created)
     except Exception as e:
-        return _crash_outcome(e, kind or detected, is_object, t0)
+        return _crash_outcome(e, kind or detected, is_object, t0, body)
 
 
 def _derender_job(service: Any, body: bytes, kind: str | None, t0: float,
@@ -91,7 +92,7 @@ def _derender_job(service: Any, body: bytes, kind: str | None, t0: float,
     except RecursionError:  # nested deeper than the decoder allows: the core answers 400
         is_object, detected = is_object_value(body), None
     if kind is not None and kind not in KINDS:
-        return JobOutcome(error_body(bad_kind_message(kind), 400, None), 400, None, None, is_object,
+        return JobOutcome(error_body_for(detected, bad_kind_message(kind), 400), 400, None, None, is_object,
                           seconds=time.perf_counter() - t0)
     try:
         res = service.derender(body, kind, created=created)
@@ -99,7 +100,7 @@ def _derender_job(service: Any, body: bytes, kind: str | None, t0: float,
         return JobOutcome(res.body, int(res.status), res.request_id, kind_used, is_object,
                           seconds=time.perf_counter() - t0)
     except Exception as e:  # the core must not raise; answer 500 and report the traceback
-        return _crash_outcome(e, kind or detected, is_object, t0)
+        return _crash_outcome(e, kind or detected, is_object, t0, body)
 
 
 _PROC_SERVICE: Any = None
@@ -210,9 +211,9 @@ def derender_stream_job(service: Any, value: bytes | None, state: bytes | None, 
     try:
         return _derender_stream_job(service, body, state, seq, kind, t0, created, pieces, settings)
     except Exception as e:
-        return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, False, None,
-                             None, is_object_value(body), crash=traceback.format_exc(),
-                             seconds=time.perf_counter() - t0)
+        return StreamOutcome(error_body_for(record_api(kind, body, state), f"internal error: {type(e).__name__}: {e}",
+                                            500), 500, False, None, None, is_object_value(body),
+                             crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
 
 
 def _piece_reader(pieces: tuple[int, bytes] | None):
@@ -227,7 +228,8 @@ def _derender_stream_job(service: Any, body: bytes, state: bytes | None, seq: in
                          t0: float, created: int | None, pieces: tuple[int, bytes] | None = None,
                          settings: bytes | None = None) -> StreamOutcome:
     if kind is not None and kind not in KINDS and kind not in STREAM_KINDS:
-        return StreamOutcome(error_body(bad_kind_message(kind), 400, body_request_id(body)), 400, False, None, None,
+        return StreamOutcome(error_body_for(record_api(None, body, state), bad_kind_message(kind), 400,
+                                            body_request_id(body)), 400, False, None, None,
                              is_object_value(body), seconds=time.perf_counter() - t0)
     try:
         res, new_state = service.derender_stream(body, state, seq=seq, kind=kind, created=created, pieces=True,
@@ -238,6 +240,7 @@ def _derender_stream_job(service: Any, body: bytes, state: bytes | None, seq: in
                              pieces_len=res.pieces_len, needs_pieces=res.needs_pieces,
                              settings=getattr(res, "settings", b""), needs_settings=getattr(res, "needs_settings", False))
     except Exception as e:
-        return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500), 500, False, None, None,
-                             is_object_value(body), crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
+        return StreamOutcome(error_body_for(record_api(kind, body, state), f"internal error: {type(e).__name__}: {e}",
+                                            500), 500, False, None, None, is_object_value(body),
+                             crash=traceback.format_exc(), seconds=time.perf_counter() - t0)
 

@@ -17,13 +17,12 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from worker.config import ServedModelConfig
-from worker.core.service import DerenderService
+from worker.core.service import DerenderService, error_body_for, record_api
 from worker.transport.jobs import (
     JobOutcome,
     StreamOutcome,
     derender_job,
     derender_stream_job,
-    error_body,
     proc_init,
     proc_job,
     proc_jobs,
@@ -197,10 +196,12 @@ class DerenderPool:
                                           f"a stream chunk (seq {seq})")
             if out is not None:
                 return out
-            return StreamOutcome(error_body("internal error: derender process died", 500, None), 500, False,
+            return StreamOutcome(error_body_for(record_api(kind, value or b"", state),
+                                                "internal error: derender process died", 500), 500, False,
                                  None, None, crash="derender process died")
         except Exception as e:
-            return StreamOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500, False,
+            return StreamOutcome(error_body_for(record_api(kind, value or b"", state),
+                                                f"internal error: {type(e).__name__}: {e}", 500), 500, False,
                                  None, None, crash=repr(e))
 
     async def outcome(self, future: asyncio.Future, value: bytes | None, kind: str | None, where: str,
@@ -228,7 +229,8 @@ class DerenderPool:
             return await self.quarantine(value, kind, where, created)
         except Exception as e:
             log.exception("derender job failed on %s", where)
-            return JobOutcome(error_body(f"internal error: {type(e).__name__}: {e}", 500, None), 500,
+            return JobOutcome(error_body_for(record_api(kind, value or b""), f"internal error: {type(e).__name__}: {e}",
+                                             500), 500,
                               None, None, False, crash=repr(e))
 
     async def quarantine(self, value: bytes | None, kind: str | None, where: str,

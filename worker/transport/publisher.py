@@ -53,12 +53,13 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from worker.core.errors import ReplyTooLarge
+from worker.core.service import error_body_for, record_api
 from worker.tracing import TRACEPARENT, TRACESTATE, Tracer
 from worker.transport.ack_offsets import AckOffsets
 from worker.transport.deadletter import DeadLetterError, dead_letter
 from worker.transport.health import HealthState
 from worker.transport.pauses import PartitionPauses
-from worker.transport.records import HDR_STATUS, Outgoing, log_fields
+from worker.transport.records import HDR_KIND, HDR_STATUS, Outgoing, log_fields
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +153,12 @@ class ReplyPublisher:
     @staticmethod
     def shrink(out: Outgoing, err: ReplyTooLarge, request_id: str | None) -> Outgoing:
         """Reply ``out`` replaced by the small error reply of ``err`` to the same address (topic,
-        key, headers; ``derender-status: 413``)."""
+        key, headers; ``derender-status: 413``): the error object of the API its ``derender-kind``
+        header names (``record_api``: Anthropic's error object for a Messages reply)."""
+        kind = next((v for k, v in out.headers if k == HDR_KIND), None)
+        api = record_api(kind.decode("ascii", "replace") if kind is not None else None)
         headers = [(k, str(err.status).encode() if k == HDR_STATUS else v) for k, v in out.headers]
-        return Outgoing(out.topic, out.key, err.to_body(request_id), headers)
+        return Outgoing(out.topic, out.key, error_body_for(api, err.message, err.status, request_id), headers)
 
     # -- sending --------------------------------------------------------------------------------
     async def send(self, out: Outgoing) -> asyncio.Future:

@@ -68,7 +68,8 @@ A message is dead-lettered, instead of answered, exactly when no useful reply ca
    (``worker.transport.unreadable``);
 9. ``reply-too-large: reply of N bytes exceeds the limit of M bytes (--max-request-size)``: the
    reply is larger than the producer may send; unlike the others the record is *also* answered,
-   with a small 413 ``PayloadTooLargeError`` error reply to the same address (for a stream chunk
+   with a small 413 ``PayloadTooLargeError`` error reply to the same address (a Messages record:
+   Anthropic's error object, ``worker.core.service.error_body_for``; for a stream chunk
    it ends the stream: ``derender-stream-end: 1``, later chunks get the ended-stream 409);
    ``worker.transport.publisher``.
 

@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from worker.core.service import error_body_for, record_api
 from worker.logs import record_fields
 from worker.state import StateWrite, UnreadableState
 from worker.transport.checkpoints import ReplayEntry, UnreadableCheckpoint, decode_stored
-from worker.transport.jobs import error_body
-from worker.transport.records import SEQ_MAX
+from worker.transport.records import SEQ_MAX, kind_header
 
 log = logging.getLogger(__name__)
 
 __all__ = ["LiveStream", "end_stream", "stored_checkpoint", "end_unreadable", "keeps_tombstone", "resume_stream",
            "cannot_continue", "take_held", "held_offsets", "trim_committed", "drop_streams", "record_pieces",
-           "held_pieces"]
+           "held_pieces", "stream_api", "error_entry", "ERROR_KINDS"]
 
 _GAP = object()  # queue marker: the gap timer fired
 
@@ -93,6 +93,10 @@ class LiveStream:
     #: its stored state could not be read (another Redis type, another release's format): the
     #: 409 message its next chunk gets, ending it (``StreamRouter._handle``); None otherwise
     unreadable: str | None = None
+    #: the API the stream speaks (``worker.core.service.record_api``: its chunks' result kind, a
+    #: resumed checkpoint's state or replies, else a chunk's header or shape): the error object
+    #: of the errors the transport builds for it (``error_entry``); None: not known yet
+    api: str | None = None
 
 
 def _park(s: LiveStream) -> None:
@@ -155,6 +159,7 @@ def resume_stream(s: LiveStream, seq: int, ck) -> None:
     s.next_seq = seq + 1
     s.state = ck.state
     s.ended = ck.state is None
+    s.api = s.api or record_api(next((e.kind for e in ck.replies if e.kind), None), b"", ck.state)
     if s.ended:
         s.ended_at = time.monotonic()
         s.gap_from = min(max(-1, ck.gap_from), seq)  # (bounded: a first missing seq is at most the last)
@@ -285,4 +290,32 @@ def end_unreadable(s: LiveStream, msg, seq: int) -> ReplayEntry:
     log.warning("%s", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
     s.next_seq = max(s.next_seq, seq + 1)
     end_stream(s, 409)
-    return ReplayEntry(seq, 409, True, None, error_body(why, 409, s.rid))
+    return error_entry(s, msg, seq, 409, why)
+
+
+#: the ``derender-kind`` of an error reply the transport builds, by API: a Messages one names its
+#: kind (its value is Anthropic's error object, not OpenAI's, and a stream's tombstone keeps its
+#: API in its replies); the others carry none, as they always did
+ERROR_KINDS = {"messages": "messages-stream"}
+
+
+def stream_api(s: LiveStream | None, msg) -> str | None:
+    """The API of stream ``s`` (remembered: ``LiveStream.api``), else of its chunk ``msg`` (its
+    ``derender-kind`` header, else its body's shape: ``record_api``); remembered in ``s``."""
+    api = s.api if s is not None else None
+    if api is None:
+        api = record_api(kind_header(msg), msg.value or b"")
+        if s is not None:
+            s.api = api
+    return api
+
+
+def error_entry(s: LiveStream | None, msg, seq: int, status: int, why: str, end: bool = True,
+                request_id: str | None = None) -> ReplayEntry:
+    """The error reply entry the transport builds for chunk ``seq`` (``msg``) of stream ``s``
+    (None: a chunk no stream takes): ``why`` in the error object of the stream's API
+    (``stream_api``, ``error_body_for``), ``status``, ending the stream unless ``end`` is False;
+    ``request_id``: the OpenAI object's when there is no stream (else the stream's id)."""
+    api = stream_api(s, msg)
+    rid = s.rid if s is not None else request_id
+    return ReplayEntry(seq, status, end, ERROR_KINDS.get(api or ""), error_body_for(api, why, status, rid))

@@ -88,6 +88,7 @@ import sys
 import time
 from typing import Any, NamedTuple
 
+from worker.core.service import error_body_for, record_api
 from worker.logs import record_fields
 from worker.state import formats as state_formats
 from worker.transport.checkpoints import (
@@ -106,7 +107,7 @@ from worker.transport.checkpoints import (
 )
 from worker.transport.context import StreamContext
 from worker.transport.deadletter import DeadLetterError
-from worker.transport.jobs import JobOutcome, StreamOutcome, body_request_id, error_body, is_object_value
+from worker.transport.jobs import JobOutcome, StreamOutcome, body_request_id, is_object_value
 from worker.transport.outage import OutageClock
 from worker.transport.records import (
     HDR_SEQ,
@@ -127,10 +128,12 @@ from worker.transport.stream_registry import (
     drop_streams,
     end_stream,
     end_unreadable,
+    error_entry,
     held_offsets,
     held_pieces,
     record_pieces,
     stored_checkpoint,
+    stream_api,
     take_held,
     trim_committed,
 )
@@ -229,7 +232,7 @@ async def submit_chunk(ctx: StreamContext, store: Any, outage: OutageClock, s: _
             break
         if s.unreadable is not None:  # a side key of another Redis type: the stream ends with its 409
             why, s.unreadable = s.unreadable, None
-            return StreamOutcome(error_body(why, 409, s.rid), 409, False, out.kind, None,
+            return StreamOutcome(error_body_for(stream_api(s, msg), why, 409, s.rid), 409, False, out.kind, None,
                                  is_object_value(msg.value or b""), seconds=out.seconds)
         out = await ctx.submit(msg.value, s.state, seq, kind, created, pieces, settings)
     if out.needs_settings or out.needs_pieces is not None:
@@ -237,7 +240,8 @@ async def submit_chunk(ctx: StreamContext, store: Any, outage: OutageClock, s: _
         # (never an empty reply published as if derendered): the chunk gets a 500 and its stream ends
         what = "its settings" if out.needs_settings else f"piece bytes {out.needs_pieces}"
         why = f"the derender core asked again for {what} after they were given"
-        out = StreamOutcome(error_body(f"internal error: {why}", 500, s.rid), 500, False, out.kind, None,
+        out = StreamOutcome(error_body_for(stream_api(s, msg), f"internal error: {why}", 500, s.rid), 500, False,
+                            out.kind, None,
                             is_object_value(msg.value or b""), crash=why, seconds=out.seconds)
     return out
 
@@ -479,7 +483,7 @@ class StreamRouter:
             rid = msg.key.decode("utf-8", "replace") if msg.key is not None else body_request_id(msg.value)
             # seq -1: the reply carries no derender-seq header (there is no valid one to echo)
             echo = rid if rid is None or len(rid) <= STREAM_KEY_MAX_BYTES else None  # not an over-long key
-            entry = ReplayEntry(seq if seq is not None else -1, 400, False, None, error_body(why, 400, echo))
+            entry = error_entry(None, msg, seq if seq is not None else -1, 400, why, end=False, request_id=echo)
 
             async def answer():
                 try:
@@ -587,7 +591,7 @@ class StreamRouter:
         self.ctx.stats.stream_gaps += 1
         msgs, dups = take_held(st, s)
         last = self.parse_seq(msgs[-1])
-        entry = ReplayEntry(last, 409, True, None, error_body(why, 409, s.rid))
+        entry = error_entry(s, msgs[-1], last, 409, why)
         s.gap_from = s.next_seq  # a missing chunk arriving later is answered, not taken for a duplicate
         s.next_seq = last + 1
         end_stream(s, 409)
@@ -605,7 +609,7 @@ class StreamRouter:
             s.gap_from = s.next_seq  # (the chunks between were never answered: a late one gets the 409)
         s.next_seq = seq + 1
         end_stream(s, 409)
-        entry = ReplayEntry(seq, 409, True, None, error_body(why, 409, s.rid))
+        entry = error_entry(s, msg, seq, 409, why)
         await self._publish(st, s, msg, entry, write=True)
 
     async def _old_or_ended(self, st, s: _Stream, msg, seq: int) -> None:
@@ -625,7 +629,7 @@ class StreamRouter:
             gap = f", ended after {HDR_SEQ} {s.gap_from} was missing for {self.gap_timeout_s:g}s" if late else ""
             why = f"stream {s.rid!r} already ended (last {HDR_SEQ} {s.next_seq - 1}{gap}); chunk {HDR_SEQ} {seq} ignored"
             log.info("%s: answered 409", why, extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
-            entry = ReplayEntry(seq, 409, True, None, error_body(why, 409, s.rid))
+            entry = error_entry(s, msg, seq, 409, why)
             await self._publish(st, s, msg, entry)
 
     async def _derender_publish(self, st, s: _Stream, msg, seq: int) -> None:
@@ -642,8 +646,7 @@ class StreamRouter:
             self.ctx.stats.crashes += 1
             s.next_seq = max(s.next_seq, seq + 1)
             end_stream(s, 500)
-            entry = ReplayEntry(seq, 500, True, None,
-                                error_body(f"internal error: {type(e).__name__}: {e}", 500, s.rid))
+            entry = error_entry(s, msg, seq, 500, f"internal error: {type(e).__name__}: {e}")
             await self._publish(st, s, msg, entry, write=True)
 
     async def _derender_publish_one(self, st, s: _Stream, msg, seq: int) -> None:
@@ -656,6 +659,7 @@ class StreamRouter:
                       msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
                       extra=record_fields(msg.topic, msg.partition, msg.offset, s.rid))
         s.known = s.known or seq == 0 or out.status == 200
+        s.api = s.api or record_api(out.kind)  # (the core's kind: its stored state's wins over a header)
         if out.settings:  # the stream's first chunk: its write-once settings, stored with its checkpoint
             s.settings, s.settings_stored = out.settings, False
         s.settings_kept = s.settings_kept or (out.status == 200 and out.kind in SETTINGS_KINDS)

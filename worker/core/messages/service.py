@@ -3,9 +3,11 @@
 caller stores the state and the piece log.
 
 Errors are Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (the reference's R6):
-``invalid_request_error`` for 400 (and for 409, a stale or ended stream: Anthropic has no
-conflict type), ``not_found_error`` 404, ``request_too_large`` 413, ``api_error`` 500; the HTTP
-status travels beside the body (``derender-status``).
+``invalid_request_error`` for 400 (and for 409, a stale or ended stream, and 413, a reply over
+``--max-request-size``: the SDK's ``ErrorResponse`` has no conflict type and no
+``request_too_large``, and Anthropic's "Errors" page uses ``invalid_request_error`` for 4XX
+statuses it does not list), ``not_found_error`` 404, ``api_error`` 500; the HTTP status travels
+beside the body (``derender-status``).
 """
 from __future__ import annotations
 
@@ -32,9 +34,11 @@ PACKED_MAGIC = b"\xc1MSG1"
 #: first bytes of a Messages stream state whose piece log is kept apart (``worker.state.pieces``)
 PIECES_MAGIC = b"\xc1MSG2"
 
-#: HTTP status -> Anthropic error type (anthropic-sdk-python ``types/shared``)
+#: HTTP status -> Anthropic error type: the types anthropic-sdk-python's ``ErrorResponse`` accepts
+#: (``types/shared/error_object.py``; 2.15.0 has neither ``conflict_error`` nor ``request_too_large``
+#: in that union, so 409 and 413 are ``invalid_request_error``, the status beside the body)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
+               404: "not_found_error", 409: "invalid_request_error", 413: "invalid_request_error",
                429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
 
 _encoder = msgspec.json.Encoder()
