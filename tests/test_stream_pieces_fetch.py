@@ -162,7 +162,7 @@ def test_a_core_that_keeps_asking_gets_a_500_never_an_empty_reply(ask):
     s = LiveStream(rid="r-ask")
     s.pieces, s.pieces_at = bytearray(b"abcdef"), 0
     s.settings = b"s" * 4096  # over SETTINGS_SEND_MAX: sent only when asked
-    msg = SimpleNamespace(value=b'{"model": "m"}', timestamp=0, topic="t", partition=0, offset=1)
+    msg = SimpleNamespace(value=b'{"model": "m"}', timestamp=0, topic="t", partition=0, offset=1, headers=())
     out = asyncio.run(submit_chunk(SimpleNamespace(submit=submit), None, OutageClock("state store", "r-ask", 5.0), s, msg, 1, "chat-stream"))
     assert out.status == 500 and out.crash
     assert b"asked again for" in out.body and b"r-ask" in out.body
