@@ -42,6 +42,12 @@ Content rules (coupled vLLM's non-streaming answer, kept split-independent):
   are not seen as code; a bare opener in plain prose is read as a call (as vLLM reads it). Only
   two flags are kept (``fence``, ``inline``); a trailing run of backticks is held back until it
   is complete, so the answer does not depend on how the text was split.
+* **quoted regions** (``quote_start`` / ``quote_end`` set: Seed-OSS's ``<seed:think>`` …
+  ``</seed:think>``, for ``--tool-parser seed_oss`` without its reasoning parser): outside a
+  call block, a region opened by a ``quote_start`` marker is content up to and including its
+  ``quote_end`` marker, and no call (wrapped or bare) starts inside it; a region never closed
+  stays content to the end of the output. Only a flag is kept (``quoted``) and a possible split
+  end marker is held back.
 """
 from __future__ import annotations
 
@@ -138,6 +144,8 @@ class TaggedState(msgspec.Struct, kw_only=True, array_like=True):
     #: the state (``spill_args``), and which call (``inc.n``) they belong to
     args_spilled: int = 0
     args_call: int = 0
+    #: inside a region of the family's ``quote_start`` … ``quote_end`` (content, never calls)
+    quoted: bool = False
 
 
 def _shift(st: TaggedState, k: int) -> None:
@@ -280,6 +288,11 @@ class TaggedToolParser(ToolParser):
     #: the whitespace between the text and a call block is not content (held until the next
     #: text or block: vLLM's ernie45 / gemma4 parsers strip the content before the calls)
     strip_before_call: ClassVar[bool] = False
+    #: a region the output opens with one of ``quote_start`` and closes with one of
+    #: ``quote_end`` is content, markers included, and never holds calls (module docstring,
+    #: "quoted regions"; empty: none)
+    quote_start: ClassVar[tuple[str, ...]] = ()
+    quote_end: ClassVar[tuple[str, ...]] = ()
     parse_body: ClassVar[Callable[[str], list[tuple[str, str]] | None]] = staticmethod(json_name_arguments)
 
     def __init__(self, tok):
@@ -293,6 +306,7 @@ class TaggedToolParser(ToolParser):
             spec = {json_name_arguments: NAME_ARGS, json_call_list: LIST_ARGS}.get(type(self).parse_body)
         self.spec = spec
         self._starts = self.starts + ((self.bare_start,) if self.bare_start else ())
+        self._openers = self._starts + self.quote_start
         self._longest_end = max(len(e) for e in self.ends)
 
     @property
@@ -463,10 +477,11 @@ class TaggedToolParser(ToolParser):
         st.seg_text = False
         st.pending_ws = ""
 
-    def _text(self, st: TaggedState, out: Delta, t: str) -> None:
+    def _text(self, st: TaggedState, out: Delta, t: str, code: bool = True) -> None:
+        """Content text ``t`` (``code``: it moves the answer's code state, ``code_state``)."""
         if not t:
             return
-        if self.bare_start:  # where a bare opener may start a call (module docstring)
+        if self.bare_start and code:  # where a bare opener may start a call (module docstring)
             code_state(st, t)
         if st.seg_text and not self.strip_before_call:
             out.content += t
@@ -528,15 +543,23 @@ class TaggedToolParser(ToolParser):
                     if st.after_end.startswith(s):  # empty, or a prefix of the marker: wait
                         return out
                     st.after_end = ""
-                i, m = find_first(s, self._starts)
+                if st.quoted:  # a quoted region: content up to its end marker
+                    if not self._quoted(st, out, s):
+                        return out
+                    continue
+                i, m = find_first(s, self._openers)
                 if i < 0:
-                    keep = hold_back(s, self._starts)
+                    keep = hold_back(s, self._openers)
                     if self.bare_start:  # a backtick run may still grow into a fence
                         keep = max(keep, trailing_ticks(s))
                     self._text(st, out, s[: len(s) - keep])
                     st.buf = s[len(s) - keep:]
                     return out
                 self._text(st, out, s[:i])
+                if m in self.quote_start and m not in self._starts:
+                    self._text(st, out, m, code=False)
+                    st.quoted, st.buf = True, s[i + len(m):]
+                    continue
                 bare = m == self.bare_start and m not in self.starts
                 if bare and (st.fence or st.inline):  # a bare opener inside the answer's code
                     self._text(st, out, m)
@@ -570,6 +593,20 @@ class TaggedToolParser(ToolParser):
             st.in_call, st.buf, st.scan = False, s[j + len(e):], 0
             self._close(st, out, s[:j], e)
         return out
+
+    def _quoted(self, st: TaggedState, out: Delta, s: str) -> bool:
+        """Read ``s`` (``st.buf``) inside a quoted region: the text up to and including its end
+        marker is content (not code for ``code_state``) and the region ends (True); without
+        one, the text but a possible split end marker is content and stays so (False)."""
+        j, e = find_first(s, self.quote_end)
+        if j < 0:
+            keep = hold_back(s, self.quote_end)
+            self._text(st, out, s[: len(s) - keep], code=False)
+            st.buf = s[len(s) - keep:]
+            return False
+        self._text(st, out, s[: j + len(e)], code=False)
+        st.quoted, st.buf = False, s[j + len(e):]
+        return True
 
     def finish(self, state: TaggedState) -> Delta:
         out = Delta()

@@ -27,7 +27,8 @@ Rules (from the models' chat templates and vLLM's reasoning parsers):
   ids, where the explicit rule holds (an implicit-end id in an explicit block is a reasoning
   token), so the ids of calls surfaced that way still count as reasoning tokens;
 * after a block closed by an end marker, a repeated end marker in the content is dropped
-  (vLLM's ``test_duplicate_think_end_absorbed``); not for ``start_anywhere`` families;
+  (vLLM's ``test_duplicate_think_end_absorbed``); not for ``start_anywhere`` families, where
+  ``drop_stray_end`` drops every end marker met in the content instead (Gemma 4);
 * ``reasoning_tokens`` counts token ids seen in reasoning mode, markers excluded, following the
   id stream (so it is split-independent and counts tokens whose text is empty);
 * ``strip_trailing_ws`` (families whose template writes whitespace before the end marker as
@@ -108,6 +109,9 @@ class ThinkSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: after a block closed by an end marker, the end marker repeated in the content is dropped
     #: (off for text headers that are ordinary prose, Granite's ``Here is my response:``)
     drop_repeated_end: bool = True
+    #: with ``start_anywhere``: an end marker in the content (no block open) is dropped, also
+    #: before any block opened (Gemma 4's ``<channel|>``, a special token that is never text)
+    drop_stray_end: bool = False
 
 
 #: prompt ids ``prompt_mode`` reads from the end before it falls back to the whole prompt
@@ -145,6 +149,9 @@ class ThinkReasoningParser(ReasoningParser):
             (frozenset((self.turn_id,)) if self.turn_id is not None else frozenset())
         self._longest_start = max(map(len, self.spec.start), default=0)
         self._longest_end = max(map(len, self._end_markers), default=0)
+        #: markers read in the content of a ``start_anywhere`` spec
+        self._content_marks = self.spec.start + (self.spec.end if self.spec.drop_stray_end else ())
+        self._longest_content_mark = max(map(len, self._content_marks), default=0)
         self._marker_ids = self.start_ids | self.end_ids | self.implicit_end_ids
         # the marker ids ``_count`` searches for in content, in an explicit block, in a block
         # an implicit end may close (the others leave its count unchanged there); start ids
@@ -423,13 +430,15 @@ class ThinkReasoningParser(ReasoningParser):
                 state.buf = s[size - keep:]
                 return held
             if spec.start_anywhere:
-                j, m = find_first(s, spec.start, i)
+                marks = self._content_marks
+                j, m = find_first(s, marks, i)
                 if j >= 0:
                     out.content += s[i:j]
                     i = j + len(m)
-                    state.mode = "reasoning"
-                    continue
-                keep = hold_back(s[max(i, size - self._longest_start):], spec.start)
+                    if m in spec.start:
+                        state.mode = "reasoning"
+                    continue  # else a stray end marker: dropped (``drop_stray_end``)
+                keep = hold_back(s[max(i, size - self._longest_content_mark):], marks)
                 out.content += s[i: size - keep]
                 state.buf = s[size - keep:]
                 return held

@@ -4,7 +4,10 @@ Reasoning (Gemma 4 chat template with ``enable_thinking``; vLLM ``gemma4``): the
 channel ``<|channel>thought\\n…<channel|>`` (special tokens ``<|channel>``/``<channel|>``); the
 ``thought\\n`` channel label is not reasoning text and is stripped; output that does not open
 the channel is content; a channel opened after content is reasoning (the text around it content:
-vLLM's ``test_gemma4_reasoning[new_line]``); a ``<|tool_call>`` straight from the channel ends it.
+vLLM's ``test_gemma4_reasoning[new_line]``); a ``<|tool_call>`` straight from the channel ends it;
+a ``<channel|>`` with no channel open is dropped and the text around it stays content, in both
+modes (vLLM's streaming answer ``test_gemma4_reasoning[invalid_simple_streaming]``; its
+non-streaming twin reads the text before it as reasoning: a deviation, ``docs/parsers.md``).
 
 Example: ``<|channel>thought\\nUser wants X.<channel|>Here is X.`` -> reasoning ``User wants X.``,
 content ``Here is X.``
@@ -155,7 +158,8 @@ class Gemma4ThinkState(ThinkFields, kw_only=True, array_like=True):
 class Gemma4ReasoningParser(ThinkReasoningParser):
     needs_special_tokens = True
     spec = ThinkSpec(start=("<|channel>",), end=("<channel|>",), default_reasoning=False,
-                     turn_token="<|turn>", implicit_end=("<|tool_call>",), start_anywhere=True)
+                     turn_token="<|turn>", implicit_end=("<|tool_call>",), start_anywhere=True,
+                     drop_stray_end=True)
 
     def initial_state(self, ctx: RequestContext) -> Gemma4ThinkState:
         b = super().initial_state(ctx)

@@ -28,6 +28,15 @@ apply it because the inner grammar is Qwen3-Coder's and the model drops the wrap
 way. A bare call cut off at the end of the output stays content (Seed-OSS's rule for an open
 block).
 
+**A think block seen by the tool parser** (``--tool-parser seed_oss`` without ``--reasoning-parser
+seed_oss``, or a second block in the content): ``<seed:think>`` … ``</seed:think>`` is content,
+markers included, and a call written inside it (the model quoting the call format while it
+reasons) is not a call (vLLM's ``seed_oss`` tool parser skips the think block:
+``test_extract_tool_calls[tool_call_unlimited_thinking_budget]`` and its streaming twin;
+``worker.parsers.tagged`` "quoted regions"). A block never closed stays content to the end, as
+vLLM's streaming parser answers (its non-streaming one reads calls there); a ``</seed:think>``
+with no opener in the output (a prompt that opened the block) ends nothing.
+
 ``--tool-call-streaming incremental``: as Qwen3-Coder (same tags, ``worker.parsers.incremental``).
 """
 from worker.parsers.families.qwen3_coder import CODER_FORMAT, parse_coder_body, plausible_calls
@@ -55,6 +64,8 @@ class SeedOssToolParser(TaggedToolParser):
     ends = ("</seed:tool_call>",)
     bare_start = "<function="  # a call without the wrapper (module docstring)
     bare_end = "</function>"
+    quote_start = ("<seed:think>",)  # a think block seen by the tool parser (module docstring)
+    quote_end = ("</seed:think>",)
     param_types = True
     stream_spec = XmlArgs(CODER_FORMAT)  # incremental streaming: Qwen3-Coder's tags
 
