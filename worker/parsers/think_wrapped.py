@@ -5,6 +5,13 @@ filtered once more, dropping the spec's ``drop`` markers wherever they occur (a 
 across deltas is held back, at most one marker long; the longest marker wins, so a complete
 marker that begins a longer one waits for the text that decides) and the ``lstrip`` characters at the very
 start of the content. Per-feed work stays O(delta + longest marker).
+
+Framing whitespace (Cohere's, ``families/cohere.py``): ``strip_reasoning`` drops the whitespace
+at the start of the reasoning (``WrappedThinkState.rstarted``: reasoning text was emitted) and at
+its end (held at the front of ``buf``, which the engine reads again as reasoning text, until
+more reasoning follows it); ``rstrip_content`` drops the content whitespace right before a
+``drop`` marker or the end of the output (held in ``cbuf`` until other text follows it). Both
+holds sit where release e8f2be2 reads them as text still to emit.
 """
 from __future__ import annotations
 
@@ -24,6 +31,8 @@ class WrappedThinkState(ThinkFields, kw_only=True, array_like=True):
     closed: bool = False
     held_len: int = 0
     held_in: bool = False
+    #: reasoning text was emitted (``strip_reasoning``)
+    rstarted: bool = False
 
 
 class WrappedThinkReasoningParser(ThinkReasoningParser):
@@ -31,6 +40,9 @@ class WrappedThinkReasoningParser(ThinkReasoningParser):
 
     drop: ClassVar[tuple[str, ...]] = ()
     lstrip: ClassVar[str] = ""
+    #: framing whitespace (module docstring)
+    strip_reasoning: ClassVar[bool] = False
+    rstrip_content: ClassVar[bool] = False
 
     def initial_state(self, ctx: RequestContext) -> WrappedThinkState:
         base = super().initial_state(ctx)
@@ -40,14 +52,19 @@ class WrappedThinkReasoningParser(ThinkReasoningParser):
         s = st.cbuf + text
         st.cbuf = ""
         out = []
+        rstrip = self.rstrip_content
         while s:
             i, m = find_first(s, self.drop)
             if i < 0:
                 keep = 0 if final else hold_back(s, self.drop)
-                out.append(s[: len(s) - keep])
+                t = s[: len(s) - keep]
+                if rstrip:  # trailing whitespace: held (dropped at a marker or the end)
+                    t = t.rstrip()
+                    keep = 0 if final else len(s) - len(t)
+                out.append(t)
                 st.cbuf = s[len(s) - keep:]
                 break
-            out.append(s[:i])
+            out.append(s[:i].rstrip() if rstrip else s[:i])
             if not final and any(len(x) > len(m) and x.startswith(s[i:]) for x in self.drop):
                 st.cbuf = s[i:]  # a longer marker may still complete: decide on more text
                 break
@@ -59,13 +76,27 @@ class WrappedThinkReasoningParser(ThinkReasoningParser):
             st.cstarted = True
         return res
 
+    def _frame(self, st: WrappedThinkState, d: Delta, final: bool) -> None:
+        """``strip_reasoning``: the reasoning's leading whitespace dropped, its trailing
+        whitespace held (at the front of ``buf``) while the reasoning may go on, else dropped."""
+        if not self.strip_reasoning or not d.reasoning:
+            return
+        r = d.reasoning if st.rstarted else d.reasoning.lstrip()
+        st.rstarted = st.rstarted or bool(r)
+        k = len(r.rstrip())
+        if not final and st.mode == "reasoning":
+            st.buf = r[k:] + st.buf
+        d.reasoning = r[:k]
+
     def feed(self, state: WrappedThinkState, text: str, token_ids: list[int]) -> Delta:
         d = super().feed(state, text, token_ids)
+        self._frame(state, d, final=False)
         if d.content or state.cbuf:
             d.content = self._filter(state, d.content, final=False)
         return d
 
     def finish(self, state: WrappedThinkState) -> Delta:
         d = super().finish(state)
+        self._frame(state, d, final=True)
         d.content = self._filter(state, d.content, final=True)
         return d

@@ -6,6 +6,17 @@ delegates to Cohere's ``cohere_melody`` filter): reasoning in ``<|START_THINKING
 ``<|END_RESPONSE|>``; the response markers are not content. Without ``<|START_THINKING|>`` the
 output is content (an explicit start is required).
 
+Whitespace (Cohere's ``cohere_melody`` filter, ``cmd3``, which vLLM's parser runs since after
+0.33: ``tests/reasoning/test_cohere_command_reasoning_parser.py``): the reasoning's leading and
+trailing whitespace is framing and dropped; so is the content's whitespace right before
+``<|START_RESPONSE|>`` / ``<|END_RESPONSE|>`` or the end of the output (the ``"\n"`` between
+the blocks). Whitespace at the start of the response is kept, as melody keeps it. Text after
+``<|END_RESPONSE|>`` stays content (melody drops it; no vLLM test has it).
+
+**Departs from vLLM**: melody also turns Cohere's citation markup ``<co>text</co: 0:[1]>`` into
+citation objects beside the text; the OpenAI reply has no field for them, so here the markup
+stays in the text, verbatim (``docs/parsers.md``, deviations).
+
 Example: ``<|START_THINKING|>Check units.<|END_THINKING|><|START_RESPONSE|>5 km.<|END_RESPONSE|>``
 -> reasoning ``Check units.``, content ``5 km.``
 """
@@ -23,3 +34,5 @@ class CohereCommand3ReasoningParser(WrappedThinkReasoningParser):
     spec = ThinkSpec(start=("<|START_THINKING|>",), end=("<|END_THINKING|>",), default_reasoning=False,
                      turn_token="<|START_OF_TURN_TOKEN|>")
     drop = ("<|START_RESPONSE|>", "<|END_RESPONSE|>")
+    strip_reasoning = True  # framing whitespace (module docstring)
+    rstrip_content = True

@@ -1,6 +1,8 @@
-"""The kinds behind vLLM vectors closed after issue 24 (``docs/parsers.md``, vLLM's parser tests):
-Seed-OSS's think block seen by its tool parser (a quoted region: content, never calls) and
-Gemma 4's ``<channel|>`` with no channel open (dropped, the text stays content).
+"""The kinds behind the 9 vLLM vectors left open after issue 24 (``docs/parsers.md``, vLLM's parser
+tests): Seed-OSS's think block seen by its tool parser (a quoted region: content, never calls),
+Gemma 4's ``<channel|>`` with no channel open (dropped, the text stays content) and Cohere
+Command 3's framing whitespace (the answers of Cohere's ``cohere_melody`` 0.15.3 ``cmd3`` filter,
+which vLLM's parser runs, for the same outputs; facts, not code).
 
 Each vector runs non-streaming, then streamed in 1-token and random token chunks with
 ``--tool-call-streaming`` ``whole`` and ``incremental`` (state round-tripped after every chunk,
@@ -19,6 +21,7 @@ from tests.harness.vllm_vectors import run_output
 _P = "<parameter=city>\nParis\n</parameter>\n"
 CALL = f"<seed:tool_call>\n<function=get_weather>\n{_P}</function>\n</seed:tool_call>"
 BARE = f"<function=get_weather>\n{_P}</function>"
+_CT, _CE, _CR, _CRE = "<|START_THINKING|>", "<|END_THINKING|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"
 PARIS = {"name": "get_weather", "arguments": {"city": "Paris"}}
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}},
@@ -66,6 +69,21 @@ CASES = [
       "A<channel|><|channel>thought\nR<channel|>B", reasoning="R", content="AB"),
     V("gemma4-stray-end-twice", "test/gemma4", "gemma4", None, "<channel|>A<channel|><channel|>",
       content="A"),
+    # Cohere Command 3 (melody cmd3 answers): framing whitespace dropped, response's lead kept
+    V("cohere-whitespace-around-blocks", "test/cohere", "cohere_command3", None,
+      f"{_CT}  \n two spaces \n {_CE}\n\n{_CR}  lead and trail  \n{_CRE}", reasoning="two spaces",
+      content="  lead and trail"),
+    V("cohere-newlines-inside-blocks", "test/cohere", "cohere_command3", None,
+      f"{_CT}\nx\n{_CE}\n{_CR}\n y \n{_CRE}", reasoning="x", content="\n y"),
+    V("cohere-text-before-response", "test/cohere", "cohere_command3", None,
+      f"{_CT}t{_CE}  between  {_CR}r{_CRE}", reasoning="t", content="  betweenr"),
+    V("cohere-action-keeps-its-newline", "test/cohere", "cohere_command3", None,
+      f"{_CT}t{_CE}\n<|START_ACTION|>[]<|END_ACTION|>", reasoning="t",
+      content="\n<|START_ACTION|>[]<|END_ACTION|>"),
+    V("cohere-plain-text-trailing-ws", "test/cohere", "cohere_command3", None, "  text  \n", content="  text"),
+    V("cohere-reasoning-cut-off", "test/cohere", "cohere_command3", None, f"{_CT} a\n\nb  ", reasoning="a\n\nb"),
+    V("cohere-two-responses", "test/cohere", "cohere_command3", None,
+      f"{_CT}t{_CE}{_CR}a{_CRE}\n{_CR} b {_CRE}", reasoning="t", content="a b"),
     V("gemma4-stray-end-then-call", "test/gemma4", "gemma4", "gemma4",
       "A<channel|><|tool_call>call:f{x:1}<tool_call|>", content="A",
       calls=[{"name": "f", "arguments": {"x": 1}}]),
