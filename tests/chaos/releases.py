@@ -21,6 +21,17 @@ from tests.chaos.harness import REPO
 #: the previous release's main (full hash); bumped by every release to the main it replaces
 PREVIOUS_RELEASE = "e8f2be210e273f8a3494de24a420e7e56c723341"
 
+#: every earlier release that may share a pool's Redis with this one (full hash -> the directory
+#: of its golden stream state under ``tests/data/golden_state/``, written by a real worker of it),
+#: oldest first: this release reads what each wrote, and each reads what this release writes, run
+#: by its own code (``tests/test_state_golden.py``). A release adds its main here when it
+#: becomes a previous release; an entry goes only with a documented end of that release's support
+#: (docs/delivery.md, "Rolling upgrades across releases").
+EARLIER_RELEASES = {
+    "e8f2be210e273f8a3494de24a420e7e56c723341": "v6",
+    "638fca13a0d23db739545eea87908847f1729dc6": "v6-638fca1",
+}
+
 #: body fields that tell the record kinds added since the previous release (issue 26: Anthropic
 #: Messages). The previous release has no such kind and answers these records with a 400, so a
 #: roll's load leaves them out: a new kind is served once the roll completes, and a rollback ends
