@@ -8,7 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from tests.chaos.harness import CORR, END, REPO, SEQ, STATUS, Single, Stream
-from tests.chaos.releases import PREVIOUS_RELEASE, NotAGitCheckout, resolve
+from tests.chaos.releases import (
+    EARLIER_RELEASES,
+    NEW_KIND_FIELDS_SINCE,
+    PREVIOUS_RELEASE,
+    NotAGitCheckout,
+    previous_serves,
+    resolve,
+)
 from tests.chaos.rolling import MIN_READY_S, _check, min_ready_seconds, roll_figures
 
 T0 = 1_000.0
@@ -108,3 +115,13 @@ def test_the_roll_waits_the_deployments_min_ready_seconds(tmp_path):
     assert min_ready_seconds(m) == 7.0
     # the shipped one waits: a rebalance ends for every member before the next worker leaves
     assert MIN_READY_S == min_ready_seconds() >= 3
+
+
+def test_a_rolls_load_leaves_out_only_the_kinds_its_earlier_release_lacks():
+    """e8f2be2 has no Anthropic Messages kinds (its roll's load leaves them out); 638fca1 has them
+    (its roll's load carries them); every earlier release says which kinds it lacks."""
+    e8, r638 = sorted(EARLIER_RELEASES, key=lambda r: not r.startswith("e8f2be2"))
+    msg, chat = b'{"messages_request": {}, "stream": true}', b'{"chat_request": {}}'
+    assert not previous_serves(msg, e8) and previous_serves(chat, e8)
+    assert previous_serves(msg, r638) and previous_serves(chat, r638)
+    assert set(NEW_KIND_FIELDS_SINCE) == set(EARLIER_RELEASES) and PREVIOUS_RELEASE in EARLIER_RELEASES

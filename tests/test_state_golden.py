@@ -1,21 +1,24 @@
-"""Issue 23 item 1: the stream state of release e8f2be2 (state format 6, ``tests/data/golden_state/v6``,
-written by a real Kafka worker of that release) is read by this one, both ways:
+"""Issue 23 item 1: the stream state of each earlier release a pool may still run
+(``tests/chaos/releases.py`` ``EARLIER_RELEASES``: e8f2be2, golden set ``v6``; 638fca1, golden set
+``v6-638fca1``, with its Anthropic Messages streams; both state format 6, written by real Kafka
+workers of those releases, ``tests/data/golden_state/``) is read by this one, both ways:
 
 * every golden value is probed as format 6, decodes (checkpoint, tombstone, chat/completion state
-  and settings, Responses state) and keeps the v6 field layout (a frozen copy of e8f2be2's
-  ``Checkpoint`` / ``ReplayEntry`` below, state and settings versions);
+  and settings, Responses and Messages state) and keeps the v6 field layout (a frozen copy of
+  e8f2be2's ``Checkpoint`` / ``ReplayEntry``, state and settings versions);
 * a worker of this release (real broker, real Redis) given the golden mid-stream keys continues
   each stream: its replies equal the in-process core's bytes of an uninterrupted run, and the
-  tombstone it writes is byte-identical to the one e8f2be2 wrote;
-* the keys it writes for the first half of each stream (the format it selects while e8f2be2 may
-  be in the group) are read by e8f2be2's own code (a worktree of that release,
+  tombstone it writes is byte-identical to the one that release wrote;
+* the keys it writes for the first half of each stream (the format it selects while that release
+  may be in the group) are read by that release's own code (a worktree of it,
   ``tests/chaos/releases.py``, running ``tests/harness/prev_continue.py``) with the same meaning:
-  e8f2be2 decodes them to what it decodes from its own golden keys, and continuing each stream
-  it answers the second half with the golden replies. Pieces, the replay window and the
-  completion checkpoint and settings are still byte-identical; a chat or Responses stream's
-  checkpoint and a chat stream's settings are not: its reasoning parser state carries trailing fields e8f2be2
-  ignores (``ThinkState``'s ``closed`` / ``held_len`` / ``held_in``, docs/delivery.md "Rolling
+  it decodes them to what it decodes from its own golden keys, and continuing each stream it
+  answers the second half with the golden replies. Pieces, the replay window and the completion
+  checkpoint and settings are byte-identical; a stream whose state holds a parser state is
+  compared by that release's reading only: this release may add trailing fields it ignores
+  (``ThinkState``'s ``closed`` / ``held_len`` / ``held_in`` for e8f2be2, docs/delivery.md "Rolling
   upgrades across releases"), and the state records the digest of its settings' bytes;
+* every parser state type is read by each earlier release with its fields set, both ways;
 * a Qwen3 stream cut while this release holds a ``<tool_call>`` met inside ``<think>`` (the held
   mode, stored as reasoning text still to emit) is continued by e8f2be2 with e8f2be2's own
   uninterrupted answer: the held text comes out as reasoning.
@@ -23,6 +26,8 @@ written by a real Kafka worker of that release) is read by this one, both ways:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -35,56 +40,81 @@ import msgspec
 import pytest
 import redis
 
-from tests.chaos.releases import NotAGitCheckout, previous_release, release_tree
-from tests.harness.golden_state import TS_MS, load_streams, run_phase, v6_read
+from tests.chaos.releases import EARLIER_RELEASES, NotAGitCheckout, release_tree
+from tests.harness.golden_state import MODELS, TS_MS, load_streams, run_phase, v6_read
 from tests.harness.kafka import REDIS_URL, qwen3_stream
+from worker.config import load_config_file
 from worker.core.service import DerenderService
 from worker.state import formats
 from worker.transport.checkpoints import decode_stored
 from worker.transport.jobs import derender_stream_job
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "golden_state" / "v6"
-STREAMS = load_streams(GOLDEN / "streams.json")
+DATA = Path(__file__).resolve().parent / "data"
+#: (release, its golden directory, its golden streams), oldest first
+SETS = [(r, DATA / "golden_state" / d, load_streams(DATA / "golden_state" / d / "streams.json"))
+        for r, d in EARLIER_RELEASES.items()]
+SET_IDS = [r[:7] for r, _, _ in SETS]
+E8F2BE2 = next(r for r in EARLIER_RELEASES if r.startswith("e8f2be2"))
 PREV_CONTINUE = Path(__file__).resolve().parent / "harness" / "prev_continue.py"
-#: streams whose state holds a reasoning parser state: checkpoint (and settings) not byte-identical
-THINK_STATE = {"chat", "bigcall", "responses"}
+#: streams whose state holds no parser state: every stored value byte-identical across releases
+NO_PARSER_STATE = {"completion"}
+#: streams that have a piece log at their cut
+WITH_PIECES = {"bigcall", "responses", "messages", "messages-ws", "messages-text"}
 
 
 @pytest.fixture(scope="module")
-def prev_tree():
-    """A worktree of the previous release (``tests/chaos/releases.py``); skipped outside a git checkout."""
-    try:
-        with release_tree(previous_release()) as tree:
-            yield tree
-    except NotAGitCheckout as e:
-        pytest.skip(str(e))
+def release():
+    """``release(commit)``: a worktree of that release (``tests/chaos/releases.py``), made once per
+    module; the test is skipped outside a git checkout."""
+    with contextlib.ExitStack() as stack:
+        made: dict[str, Path] = {}
+
+        def get(commit: str) -> Path:
+            if commit not in made:
+                try:
+                    made[commit] = stack.enter_context(release_tree(commit))
+                except NotAGitCheckout as e:
+                    pytest.skip(str(e))
+            return made[commit]
+        yield get
+
+
+@functools.cache
+def _service() -> DerenderService:
+    return DerenderService(load_config_file(str(MODELS)))
 
 
 def prev_run(tree: Path, jobs: list[dict]) -> dict:
-    """``tests/harness/prev_continue.py`` run by the release checked out at ``tree`` over ``jobs``."""
+    """``tests/harness/prev_continue.py`` run by the release checked out at ``tree`` over ``jobs``
+    (served models: ``MODELS``)."""
     with tempfile.TemporaryDirectory(prefix="prev-continue-") as d:
         src, dst = Path(d) / "in", Path(d) / "out"
         src.write_bytes(msgspec.msgpack.encode(jobs))
         env = dict(os.environ, PYTHONPATH=str(tree))
-        r = subprocess.run([sys.executable, "-P", str(PREV_CONTINUE), str(src), str(dst)], cwd=tree, env=env,
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run([sys.executable, "-P", str(PREV_CONTINUE), str(src), str(dst), str(MODELS)], cwd=tree,
+                           env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-4000:]
         return msgspec.msgpack.decode(dst.read_bytes())
 
 
+def _model(s) -> str:
+    return json.loads(s["chunks"][0])["model"]
+
+
 def _job(s, start: int, values: dict[str, bytes]) -> dict:
     return {"name": s["name"], "chunks": s["chunks"], "start": start, "kind": s["kind"], "created": TS_MS // 1000,
-            "model": "qwen3", "checkpoint": values.get("checkpoint"), "settings": values.get("settings"),
+            "model": _model(s), "checkpoint": values.get("checkpoint"), "settings": values.get("settings"),
             "pieces": values.get("pieces")}
 
 
-def _files(name: str) -> dict[str, bytes]:
-    return {p.name.split(".", 1)[1]: p.read_bytes() for p in GOLDEN.glob(f"{name}.*")}
+def _files(golden: Path, name: str) -> dict[str, bytes]:
+    return {p.name.split(".", 1)[1]: p.read_bytes() for p in golden.glob(f"{name}.*")}
 
 
-@pytest.mark.parametrize("s", STREAMS, ids=[s["name"] for s in STREAMS])
-def test_golden_values_are_format_6_and_decode(s):
-    files = _files(s["name"])
+@pytest.mark.parametrize("golden,s", [(g, s) for _, g, sts in SETS for s in sts],
+                         ids=[f"{i}-{s['name']}" for i, (_, _, sts) in zip(SET_IDS, SETS) for s in sts])
+def test_golden_values_are_format_6_and_decode(golden, s):
+    files = _files(golden, s["name"])
     mid, end = files["mid.checkpoint"], files["end.checkpoint"]
     for value, seq in ((mid, s["cut"] - 1), (end, len(s["chunks"]) - 1)):
         assert int(value[:20]) == seq
@@ -95,16 +125,16 @@ def test_golden_values_are_format_6_and_decode(s):
         assert [(e.seq, e.status, e.value) for e in ck.replies] == [(e.seq, e.status, e.value) for e in old.replies]
         assert [e.seq for e in ck.replies] == list(range(seq + 1))
     assert decode_stored(mid[20:]).state is not None and decode_stored(end[20:]).state is None  # a tombstone
-    if s["name"] != "responses":
+    assert ("mid.settings" in files) == (s["name"] in ("chat", "bigcall", "completion"))
+    if "mid.settings" in files:
         assert msgspec.msgpack.decode(files["mid.settings"])[0] == 6
         assert formats.settings_in(files["mid.settings"]) == files["mid.settings"]
-    assert ("mid.pieces" in files) == (s["name"] in ("bigcall", "responses"))
+    assert ("mid.pieces" in files) == (s["name"] in WITH_PIECES)
 
 
 def _uninterrupted(s) -> list[bytes]:
     """Reply bodies of the whole stream through the in-process core (the pool job the worker runs)."""
-    from worker.config import load_config_file
-    svc = DerenderService(load_config_file(str(GOLDEN.parent.parent / "models.json")))
+    svc = _service()
     state, settings, pieces, out_bodies = None, None, bytearray(), []
     for seq, body in enumerate(s["chunks"]):
         give = None
@@ -128,79 +158,80 @@ def _uninterrupted(s) -> list[bytes]:
 
 @pytest.mark.kafka
 @pytest.mark.redis
-def test_this_release_continues_golden_streams_and_writes_what_e8f2be2_reads(kafka_bootstrap, kafka_broker_kind,
-                                                                             qwen3_models, redis_prefix, prev_tree):
+@pytest.mark.parametrize("rel,golden,sts", SETS, ids=SET_IDS)
+def test_this_release_continues_golden_streams_and_writes_what_they_read(kafka_bootstrap, kafka_broker_kind,
+                                                                         redis_prefix, release, rel, golden, sts):
     """Continue: the golden mid-stream keys under a fresh prefix, a worker of this release
     answers the second half of every stream; replies = the uninterrupted run's, tombstones = the
     golden ones. Write: a worker of this release answers the first half of every stream under
-    another prefix; the keys it wrote are the golden bytes, except a chat or Responses stream's
-    checkpoint and a chat stream's settings (same seq and replay window; reasoning parser state with trailing fields e8f2be2
-    ignores); e8f2be2's own code reads them as its golden keys and continues each stream with the
-    golden replies."""
+    another prefix; the keys it wrote are the golden bytes, except the checkpoint and settings of
+    a stream with a parser state (same seq and replay window; trailing fields the earlier release
+    ignores); the earlier release's own code reads them as its golden keys and continues each
+    stream with the golden replies."""
+    models = load_config_file(str(MODELS))
     sync = redis.Redis.from_url(REDIS_URL)
-    for s in STREAMS:
+    for s in sts:
         key = f"{redis_prefix}{{{s['rid']}}}"
-        for name, value in _files(s["name"]).items():
+        for name, value in _files(golden, s["name"]).items():
             if name.startswith("mid."):
                 suffix = {"checkpoint": "", "settings": ":settings", "pieces": ":pieces"}[name[4:]]
                 sync.set(key + suffix, value, px=600_000)
-    end, replies = asyncio.run(run_phase(kafka_bootstrap, kafka_broker_kind, qwen3_models, redis_prefix, STREAMS,
-                                         "rest"))
+    end, replies = asyncio.run(run_phase(kafka_bootstrap, kafka_broker_kind, models, redis_prefix, sts, "rest"))
     by_key: dict[bytes, dict[int, bytes]] = {}
     for r in replies:
         h = dict(r.headers)
         by_key.setdefault(r.key, {})[int(h["derender-seq"])] = r.value
-    for s in STREAMS:
+    for s in sts:
         want = _uninterrupted(s)
         got = by_key[s["rid"].encode()]
         assert sorted(got) == list(range(s["cut"], len(s["chunks"]))), s["name"]
         for seq in got:
             assert got[seq] == want[seq], (s["name"], seq, got[seq][:200], want[seq][:200])
-        assert end[s["name"]]["checkpoint"] == _files(s["name"])["end.checkpoint"], s["name"]
+        assert end[s["name"]]["checkpoint"] == _files(golden, s["name"])["end.checkpoint"], s["name"]
         v6_read(end[s["name"]]["checkpoint"])
 
     other = redis_prefix + uuid.uuid4().hex[:6] + ":"
     try:
-        mid, _ = asyncio.run(run_phase(kafka_bootstrap, kafka_broker_kind, qwen3_models, other, STREAMS, "first"))
+        mid, _ = asyncio.run(run_phase(kafka_bootstrap, kafka_broker_kind, models, other, sts, "first"))
     finally:
         keys = list(sync.scan_iter(match=other + "*"))
         if keys:
             sync.delete(*keys)
-    for s in STREAMS:
-        files = _files(s["name"])
+    for s in sts:
+        files = _files(golden, s["name"])
         assert set(mid[s["name"]]) == {n[4:] for n in files if n.startswith("mid.")}
         for name, value in mid[s["name"]].items():
-            if name == "checkpoint" and s["name"] in THINK_STATE:
+            if name == "checkpoint" and s["name"] not in NO_PARSER_STATE:
                 ours, old = v6_read(value), v6_read(files["mid.checkpoint"])
                 assert value[:20] == files["mid.checkpoint"][:20]
                 assert ours.replies == old.replies, s["name"]
-            elif name == "settings" and s["name"] in THINK_STATE:
+            elif name == "settings" and s["name"] not in NO_PARSER_STATE:
                 assert msgspec.msgpack.decode(value)[0] == 6
             else:
                 assert value == files[f"mid.{name}"], (s["name"], name)
                 if name == "checkpoint":
                     v6_read(value)
-    _prev_continues(prev_tree, mid)
+    _prev_continues(release(rel), golden, sts, mid)
 
 
-def _prev_continues(tree: Path, mid: dict) -> None:
-    """e8f2be2 reads what this release wrote at each golden stream's cut (``mid``: the stream's
-    stored values) as it reads its own golden values, and continues each stream with its golden
-    replies (its uninterrupted run's, in the golden tombstone's replay window)."""
-    jobs = [_job(s, s["cut"], mid[s["name"]]) for s in STREAMS]
-    jobs += [dict(_job(s, len(s["chunks"]), {n[4:]: v for n, v in _files(s["name"]).items() if n.startswith("mid.")}),
-                  name=s["name"] + ":golden") for s in STREAMS]
+def _prev_continues(tree: Path, golden: Path, sts: list[dict], mid: dict) -> None:
+    """The earlier release reads what this release wrote at each golden stream's cut (``mid``: the
+    stream's stored values) as it reads its own golden values, and continues each stream with its
+    golden replies (its uninterrupted run's, in the golden tombstone's replay window)."""
+    jobs = [_job(s, s["cut"], mid[s["name"]]) for s in sts]
+    jobs += [dict(_job(s, len(s["chunks"]), {n[4:]: v for n, v in _files(golden, s["name"]).items()
+                                             if n.startswith("mid.")}), name=s["name"] + ":golden") for s in sts]
     got = prev_run(tree, jobs)
-    for s in STREAMS:
+    for s in sts:
         name = s["name"]
         assert got[name]["norm"] == got[name + ":golden"]["norm"], name
         assert got[name]["norm"] is not None
-        assert got[name]["norm_settings"] == _files(name).get("mid.settings"), name
-        golden = {e.seq: e.value for e in v6_read(_files(name)["end.checkpoint"]).replies}
+        assert got[name]["norm_settings"] == _files(golden, name).get("mid.settings"), name
+        golden_replies = {e.seq: e.value for e in v6_read(_files(golden, name)["end.checkpoint"]).replies}
         bodies = got[name]["bodies"]
         assert len(bodies) == len(s["chunks"]) - s["cut"], name
         for seq, body in enumerate(bodies, s["cut"]):
-            assert body == golden[seq], (name, seq, body[:200], golden[seq][:200])
+            assert body == golden_replies[seq], (name, seq, body[:200], golden_replies[seq][:200])
 
 
 def _join(bodies: list[bytes]) -> dict:
@@ -225,8 +256,7 @@ def _join(bodies: list[bytes]) -> dict:
 
 def _first_half(s: dict) -> tuple[list[bytes], bytes, bytes | None, bytes]:
     """This release's in-process run of chunks ``[0, cut)``: reply bodies, state, settings, pieces."""
-    from worker.config import load_config_file
-    svc = DerenderService(load_config_file(str(GOLDEN.parent.parent / "models.json")))
+    svc = _service()
     state, settings, pieces, bodies = None, None, bytearray(), []
     for seq in range(s["cut"]):
         out = derender_stream_job(svc, s["chunks"][seq], state, seq, s["kind"], TS_MS // 1000, None, settings)
@@ -242,9 +272,8 @@ def _first_half(s: dict) -> tuple[list[bytes], bytes, bytes | None, bytes]:
 def _held_cut(s: dict) -> int:
     """The first chunk after which this release's Qwen3 reasoning parser holds ``<tool_call>`` and
     some of its JSON (the held mode, at rest: ``held_len`` characters of reasoning text)."""
-    from worker.config import load_config_file
     from worker.core.stream_state import decode_state
-    svc = DerenderService(load_config_file(str(GOLDEN.parent.parent / "models.json")))
+    svc = _service()
     state, settings = None, None
     for seq, body in enumerate(s["chunks"]):
         out = derender_stream_job(svc, body, state, seq, s["kind"], TS_MS // 1000, None, settings)
@@ -258,20 +287,20 @@ def _held_cut(s: dict) -> int:
 
 
 @pytest.mark.parametrize("closed", [False, True], ids=["no-think-end", "think-end-later"])
-def test_previous_release_continues_a_held_tool_call(prev_tree, closed):
+def test_previous_release_continues_a_held_tool_call(release, closed):
     """Cut while a ``<tool_call>`` inside ``<think>`` is held (no ``</think>`` yet): e8f2be2 continues
     the stream from this release's state with its own answer (the held text as reasoning): the
     replies after the first of the second half are its uninterrupted run's bytes, and the stream
     joined across the releases is its uninterrupted answer."""
     from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(GOLDEN.parent.parent / "tokenizers" / "qwen3" / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(DATA / "tokenizers" / "qwen3" / "tokenizer.json"))
     text = ('<think>\nThe user wants Oslo.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
             '\n</tool_call>\n' + ("That call was only a sketch.\n</think>\n\nIt is sunny." if closed else ""))
     _, chunks = qwen3_stream(tok, "held-" + str(closed), text, "Oslo")
     s = {"name": "held", "rid": "held", "kind": "chat-stream", "chunks": chunks, "cut": 0}
     s["cut"] = _held_cut(s)
     ours, state, settings, pieces = _first_half(s)
-    got = prev_run(prev_tree, [dict(_job(s, s["cut"], {"settings": settings, "pieces": pieces}), state=state),
+    got = prev_run(release(E8F2BE2), [dict(_job(s, s["cut"], {"settings": settings, "pieces": pieces}), state=state),
                                dict(_job(s, 0, {}), name="whole")])
     rest, whole = got["held"]["bodies"], got["whole"]["bodies"]
     assert len(rest) == len(chunks) - s["cut"] and len(whole) == len(chunks)
@@ -315,7 +344,8 @@ sys.stdout.buffer.write(msgspec.msgpack.encode(out))
 
 
 def _parser_state_types() -> list[type]:
-    """The array-like Structs of ``worker.parsers`` (the parser states a stream state holds)."""
+    """The Structs of ``worker.parsers`` (the parser states a stream state holds: array-like, and
+    the map-encoded ``StackState``)."""
     import importlib
     import pkgutil
 
@@ -323,8 +353,7 @@ def _parser_state_types() -> list[type]:
     out = []
     for m in pkgutil.walk_packages(worker.parsers.__path__, "worker.parsers."):
         for v in vars(importlib.import_module(m.name)).values():
-            if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == m.name \
-                    and v.__struct_config__.array_like:
+            if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == m.name:
                 out.append(v)
     return out
 
@@ -334,28 +363,32 @@ def _plain(x):
     return msgspec.msgpack.decode(msgspec.msgpack.encode(x))
 
 
-def test_parser_states_are_read_by_the_previous_release_both_ways(prev_tree):
-    """Every parser state type e8f2be2 also has (same module and name): this release's state with
-    every str / bool / int field set decodes in e8f2be2 to the same values of e8f2be2's fields
-    (new fields are trailing: ignored), and e8f2be2's such state decodes here to its values, the
-    new fields at their defaults. Catches a field added before a subclass's fields (the wrapped
-    and Gemma 4 think states: ``ThinkFields``)."""
+@pytest.mark.parametrize("rel", list(EARLIER_RELEASES), ids=SET_IDS)
+def test_parser_states_are_read_by_the_previous_release_both_ways(release, rel):
+    """Every parser state type the earlier release also has (same module and name): this
+    release's state with every str / bool / int field set decodes in that release to the same
+    values of its fields (new fields are trailing: ignored), and its such state decodes here to
+    its values, the new fields at their defaults. Catches a field added before a subclass's
+    fields (the wrapped and Gemma 4 think states: ``ThinkFields``), and a renamed or retyped
+    field of a map-encoded state (``StackState``: ``lead_ws`` / ``text_seen`` are 638fca1's)."""
     from msgspec.structs import asdict
     ns: dict = {}
     exec(compile(_PREV_LAYOUT.split("out = {}")[0], "layout", "exec"), ns)  # the same filler here
     types = [t for t in _parser_state_types() if ns["filled"](t) is not None]
-    assert {"ThinkState", "WrappedThinkState", "Gemma4ThinkState", "TaggedState"} <= {t.__name__ for t in types}
+    assert {"ThinkState", "WrappedThinkState", "Gemma4ThinkState", "TaggedState", "StackState"} <= {
+        t.__name__ for t in types}
     jobs = [(t.__module__, t.__name__, msgspec.msgpack.encode(ns["filled"](t))) for t in types]
-    r = subprocess.run([sys.executable, "-P", "-c", _PREV_LAYOUT], input=msgspec.msgpack.encode(jobs), cwd=prev_tree,
-                       env=dict(os.environ, PYTHONPATH=str(prev_tree)), capture_output=True, timeout=300)
+    tree = release(rel)
+    r = subprocess.run([sys.executable, "-P", "-c", _PREV_LAYOUT], input=msgspec.msgpack.encode(jobs), cwd=tree,
+                       env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, timeout=300)
     assert r.returncode == 0, r.stderr.decode()[-4000:]
     got = msgspec.msgpack.decode(r.stdout)
-    assert {"ThinkState", "WrappedThinkState", "Gemma4ThinkState", "TaggedState"} <= set(got)
+    assert {"ThinkState", "WrappedThinkState", "Gemma4ThinkState", "TaggedState", "StackState"} <= set(got)
     for t in types:
-        if got.get(t.__name__) is None:  # (a type e8f2be2 does not have, or not with defaults)
+        if got.get(t.__name__) is None:  # (a type that release does not have, or not with defaults)
             continue
         theirs, their_blob = got[t.__name__]
-        assert isinstance(theirs, dict), (t.__name__, theirs)  # (else: e8f2be2's decode error)
+        assert isinstance(theirs, dict), (t.__name__, theirs)  # (else: that release's decode error)
         ours = _plain(asdict(ns["filled"](t)))
         assert theirs == {k: ours[k] for k in theirs}, t.__name__
         back = _plain(asdict(msgspec.msgpack.decode(their_blob, type=t)))

@@ -21,12 +21,28 @@ from tests.chaos.harness import REPO
 #: the previous release's main (full hash); bumped by every release to the main it replaces
 PREVIOUS_RELEASE = "e8f2be210e273f8a3494de24a420e7e56c723341"
 
-#: body fields that tell the record kinds added since the previous release (issue 26: Anthropic
-#: Messages). The previous release has no such kind and answers these records with a 400, so a
-#: roll's load leaves them out: a new kind is served once the roll completes, and a rollback ends
-#: it (docs/delivery.md, "Rolling upgrades across releases"). Emptied when ``PREVIOUS_RELEASE``
-#: is bumped past the release that added them.
-NEW_KIND_FIELDS = ("messages_request",)
+#: every earlier release that may share a pool's Redis with this one (full hash -> the directory
+#: of its golden stream state under ``tests/data/golden_state/``, written by a real worker of it),
+#: oldest first: this release reads what each wrote, and each reads what this release writes, run
+#: by its own code (``tests/test_state_golden.py``). A release adds its main here when it
+#: becomes a previous release; an entry goes only with a documented end of that release's support
+#: (docs/delivery.md, "Rolling upgrades across releases").
+EARLIER_RELEASES = {
+    "e8f2be210e273f8a3494de24a420e7e56c723341": "v6",
+    "638fca13a0d23db739545eea87908847f1729dc6": "v6-638fca1",
+}
+
+#: per earlier release (``EARLIER_RELEASES``), the body fields that tell the record kinds added
+#: since it (issue 26: Anthropic Messages, added by 638fca1). That release has no such kind and
+#: answers these records with a 400, so a roll's load from or back to it leaves them out: a new
+#: kind is served once the roll completes, and a rollback ends it (docs/delivery.md, "Rolling
+#: upgrades across releases").
+NEW_KIND_FIELDS_SINCE = {
+    "e8f2be210e273f8a3494de24a420e7e56c723341": ("messages_request",),
+    "638fca13a0d23db739545eea87908847f1729dc6": (),
+}
+#: the same for ``PREVIOUS_RELEASE``
+NEW_KIND_FIELDS = NEW_KIND_FIELDS_SINCE[PREVIOUS_RELEASE]
 
 
 class NotAGitCheckout(RuntimeError):
@@ -34,11 +50,13 @@ class NotAGitCheckout(RuntimeError):
     previous release to check out, so the rolling scenarios cannot run (a skip, with this reason)."""
 
 
-def previous_serves(value: bytes) -> bool:
-    """Whether the previous release serves a record whose value is the JSON body ``value``: it
-    carries no field of a kind added since (``NEW_KIND_FIELDS``)."""
+def previous_serves(value: bytes, release: str | None = None) -> bool:
+    """Whether the earlier ``release`` (full hash; default ``PREVIOUS_RELEASE``) serves a record
+    whose value is the JSON body ``value``: it carries no field of a kind added since
+    (``NEW_KIND_FIELDS_SINCE``; a commit not listed there: ``NEW_KIND_FIELDS``)."""
+    fields = NEW_KIND_FIELDS_SINCE.get(release or PREVIOUS_RELEASE, NEW_KIND_FIELDS)
     body = json.loads(value)
-    return not (isinstance(body, dict) and any(f in body for f in NEW_KIND_FIELDS))
+    return not (isinstance(body, dict) and any(f in body for f in fields))
 
 
 def previous_release() -> str:

@@ -43,6 +43,7 @@ from tests.chaos.harness import (
     h,
     make_singles,
     make_streams,
+    messages_streams,
 )
 from tests.chaos.load import mixed_load
 from tests.chaos.releases import previous_release, previous_serves, release_tree
@@ -289,16 +290,17 @@ def _collect(rig: Rig, n_want: int) -> float:
     return round(time.monotonic() - t, 1)
 
 
-def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]:
+def rolling(size: str = "reduced", direction: str = "upgrade", release: str | None = None) -> dict[str, Any]:
     """Roll two workers of release A to release B under mixed load (module docstring);
-    ``direction``: ``upgrade`` (previous -> this tree) or ``rollback`` (this tree -> previous).
+    ``direction``: ``upgrade`` (previous -> this tree) or ``rollback`` (this tree -> previous);
+    ``release``: the previous release (full hash; default ``releases.previous_release()``).
     The same load at both sizes. Raises ``AssertionError`` with the figures when an invariant
     breaks, ``releases.NotAGitCheckout`` outside a git checkout."""
     assert direction in ("upgrade", "rollback"), direction
-    prev = previous_release()
+    prev = release or previous_release()
     with release_tree(prev) as old:
         a, b = ("previous", "current") if direction == "upgrade" else ("current", "previous")
-        rig = Rig(f"rolling-{direction}", persist="none", partitions=4)
+        rig = Rig(f"rolling-{direction}" + (f"-{prev[:7]}" if release else ""), persist="none", partitions=4)
         try:
             pool = RollingPool(rig, {"previous": old, "current": REPO})
             olds = [pool.start(a), pool.start(a)]
@@ -306,8 +308,12 @@ def rolling(size: str = "reduced", direction: str = "upgrade") -> dict[str, Any]
                 assert pool.wait_ready(w) is not None, f"{w.name} not ready ({w.p.returncode}):\n{w.text()}"
             rig.wait_ready(olds)
             streams = [st for st in make_streams(400, "rs") if len(st.chunks) >= MIN_CHUNKS]
+            if previous_serves(b'{"messages_request": {}}', prev):  # every 4th stream a Messages one
+                msgs = [st for st in make_streams(120, "rm", messages_streams()) if len(st.chunks) >= MIN_CHUNKS]
+                streams = [st for i, chat in enumerate(streams)
+                           for st in ((chat, msgs[i // 3]) if i % 3 == 2 and i // 3 < len(msgs) else (chat,))]
             n = int(SINGLES_PER_S * MAX_LOAD_S)  # (kinds both releases serve: releases.NEW_KIND_FIELDS)
-            singles = [s for s in make_singles(2 * n, "rq", small=True) if previous_serves(s.value)][:n]
+            singles = [s for s in make_singles(2 * n, "rq", small=True) if previous_serves(s.value, prev)][:n]
             marks: dict[str, Any] = {}
             stop = threading.Event()
             load = threading.Thread(target=lambda: asyncio.run(mixed_load(
@@ -380,7 +386,12 @@ def _check(figs: dict[str, Any]) -> None:
     assert not broken, f"rolling {figs['release_a']} -> {figs['release_b']}: {', '.join(broken)}: " + json.dumps(figs)
 
 
+#: 638fca1 (stop 27's main, with the Anthropic Messages kinds): an upgrade from it too, its load
+#: with Messages records (``releases.NEW_KIND_FIELDS_SINCE``)
+R638FCA1 = "638fca13a0d23db739545eea87908847f1729dc6"
+
 ROLLING = {
     "rolling-upgrade": lambda size="reduced": rolling(size, "upgrade"),
     "rolling-rollback": lambda size="reduced": rolling(size, "rollback"),
+    "rolling-upgrade-638fca1": lambda size="reduced": rolling(size, "upgrade", R638FCA1),
 }

@@ -1,6 +1,7 @@
-"""Golden stream-state blobs (issue 23 item 1): what a real Kafka worker writes to Redis for four
+"""Golden stream-state blobs (issue 23 item 1): what a real Kafka worker writes to Redis for its
 streams (a Qwen3 chat stream with reasoning and a hermes call, one whose call grows into the
-stream's pieces, a completion stream, a Responses stream), mid-stream and ended.
+stream's pieces, a completion stream, a Responses stream and, from release 638fca1 on, three
+Anthropic Messages streams), mid-stream and ended.
 
 ``streams()``: the records (key, chunk bodies, headers, a fixed record timestamp, the chunk the
 stream is cut at); ``run_phase``: a ``KafkaDerenderWorker`` (real broker, real Redis) answers
@@ -11,7 +12,7 @@ stays in the store, so the bytes are reproducible).
 
 Generate (with the release whose blobs they are; ``tests/data/golden_state/README.md``)::
 
-    python3 -m tests.harness.golden_state --out tests/data/golden_state/v6
+    python3 -m tests.harness.golden_state --out tests/data/golden_state/v6-638fca1
 """
 from __future__ import annotations
 
@@ -69,6 +70,8 @@ def v6_read(value: bytes) -> V6Checkpoint:
     if ck.state is not None:
         if ck.state[:5] == b"\xc1RSP2":
             assert msgspec.msgpack.decode(ck.state[5:])[0] == 1  # ResponsesStreamState.v
+        elif ck.state[:5] == b"\xc1MSG2":
+            assert msgspec.msgpack.decode(ck.state[5:])[0] == 1  # MessagesStreamState.v (638fca1)
         else:
             assert msgspec.msgpack.decode(ck.state)[0] == 6  # StreamState.v
     return ck
@@ -93,6 +96,34 @@ def streams(tok) -> list[dict]:
                 "cut": len(chunks) - 40})
     out.append(_completion(tok))
     out.append(_responses(tok))
+    return out + messages_streams()
+
+
+#: the Messages streams (638fca1 on): name, Messages reference case (tests/harness/messages.py,
+#: served models of ``MODELS``), ``derender-kind`` header, cut. ``messages``: thinking, text, a
+#: hermes ``tool_use``, cut inside its input; ``messages-ws`` (by body shape, no header):
+#: ``qwen3_coder`` holding the ``"\n\n"`` after ``</think>`` (``StackState.lead_ws``);
+#: ``messages-text``: the same stream cut after text was emitted (``StackState.text_seen``)
+MESSAGES = (("messages", "qwen3-thinking-tool-use", "messages-stream", 34),
+            ("messages-ws", "qwen3-coder-thinking-answer", None, 10),
+            ("messages-text", "qwen3-coder-thinking-answer", "messages-stream", 12))
+#: the served models of every golden stream (qwen3 as tests/data/models.json, and qwen3-coder)
+MODELS = Path(__file__).resolve().parent.parent / "data" / "golden_state" / "models.json"
+
+
+def messages_streams() -> list[dict]:
+    """The Messages golden streams (``MESSAGES``): the reference case's chunk bodies with the
+    stream's own request id."""
+    from tests.harness.messages import BY_ID
+    from tests.parity_tools import messages_to_requests as m2r
+    out = []
+    for name, case, kind, cut in MESSAGES:
+        rid = "golden-" + name
+        chunks = []
+        for b in m2r.stream_bodies(BY_ID[case]):
+            b["generate_chunk"]["request_id"] = rid
+            chunks.append(json.dumps(b).encode())
+        out.append({"name": name, "rid": rid, "kind": kind, "chunks": chunks, "cut": cut})
     return out
 
 
@@ -228,9 +259,10 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default=str(MODELS), help="served models (default: %(default)s)")
     args = ap.parse_args()
     data = Path(__file__).resolve().parent.parent / "data"
-    models = load_config_file(str(data / "models.json"))
+    models = load_config_file(args.models)
     tok = Tokenizer.from_file(str(data / "tokenizers" / "qwen3" / "tokenizer.json"))
     sts = streams(tok)
     out = Path(args.out)

@@ -1,5 +1,6 @@
-"""Run by the previous release's own code (``python3 -P <this file> IN OUT`` with ``PYTHONPATH`` and
-the working directory set to a worktree of that release, ``tests/chaos/releases.py``): continue
+"""Run by the previous release's own code (``python3 -P <this file> IN OUT [MODELS]`` with ``PYTHONPATH`` and
+the working directory set to a worktree of that release, ``tests/chaos/releases.py``; MODELS: the
+served models file, default that release's ``tests/data/models.json``): continue
 streams from stored values another release wrote, with the previous release's decoder and core
 (``tests/test_state_golden.py``). Imports only what that release has (its ``worker`` package,
 msgspec): never this release's modules.
@@ -31,6 +32,9 @@ def _norm(svc, model: str, state: bytes | None, settings: bytes | None) -> tuple
     rt = svc.runtime(model)
     if state[:5] == b"\xc1RSP2":
         return state[:5] + responses.encode_state(responses.decode_state(rt, state[5:])), None
+    if state[:5] == b"\xc1MSG2":  # (a Messages stream: releases from 638fca1 on)
+        from worker.core.messages import derender as messages
+        return state[:5] + messages.encode_state(*messages.decode_state(rt, state[5:])), None
     st = decode_state(rt, state)
     norm_settings = None
     if settings is not None:
@@ -75,7 +79,8 @@ def main() -> None:
     from worker.config import load_config_file
     from worker.core.service import DerenderService
     src, dst = Path(sys.argv[1]), Path(sys.argv[2])
-    svc = DerenderService(load_config_file(str(Path.cwd() / "tests" / "data" / "models.json")))
+    models = sys.argv[3] if len(sys.argv) > 3 else str(Path.cwd() / "tests" / "data" / "models.json")
+    svc = DerenderService(load_config_file(models))
     jobs = msgspec.msgpack.decode(src.read_bytes())
     dst.write_bytes(msgspec.msgpack.encode({job["name"]: _run(svc, job) for job in jobs}))
 
