@@ -33,12 +33,17 @@ class ToolCallDelta(msgspec.Struct, kw_only=True):
 
 class Delta(msgspec.Struct, kw_only=True):
     """What one parser step emits: reasoning text, content text, tool-call fragments, and the
-    number of input tokens classified as reasoning (``reasoning_tokens``, for usage)."""
+    number of input tokens classified as reasoning (``reasoning_tokens``, for usage).
+    ``content_break``: how many characters at the start of ``content`` are whitespace an
+    earlier step produced and the parser held (0: none); where vLLM streams them as their own
+    delta, event-list APIs (Responses, Messages) send them as one (docs/parsers.md,
+    "Whitespace before the first call"); chat joins them. Never persisted."""
 
     reasoning: str = ""
     content: str = ""
     tool_calls: list[ToolCallDelta] = msgspec.field(default_factory=list)
     reasoning_tokens: int = 0
+    content_break: int = 0
 
     def extend(self, other: Delta) -> Delta:
         """Append ``other`` to this delta in place (text concatenated, calls appended); returns self."""
