@@ -281,30 +281,10 @@ class EventBuilder:
             self._open(typ)
 
     # --------------------------------------------------------------------------- deltas ---
-    def _text(self, text: str, lp: list[ResponseLogprob] | None = None) -> None:
-        """One content delta ``text`` with its tokens' entries ``lp`` (None: the waiting ones)
-        into the open message."""
-        st = self.st
-        self._ensure("message")
-        o = st.open
-        if lp is None:
-            lp = self._take_pending()
-        if st.holding and o.held < 0:
-            o.held = len(self.log)
-        self.log.append_text(text)
-        self.log.append_logprobs(lp)
-        if o.held < 0:
-            self.events.append(OutputTextDelta(content_index=0, delta=text, item_id=o.id,
-                                               logprobs=delta_form(lp), output_index=o.output_index,
-                                               sequence_number=self._seq()))
-
     def feed(self, d: Delta, entries: list[ResponseLogprob] | None) -> None:
         """One parser step's delta (reasoning, then content, then call fragments) plus the
         final-form logprob entries of the tokens that produced it (None without logprobs)."""
         st = self.st
-        k = d.content_break if 0 < d.content_break < len(d.content) and not d.reasoning else 0
-        # a content break: the held text's own delta carries the entries that waited with it
-        lp0 = self._take_pending() if k else None
         if entries:
             st.pending_lp.extend(entries)
         if d.reasoning:
@@ -314,11 +294,23 @@ class EventBuilder:
             self.log.append_text(d.reasoning)
             self.events.append(ReasoningTextDelta(content_index=0, delta=d.reasoning, item_id=o.id,
                                                   output_index=o.output_index, sequence_number=self._seq()))
-        if k:
-            self._text(d.content[:k], lp0)
-            self._text(d.content[k:])
-        elif d.content:
-            self._text(d.content)
+        if d.content:
+            self._ensure("message")
+            o = st.open
+            lp = self._take_pending()
+            if st.holding and o.held < 0:
+                o.held = len(self.log)
+            self.log.append_text(d.content)
+            self.log.append_logprobs(lp)
+            if o.held < 0:
+                # ``Delta.content_break``: the held text is its own delta, with the entries
+                # that waited with it (the log records the step's text as one piece)
+                k = d.content_break if 0 < d.content_break < len(d.content) and not d.reasoning else 0
+                n = len(lp) - len(entries or []) if k else 0
+                for text, part in ((d.content[:k], lp[:n]), (d.content[k:], lp[n:])) if k else ((d.content, lp),):
+                    self.events.append(OutputTextDelta(content_index=0, delta=text, item_id=o.id,
+                                                       logprobs=delta_form(part), output_index=o.output_index,
+                                                       sequence_number=self._seq()))
         for tc in d.tool_calls:
             o = st.open
             if tc.name is not None or o is None or o.type != "function_call" or o.tool_index != tc.index:

@@ -43,13 +43,15 @@ class HermesToolParser(TaggedToolParser):
     eos_closes = True
     #: the ``{"name", "arguments"}`` head, trailing whitespace held (module docstring)
     stream_spec = JsonArgs(head=NAME_ARGS_HEAD, hold_ws=True)
+    #: held whitespace before the first call is its own delta when text follows (``feed``)
+    streams_leading_ws = True
 
     def feed(self, state: TaggedState, text: str, token_ids: list[int]) -> Delta:
         """``TaggedToolParser.feed``, plus ``Delta.content_break`` where whitespace held from
         earlier steps before the first call is released with this step's text: vLLM 0.32's
         ``Hermes2ProToolParser.extract_tool_calls_streaming`` returns each step's text as
         content while no ``<tool_call>`` has started, so that whitespace was its own delta
-        (``"\n\n"`` after ``</think>``: Messages ``qwen3-thinking-tool-use``). Held, it is
+        (``"\\n\\n"`` after ``</think>``: Messages ``qwen3-thinking-tool-use``). Held, it is
         still dropped when a call follows (the chat reference's rule "one answer", content null)."""
         carried = state.pending_ws if not (state.seg_text or state.in_call or state.calls) else ""
         out = super().feed(state, text, token_ids)
