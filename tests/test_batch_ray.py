@@ -125,11 +125,11 @@ def test_ray_engine_responses_equals_local_engine(tmp_path, local_ray):
 def test_ray_engine_messages_equals_local_engine(tmp_path, local_ray):
     """Anthropic Messages bodies (issue 26) and whole-request Messages stream lines through Ray
     Data: the same bytes as the local engine, and the reference's answers (compare_messages.py)."""
-    from tests.harness.messages import CASES, MODELS, WHITESPACE_AFTER_THINK
+    from tests.harness.messages import CASES, MODELS
     from tests.parity_tools import compare_messages as cmp
     from tests.parity_tools import messages_to_requests as m2r
     svc = DerenderService(load_config_file(str(MODELS)))
-    streamed = [c for c in CASES if not m2r.is_error_case(c) and c["id"] not in WHITESPACE_AFTER_THINK][:6]
+    streamed = [c for c in CASES if not m2r.is_error_case(c)][:6]
     lines = [m2r.nonstream_body(c) for c in CASES] + [m2r.stream_bodies(c) for c in streamed]
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(x) + "\n" for x in lines))

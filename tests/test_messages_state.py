@@ -34,10 +34,11 @@ def _rest(service, bodies, state, log) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("name", ["v1", "v1-d022ecd"])
+@pytest.mark.parametrize("name", ["v1", "v1-d022ecd", "v1-638fca1"])
 def test_golden_state_v1_is_read_and_continued(service, name):
     """This release reads the version-1 golden state and log (``v1``: written by this release;
-    ``v1-d022ecd``: by the build before ``StackState``'s trailing ``lead_ws`` / ``text_seen``)
+    ``v1-d022ecd``: by the build before ``StackState``'s trailing ``lead_ws`` / ``text_seen``;
+    ``v1-638fca1``: by release 638fca1, before ``ws_carried``)
     and finishes the stream exactly as the reference; it still writes ``v1``'s exact bytes (a
     layout change needs a new version)."""
     state = (GOLDEN_DIR / f"{name}.state").read_bytes()

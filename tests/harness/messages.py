@@ -1,5 +1,5 @@
-"""Anthropic Messages API parity cases and their pinned failures, shared by the Messages test
-modules (``tests/test_messages*.py``)."""
+"""Anthropic Messages API parity cases, shared by the Messages test modules
+(``tests/test_messages*.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,18 +14,6 @@ CASES_PATH = DATA / "messages_public.jsonl"
 MODELS = DATA / "responses_models.json"
 CASES = m2r.load_cases(str(CASES_PATH), None)
 BY_ID = {c["id"]: c for c in CASES}
-
-#: streams that differ only in the whitespace delta after ``</think>`` (issue 26 item 6). The
-#: ``qwen3_coder`` rule (vLLM 0.32's parser engine defers whitespace-only leading content and
-#: joins it to the next text, tools or not) is ``ToolParser.defers_leading_ws``: its stream
-#: passes. Left: under ``hermes`` with tools in the request vLLM 0.32's ``Hermes2ProToolParser``
-#: streams the text before a ``<tool_call>`` as it comes (``"\n\n"`` alone); our hermes parser
-#: holds whitespace at the start of the content until text follows (joined) or a call does
-#: (dropped): the chat reference's chosen answer, content null for ``"\n\n<tool_call>"``
-#: (``qwen3-tool-parallel-disabled-single-v0``), which a stream cannot give if it sent the
-#: whitespace first. A test fails when it starts passing (then drop it here) or another case fails.
-WHITESPACE_AFTER_THINK = {"qwen3-thinking-tool-use"}
-
 
 #: the golden Messages stream state (issue 26, format version 1): the case, the chunk after which
 #: the state was taken, the files (``tests/data/messages_state/``); regenerate only on a format

@@ -33,12 +33,17 @@ class ToolCallDelta(msgspec.Struct, kw_only=True):
 
 class Delta(msgspec.Struct, kw_only=True):
     """What one parser step emits: reasoning text, content text, tool-call fragments, and the
-    number of input tokens classified as reasoning (``reasoning_tokens``, for usage)."""
+    number of input tokens classified as reasoning (``reasoning_tokens``, for usage).
+    ``content_break``: how many characters at the start of ``content`` are whitespace an
+    earlier step produced and the parser held (0: none); where vLLM streams them as their own
+    delta, event-list APIs (Responses, Messages) send them as one (docs/parsers.md,
+    "Whitespace before the first call"); chat joins them. Never persisted."""
 
     reasoning: str = ""
     content: str = ""
     tool_calls: list[ToolCallDelta] = msgspec.field(default_factory=list)
     reasoning_tokens: int = 0
+    content_break: int = 0
 
     def extend(self, other: Delta) -> Delta:
         """Append ``other`` to this delta in place (text concatenated, calls appended); returns self."""
@@ -112,6 +117,11 @@ class ReasoningParser(Parser):
     """Splits output text into ``reasoning`` and ``content`` (``--reasoning-parser NAME``): its
     deltas set only ``reasoning``, ``content`` and ``reasoning_tokens``."""
 
+    def answering(self, state: Any) -> bool:
+        """Whether the output is past its reasoning in ``state`` (False: still reasoning, or
+        the parser does not tell)."""
+        return False
+
 
 class ToolParser(Parser):
     """Extracts tool calls from content text (``--tool-parser NAME``): its deltas set only
@@ -130,6 +140,12 @@ class ToolParser(Parser):
     #: until the first non-whitespace content (joined to it) or the output's end, with or
     #: without tools in the request (``ParserStack``, ``StackState.lead_ws``)
     defers_leading_ws: ClassVar[bool] = False
+    #: vLLM 0.32 streams the whitespace before the first call as it comes, so the parser marks
+    #: held whitespace it releases with text (``Delta.content_break``); ``ParserStack`` unmarks
+    #: whitespace-only content of the step where the reasoning ended, which vLLM's chat stream
+    #: adds to the next step (``StackState.ws_carried``; docs/parsers.md, "Whitespace before
+    #: the first call")
+    streams_leading_ws: ClassVar[bool] = False
 
     def stream_arguments(self, state: Any) -> None:
         """Switch a fresh ``state`` to incremental argument streaming (only called when

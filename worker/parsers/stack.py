@@ -35,7 +35,10 @@ class StackState(msgspec.Struct, kw_only=True):
     this release (docs/delivery.md, "Rolling upgrades across releases"): ``lead_ws``, the
     whitespace-only content held by ``ToolParser.defers_leading_ws``, and ``text_seen``, a
     non-whitespace content was emitted (the previous release ignores both: a stream it takes
-    over at that one step loses the held whitespace)."""
+    over at that one step loses the held whitespace); ``ws_carried``: the whitespace-only
+    content of the step where the reasoning ended is held by the tool parser and goes out
+    joined to the next step's text (``ParserStack._carries``; ignored by the previous release:
+    the whitespace may then be its own delta)."""
 
     mode: str = "off"
     named: str | None = None
@@ -47,6 +50,7 @@ class StackState(msgspec.Struct, kw_only=True):
     held_spilled: int = 0
     lead_ws: str = ""
     text_seen: bool = False
+    ws_carried: bool = False
 
 
 def tool_call_id(request_id: str, choice_index: int, call_index: int, fmt: str = "chatcmpl-tool") -> str:
@@ -242,11 +246,26 @@ class ParserStack:
 
     def feed(self, st: StackState, text: str, token_ids: list[int]) -> Delta:
         """Parse one text delta (and its token ids). Returns reasoning/content/tool-call deltas."""
+        carry = self._carries(st)
+        ended = carry and not self.reasoning.answering(st.reasoning)
         r = self.feed_reasoning(st, text, token_ids)
         out = self.feed_answer(st, r.content, token_ids)
+        if carry and st.ws_carried:  # the previous step's whitespace goes out joined to this one's
+            out.content_break, st.ws_carried = 0, False
+        if ended and r.content.isspace() and self.reasoning.answering(st.reasoning):
+            st.ws_carried = True
         out.reasoning = r.reasoning
         out.reasoning_tokens = r.reasoning_tokens
         return out
+
+    def _carries(self, st: StackState) -> bool:
+        """vLLM 0.32's chat stream (``OpenAIServingChat``, reasoning + tool parser) does not send
+        the content of the step where the reasoning ends: it is added to the next step's
+        ``delta_text``. Applied to whitespace-only content for tool parsers with
+        ``streams_leading_ws`` (held there anyway): that whitespace is not its own delta
+        (``StackState.ws_carried``, ``Delta.content_break``)."""
+        return (self.reasoning is not None and self.tool is not None and self.tool.streams_leading_ws
+                and st.mode == "auto")
 
     def finish(self, st: StackState) -> Delta:
         """Flush held-back text at the end of the choice; resolves required/named JSON calls."""

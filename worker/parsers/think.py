@@ -250,6 +250,9 @@ class ThinkReasoningParser(ReasoningParser):
             return "reasoning"
         return None
 
+    def answering(self, state: ThinkState) -> bool:
+        return state.mode == "content"
+
     def initial_state(self, ctx: RequestContext) -> ThinkState:
         if ctx.thinking_disabled():
             return ThinkState(mode="content", tok_reasoning=False)

@@ -34,7 +34,14 @@ from worker.core.messages.bare_array import ArrayScan
 from worker.core.messages.events import Outcome, accumulate, translate
 from worker.core.messages.request import DEFAULT_REQUEST, check_messages_request, parser_context, stop_strings
 from worker.core.responses import argshape
-from worker.core.responses.derender import check_prompt, check_tokens, request_digest
+from worker.core.responses.derender import (
+    check_next_chunk,
+    check_prompt,
+    check_tokens,
+    first_chunk_request,
+    request_digest,
+    stream_request,
+)
 from worker.core.responses.derender import decode_state as decode_rs
 from worker.core.responses.derender import encode_state as encode_rs
 from worker.core.responses.echo import response_head
@@ -339,36 +346,19 @@ def derender_messages_chunk(rt: ModelRuntime, body: StreamBody, state: bytes | N
     if body.stream is False:
         raise BadRequest("stream=false on a streaming chunk body (generate_chunk)", param="stream")
     gc = body.generate_chunk
-    raw = bytes(body.messages_request)
-    has_req = len(raw) > 0 and raw != b"null"
+    raw = stream_request(body, "messages_request")
     _one_choice(gc.choices, "generate_chunk.choices")
     check_prompt(rt, body)
     if state is None:
-        req = None
-        if has_req:
-            try:
-                req = _request_decoder.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                raise BadRequest(f"invalid messages_request: {e}", param="messages_request") from None
-        check_messages_request(rt, req, body.prompt_tokens)
-        pids = body.prompt_token_ids if body.prompt_token_ids is not None else gc.prompt_token_ids
+        req, pids = first_chunk_request(rt, body, raw, "messages_request", _request_decoder,
+                                        check_messages_request)
         prior = 0
         ms = st = None
     else:
         ms, st = decode_state(rt, state)
         if seq is not None and seq < st.next_seq:
             raise Conflict(f"stale chunk: sequence number {seq} < next expected {st.next_seq}", param="seq")
-        if st.done:
-            raise BadRequest("the Messages stream already ended; no chunk may follow its finish_reason",
-                             param="generate_chunk")
-        if st.model != body.model:
-            raise BadRequest(f"model changed mid-stream ({st.model!r} -> {body.model!r})", param="model")
-        if (gc.request_id or "") != st.request_id:
-            raise BadRequest(f"request_id {gc.request_id!r} does not match the stream's {st.request_id!r}",
-                             param="generate_chunk.request_id")
-        if has_req and request_digest(raw) != st.req_digest:
-            raise BadRequest("messages_request differs from the one the stream started with",
-                             param="messages_request")
+        check_next_chunk(st, body, raw, "messages_request", "Messages")
         prior = st.completion_tokens
     for c in gc.choices:
         check_tokens(rt, c, prior, "choice 0", stream=True)
@@ -378,7 +368,7 @@ def derender_messages_chunk(rt: ModelRuntime, body: StreamBody, state: bytes | N
     if ms is None or st is None:
         ms, st = _new_state(rt, req or DEFAULT_REQUEST, request_id=gc.request_id or "", model=body.model,
                             prompt_ids=pids, prompt_tokens=body.prompt_tokens)
-        st.req_digest = request_digest(raw) if has_req else b""
+        st.req_digest = request_digest(raw) if raw else b""
         b = EventBuilder(st, log)
         b.start()
     else:

@@ -20,6 +20,7 @@ from worker.core.derender import ModelRuntime
 from worker.core.errors import BadRequest, DerenderError, error_from_validation
 from worker.core.messages.derender import StreamBody, derender_messages, derender_messages_chunk
 from worker.core.responses.log import PiecesLost, PiecesNeeded, Reader, memory_reader
+from worker.core.responses.service import pack_packed, unpack_packed
 
 __all__ = ["KIND", "STREAM_KIND", "PACKED_MAGIC", "PIECES_MAGIC", "error_body", "derender", "MessagesStreamResult",
            "derender_stream", "derender_stream_packed", "is_messages_body", "is_messages_stream"]
@@ -175,24 +176,15 @@ def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Rea
         return MessagesStreamResult(error_body(f"internal error: {type(e).__name__}: {e}", 500), 500, rid)
 
 
-_packed_decoder = msgspec.msgpack.Decoder(tuple[bytes, bytes])
-_packed_encoder = msgspec.msgpack.Encoder()
-
-
 def derender_stream_packed(runtime, body: bytes, packed: bytes | None) -> tuple[MessagesStreamResult, bytes | None]:
     """A Messages chunk for a caller that keeps one opaque value per stream: ``PACKED_MAGIC`` +
     msgpack ``[state, piece log]``. Returns ``(result, new packed value or None on error)``;
     never raises for bad input."""
-    state, plog = None, b""
-    if packed:
-        try:
-            if packed[:len(PACKED_MAGIC)] != PACKED_MAGIC:
-                raise ValueError("not a Messages stream state")
-            state, plog = _packed_decoder.decode(packed[len(PACKED_MAGIC):])
-        except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as e:
-            return MessagesStreamResult(error_body(f"stored Messages stream state is unreadable: {e}", 400), 400), None
+    try:
+        state, plog = unpack_packed(packed, PACKED_MAGIC, "Messages")
+    except BadRequest as e:
+        return MessagesStreamResult(error_body(e.message, 400), 400), None
     res = derender_stream(runtime, body, state, memory_reader(plog))
     if res.state is None:
         return res, None
-    new_log = (plog + res.log_append)[:res.log_len]
-    return res, PACKED_MAGIC + _packed_encoder.encode((res.state, new_log))
+    return res, pack_packed(PACKED_MAGIC, res.state, plog, res.log_append, res.log_len)

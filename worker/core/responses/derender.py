@@ -18,6 +18,8 @@ else 400; ``previous_response_id`` is a 400.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -238,6 +240,46 @@ def _one_choice(choices: list, where: str) -> None:
         raise BadRequest(f"choice index {choices[0].index} in {where}: a Responses output is choice 0", param=where)
 
 
+def stream_request(body, field: str) -> bytes:
+    """The raw request JSON a stream chunk body carries in ``field`` (``responses_request``,
+    ``messages_request``); ``b""`` when absent or null."""
+    raw = bytes(getattr(body, field))
+    return b"" if raw == b"null" else raw
+
+
+def first_chunk_request(rt: ModelRuntime, body, raw: bytes, field: str, decoder: msgspec.json.Decoder,
+                        check: Callable[[ModelRuntime, Any, int | None], None]) -> tuple[Any, list[int] | None]:
+    """A stream's first chunk: ``raw`` (``stream_request``) decoded by ``decoder`` (None when
+    empty) and checked by ``check(rt, request, body.prompt_tokens)``, and the prompt ids (the
+    body's, else the chunk's). Raises ``BadRequest`` (``invalid <field>: ...``, or ``check``'s)."""
+    req = None
+    if raw:
+        try:
+            req = decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise BadRequest(f"invalid {field}: {e}", param=field) from None
+    check(rt, req, body.prompt_tokens)
+    pids = body.prompt_token_ids if body.prompt_token_ids is not None else body.generate_chunk.prompt_token_ids
+    return req, pids
+
+
+def check_next_chunk(st: ResponsesStreamState, body, raw: bytes, field: str, api: str) -> None:
+    """A later chunk of the stream ``st`` (``api``: ``Responses`` / ``Messages``): not after the
+    end, the same model and request id, and ``raw`` (``stream_request``, when given) of the
+    stored digest. Raises ``BadRequest``."""
+    gc = body.generate_chunk
+    if st.done:
+        raise BadRequest(f"the {api} stream already ended; no chunk may follow its finish_reason",
+                         param="generate_chunk")
+    if st.model != body.model:
+        raise BadRequest(f"model changed mid-stream ({st.model!r} -> {body.model!r})", param="model")
+    if (gc.request_id or "") != st.request_id:
+        raise BadRequest(f"request_id {gc.request_id!r} does not match the stream's {st.request_id!r}",
+                         param="generate_chunk.request_id")
+    if raw and request_digest(raw) != st.req_digest:
+        raise BadRequest(f"{field} differs from the one the stream started with", param=field)
+
+
 def check_prompt(rt: ModelRuntime, body) -> None:
     """``prompt_tokens`` equal to the length of ``prompt_token_ids`` when both are given, and the
     prompt ids within the vocabulary (400 ``BadRequest`` naming the field otherwise)."""
@@ -298,32 +340,15 @@ def derender_responses_chunk(rt: ModelRuntime, body: StreamBody, state: Response
     if body.stream is False:
         raise BadRequest("stream=false on a streaming chunk body (generate_chunk)", param="stream")
     gc = body.generate_chunk
-    raw = bytes(body.responses_request)
-    has_req = len(raw) > 0 and raw != b"null"
+    raw = stream_request(body, "responses_request")
     _one_choice(gc.choices, "generate_chunk.choices")
     check_prompt(rt, body)
     if state is None:
-        req = None
-        if has_req:
-            try:
-                req = _request_decoder.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                raise BadRequest(f"invalid responses_request: {e}", param="responses_request") from None
-        check_responses_request(rt, req, body.prompt_tokens)
-        pids = body.prompt_token_ids if body.prompt_token_ids is not None else gc.prompt_token_ids
+        req, pids = first_chunk_request(rt, body, raw, "responses_request", _request_decoder,
+                                        check_responses_request)
         prior = 0
     else:
-        if state.done:
-            raise BadRequest("the Responses stream already ended; no chunk may follow its finish_reason",
-                             param="generate_chunk")
-        if state.model != body.model:
-            raise BadRequest(f"model changed mid-stream ({state.model!r} -> {body.model!r})", param="model")
-        if (gc.request_id or "") != state.request_id:
-            raise BadRequest(f"request_id {gc.request_id!r} does not match the stream's {state.request_id!r}",
-                             param="generate_chunk.request_id")
-        if has_req and request_digest(raw) != state.req_digest:
-            raise BadRequest("responses_request differs from the one the stream started with",
-                             param="responses_request")
+        check_next_chunk(state, body, raw, "responses_request", "Responses")
         prior = state.completion_tokens
     for c in gc.choices:
         check_tokens(rt, c, prior, "choice 0", stream=True)
@@ -333,7 +358,7 @@ def derender_responses_chunk(rt: ModelRuntime, body: StreamBody, state: Response
     if state is None:
         state = _new_state(rt, req or DEFAULT_REQUEST, request_id=gc.request_id or "", model=body.model,
                            created=created or 0, prompt_ids=pids, prompt_tokens=body.prompt_tokens)
-        state.req_digest = request_digest(raw) if has_req else b""
+        state.req_digest = request_digest(raw) if raw else b""
         try:  # the echoed fields travel in the msgpack state: 64-bit integers only
             _state_encoder.encode(state.head)
         except OverflowError:

@@ -303,9 +303,14 @@ class EventBuilder:
             self.log.append_text(d.content)
             self.log.append_logprobs(lp)
             if o.held < 0:
-                self.events.append(OutputTextDelta(content_index=0, delta=d.content, item_id=o.id,
-                                                   logprobs=delta_form(lp), output_index=o.output_index,
-                                                   sequence_number=self._seq()))
+                # ``Delta.content_break``: the held text is its own delta, with the entries
+                # that waited with it (the log records the step's text as one piece)
+                k = d.content_break if 0 < d.content_break < len(d.content) and not d.reasoning else 0
+                n = len(lp) - len(entries or []) if k else 0
+                for text, part in ((d.content[:k], lp[:n]), (d.content[k:], lp[n:])) if k else ((d.content, lp),):
+                    self.events.append(OutputTextDelta(content_index=0, delta=text, item_id=o.id,
+                                                       logprobs=delta_form(part), output_index=o.output_index,
+                                                       sequence_number=self._seq()))
         for tc in d.tool_calls:
             o = st.open
             if tc.name is not None or o is None or o.type != "function_call" or o.tool_index != tc.index:

@@ -21,6 +21,7 @@ from worker.core.responses.derender import (
 from worker.core.responses.log import PiecesLost, PiecesNeeded, Reader, memory_reader
 
 __all__ = ["body_decoder", "derender", "ResponsesStreamResult", "derender_stream", "derender_stream_packed",
+           "pack_packed", "unpack_packed",
            "is_responses_stream", "PACKED_MAGIC", "PIECES_MAGIC", "KIND", "STREAM_KIND"]
 
 log = logging.getLogger(__name__)
@@ -171,17 +172,32 @@ def derender_stream_packed(runtime, body: bytes, packed: bytes | None, seq: int 
     the output; a transport that stores the log apart (``worker.state.pieces``) calls
     ``derender_stream`` with a reader instead. Returns ``(result, new packed value or None on
     error)``; never raises for bad input."""
-    state, log = None, b""
-    if packed:
-        try:
-            if packed[:len(PACKED_MAGIC)] != PACKED_MAGIC:
-                raise ValueError("not a Responses stream state")
-            state, log = _packed_decoder.decode(packed[len(PACKED_MAGIC):])
-        except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as e:
-            err = BadRequest(f"stored Responses stream state is unreadable: {e}")
-            return ResponsesStreamResult(_encoder.encode(err.to_response(None)), 400), None
+    try:
+        state, log = unpack_packed(packed, PACKED_MAGIC, "Responses")
+    except BadRequest as err:
+        return ResponsesStreamResult(_encoder.encode(err.to_response(None)), 400), None
     res = derender_stream(runtime, body, state, memory_reader(log), seq, created)
     if res.state is None:
         return res, None
-    new_log = (log + res.log_append)[:res.log_len]
-    return res, PACKED_MAGIC + _packed_encoder.encode((res.state, new_log))
+    return res, pack_packed(PACKED_MAGIC, res.state, log, res.log_append, res.log_len)
+
+
+def unpack_packed(packed: bytes | None, magic: bytes, api: str) -> tuple[bytes | None, bytes]:
+    """``(state, piece log)`` of a packed stream value (``magic`` + msgpack ``[state, log]``;
+    ``(None, b"")`` for none). Raises ``BadRequest`` ("stored <api> stream state is
+    unreadable") for another magic or bytes that are not that pair."""
+    if not packed:
+        return None, b""
+    try:
+        if packed[:len(magic)] != magic:
+            raise ValueError(f"not a {api} stream state")
+        state, log = _packed_decoder.decode(packed[len(magic):])
+    except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise BadRequest(f"stored {api} stream state is unreadable: {e}") from None
+    return state, log
+
+
+def pack_packed(magic: bytes, state: bytes, log: bytes, log_append: bytes, log_len: int) -> bytes:
+    """The packed value after a chunk: ``magic`` + msgpack ``[state, log + log_append]``, the
+    log cut at ``log_len`` bytes."""
+    return magic + _packed_encoder.encode((state, (log + log_append)[:log_len]))

@@ -16,9 +16,10 @@ it; other key orders go out whole), then the arguments' raw JSON text, whitespac
 until text follows (vLLM 0.32's ``Hermes2ProToolParser`` diffs the stripped call body:
 ``"limit":`` then `` 3``; ``JsonArgs.hold_ws``).
 """
+from worker.parsers.base import Delta
 from worker.parsers.incremental import NAME_ARGS_HEAD, JsonArgs
 from worker.parsers.registry import register_reasoning, register_tool
-from worker.parsers.tagged import TaggedToolParser
+from worker.parsers.tagged import TaggedState, TaggedToolParser
 from worker.parsers.think import ThinkReasoningParser, ThinkSpec
 
 
@@ -42,3 +43,19 @@ class HermesToolParser(TaggedToolParser):
     eos_closes = True
     #: the ``{"name", "arguments"}`` head, trailing whitespace held (module docstring)
     stream_spec = JsonArgs(head=NAME_ARGS_HEAD, hold_ws=True)
+    #: held whitespace before the first call is its own delta when text follows (``feed``)
+    streams_leading_ws = True
+
+    def feed(self, state: TaggedState, text: str, token_ids: list[int]) -> Delta:
+        """``TaggedToolParser.feed``, plus ``Delta.content_break`` where whitespace held from
+        earlier steps before the first call is released with this step's text: vLLM 0.32's
+        ``Hermes2ProToolParser.extract_tool_calls_streaming`` returns each step's text as
+        content while no ``<tool_call>`` has started, so that whitespace was its own delta
+        (``"\\n\\n"`` after ``</think>``: Messages ``qwen3-thinking-tool-use``). Held, it is
+        still dropped when a call follows (the chat reference's rule "one answer", content null)."""
+        carried = state.pending_ws if not (state.seg_text or state.in_call or state.calls) else ""
+        out = super().feed(state, text, token_ids)
+        if (carried and not out.tool_calls and state.calls == 0 and len(out.content) > len(carried)
+                and out.content.startswith(carried)):
+            out.content_break = len(carried)
+        return out
