@@ -197,6 +197,7 @@ def test_this_release_continues_golden_streams_and_writes_what_they_read(kafka_b
         keys = list(sync.scan_iter(match=other + "*"))
         if keys:
             sync.delete(*keys)
+    changed: set[str] = set()
     for s in sts:
         files = _files(golden, s["name"])
         assert set(mid[s["name"]]) == {n[4:] for n in files if n.startswith("mid.")}
@@ -204,27 +205,37 @@ def test_this_release_continues_golden_streams_and_writes_what_they_read(kafka_b
             if name == "checkpoint" and s["name"] not in NO_PARSER_STATE:
                 ours, old = v6_read(value), v6_read(files["mid.checkpoint"])
                 assert value[:20] == files["mid.checkpoint"][:20]
-                assert ours.replies == old.replies, s["name"]
+                # the same replayed seqs as the earlier release kept; their bodies are this
+                # release's (a deliberate reply change, e.g. issue 26's whitespace delta, shows here)
+                assert [(r.seq, r.status, r.end, r.kind) for r in ours.replies] == \
+                    [(r.seq, r.status, r.end, r.kind) for r in old.replies], s["name"]
+                want = _uninterrupted(s)
+                assert [r.value for r in ours.replies] == [want[r.seq] for r in ours.replies], s["name"]
+                if [r.value for r in ours.replies] != [r.value for r in old.replies]:
+                    changed.add(s["name"])
             elif name == "settings" and s["name"] not in NO_PARSER_STATE:
                 assert msgspec.msgpack.decode(value)[0] == 6
             else:
                 assert value == files[f"mid.{name}"], (s["name"], name)
                 if name == "checkpoint":
                     v6_read(value)
-    _prev_continues(release(rel), golden, sts, mid)
+    _prev_continues(release(rel), golden, sts, mid, changed)
 
 
-def _prev_continues(tree: Path, golden: Path, sts: list[dict], mid: dict) -> None:
+def _prev_continues(tree: Path, golden: Path, sts: list[dict], mid: dict, changed: set[str] = frozenset()) -> None:
     """The earlier release reads what this release wrote at each golden stream's cut (``mid``: the
     stream's stored values) as it reads its own golden values, and continues each stream with its
-    golden replies (its uninterrupted run's, in the golden tombstone's replay window)."""
+    golden replies (its uninterrupted run's, in the golden tombstone's replay window). ``changed``:
+    streams whose replies before the cut this release changes on purpose; their stored counters
+    (e.g. events sent) differ, so only the continuation is compared."""
     jobs = [_job(s, s["cut"], mid[s["name"]]) for s in sts]
     jobs += [dict(_job(s, len(s["chunks"]), {n[4:]: v for n, v in _files(golden, s["name"]).items()
                                              if n.startswith("mid.")}), name=s["name"] + ":golden") for s in sts]
     got = prev_run(tree, jobs)
     for s in sts:
         name = s["name"]
-        assert got[name]["norm"] == got[name + ":golden"]["norm"], name
+        if name not in changed:
+            assert got[name]["norm"] == got[name + ":golden"]["norm"], name
         assert got[name]["norm"] is not None
         assert got[name]["norm_settings"] == _files(golden, name).get("mid.settings"), name
         golden_replies = {e.seq: e.value for e in v6_read(_files(golden, name)["end.checkpoint"]).replies}
