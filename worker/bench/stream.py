@@ -25,6 +25,12 @@ tool call whose body spills to the stream's pieces) runs only the burst pass
 redis-server and the embedded broker; it prints the Redis commands per chunk (``INFO
 commandstats``: EVALSHA and each ``redis.call`` in it counted) and per command.
 
+The first pass prints the one per-chunk figure per API (chat, Responses, Messages; issue 25 item 3):
+the same 2,048 ids in 1-token chunks through ``derender_stream`` as the Kafka worker calls it (kind
+header, ``seq``, ``pieces=True``, ``settings_aside=True``; the state decoded and re-encoded every
+chunk): thread CPU of the whole stream over its chunks, best of ``--repeat``, against the 40 µs
+target (``--per-chunk-only``: only that).
+
 A Responses pass streams the same ids as a chat stream and as a Responses API stream
 (``derender_responses_stream``, piece log in memory), logprobs off and ``top_logprobs`` 20, and
 prints the per-chunk thread CPU time at the same chunks for both, first and last and their ratio
@@ -167,6 +173,47 @@ def stream_pass(svc: DerenderService, bodies: list[bytes], kind: str, repeat: in
             "total": sum(statistics.median(t) for t in times)}
 
 
+#: issue 25 item 3: what one chunk of a 2,048-token stream may cost, per API (thread CPU µs)
+CHUNK_TARGET_US = 40.0
+
+
+def worker_path_pass(svc: DerenderService, prompt: list[int], out: list[int], repeat: int) -> dict[str, float]:
+    """The one per-chunk figure per API (issue 25 item 3): ``out`` in 1-token chunks
+    (``stream_bodies``, logprobs off) through ``derender_stream`` exactly as the Kafka worker
+    calls it (``transport.jobs``: the kind header, ``seq``, ``pieces=True`` with the pieces kept
+    in memory as the piece stores keep them, ``settings_aside=True``), the stored state decoded
+    and re-encoded on every chunk. Returns ``{api: µs}``: thread CPU of the whole stream / its
+    chunks, the fastest of ``repeat`` passes after a warm-up pass. Raises ``RuntimeError`` when a
+    chunk is refused."""
+    got = {}
+    for kind in ("chat", "responses", "messages"):
+        bodies = stream_bodies(prompt, out, kind, 0)
+        best = float("inf")
+        for r in range(repeat + 1):  # the first pass warms caches
+            state, log = None, bytearray()
+            t0 = time.thread_time()
+            for i, b in enumerate(bodies):
+                res, state = svc.derender_stream(b, state, seq=i, kind=kind + "-stream", pieces=True,
+                                                 reader=memory_reader(log), settings_aside=True)
+                if res.is_error:
+                    raise RuntimeError(f"{kind} chunk {i} refused: {res.body[:300]!r}")
+                log[res.pieces_len - len(res.append):] = res.append
+            if r:
+                best = min(best, time.thread_time() - t0)
+        got[kind] = best / len(bodies) * 1e6
+    return got
+
+
+def print_worker_path(svc: DerenderService, prompt: list[int], out: list[int], repeat: int) -> None:
+    """Print ``worker_path_pass``'s figures, one line per API, against ``CHUNK_TARGET_US``."""
+    print(f"per chunk as the Kafka worker calls the core: {len(out)}-token stream (qwen3 reasoning + hermes "
+          "call), 1-token chunks, state decoded and encoded every chunk, pieces and settings stored apart; "
+          f"thread CPU of the whole stream / chunks, best of {repeat}")
+    for kind, us in worker_path_pass(svc, prompt, out, repeat).items():
+        print(f"  {kind:9s}: {us:6.1f} us/chunk  ({'within' if us <= CHUNK_TARGET_US else 'ABOVE'} the "
+              f"{CHUNK_TARGET_US:.0f} us target)")
+
+
 def add_args(ap: argparse.ArgumentParser) -> None:
     """Flags of ``bench stream``."""
     ap.add_argument("--tokenizer", default=str(_DEMO_TOKENIZER), help="tokenizer directory (default: the demo's Qwen3)")
@@ -174,6 +221,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="also checkpoint every chunk through this Redis (e.g. redis://127.0.0.1:6379/0)")
     ap.add_argument("--tokens", type=int, default=2048, help="output tokens of the stream, sent in 1-token chunks")
     ap.add_argument("--repeat", type=int, default=5, help="timed passes over the stream (after one warm-up pass)")
+    ap.add_argument("--per-chunk-only", action="store_true",
+                    help="print only the per-chunk figure per API (chat, Responses, Messages) and exit")
     ap.add_argument("--call-tokens", type=int, default=400, help="argument length of the tool-call delay pass")
     ap.add_argument("--call-words", type=int, default=20000,
                     help="words of the never-closed call pass (0: skip it)")
@@ -203,6 +252,13 @@ def run_suite(args: argparse.Namespace) -> int:
     svc.preload()
     tok = svc.runtime("qwen3").tokenizer
     prompt, out = build_output(tok, args.tokens)
+    try:
+        print_worker_path(svc, prompt, out, args.repeat)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
+    if args.per_chunk_only:
+        return 0
     rid = "bench-stream"
     bodies = []
     for i, t in enumerate(out):

@@ -45,6 +45,8 @@ from worker.core.responses.log import PieceLog, PiecesLost, PiecesNeeded
 log = logging.getLogger(__name__)
 
 KINDS = ("chat", "completion")  # the chat stream API's kinds; ``responses``: worker.core.responses (issue 14)
+#: the kind headers of a chat/completion stream chunk (``_api_stream`` needs no probe for them)
+_CHAT_STREAM_KINDS = frozenset(("chat", "completion", "chat-stream", "completion-stream"))
 
 
 class _Probe(msgspec.Struct):
@@ -428,6 +430,8 @@ class DerenderService:
                     created: int | None, pieces: bool, reader) -> tuple[StreamResult, bytes | None] | None:
         """``derender_stream`` of a Responses stream (``responses_service.is_responses_stream``) or
         a Messages stream (``messages_service.is_messages_stream``); None for a chat/completion one."""
+        if kind in _CHAT_STREAM_KINDS:  # (the Kafka worker's header: no probe of either API)
+            return None
         if messages_service.is_messages_stream(body, state_bytes, kind):  # issue 26: Messages streams
             return self._messages_stream(body, state_bytes, seq, pieces, reader)
         if responses_service.is_responses_stream(body, state_bytes, kind):  # issue 14: Responses streams

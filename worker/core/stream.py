@@ -218,15 +218,17 @@ def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: st
         req = None
     else:
         req = body.chat_request if kind == "chat" else body.completion_request
-    if req is not None:
+    if req is not None:  # (a later chunk without prompt_tokens has no number to bound)
         check_request_numbers(rt, n=req.n, top_logprobs=req.top_logprobs if kind == "chat" else req.logprobs,
                               min_tokens=req.min_tokens, prompt_tokens=[body.prompt_tokens],
                               logprobs_param="top_logprobs" if kind == "chat" else "logprobs", stop=req.stop)
-    else:
+    elif body.prompt_tokens is not None:
         check_request_numbers(rt, n=None, top_logprobs=None, min_tokens=None, prompt_tokens=[body.prompt_tokens],
                               logprobs_param="")
-    check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
-    check_prompt_ids(rt, body.generate_chunk.prompt_token_ids, "generate_chunk.prompt_token_ids")
+    if body.prompt_token_ids:
+        check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
+    if body.generate_chunk.prompt_token_ids:
+        check_prompt_ids(rt, body.generate_chunk.prompt_token_ids, "generate_chunk.prompt_token_ids")
     seen: set[int] = set()
     n_known = len(state.choices) if state is not None else 0
     for c in body.generate_chunk.choices:
@@ -364,12 +366,13 @@ def _detok(rt: ModelRuntime, st: StreamState, cs: ChoiceState, ids: list[int],
     """Detokenize a chunk's ids with the request's stop strings applied (module docstring):
     ``(text to release, ids used, matched stop string or None)``. ``ids used`` is ``len(ids)``
     unless a stop string matched (then up to and including the matching id)."""
-    stop = st.opts.stop
+    opts = st.settings.opts
+    stop = opts.stop
     if not stop:
         if not ids:
             return "", 0, None
-        d = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
-                                   spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
+        d = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=opts.skip_special,
+                                   spaces_between_special_tokens=opts.spaces, state=cs.detok)
         text = d.add(ids)
         cs.detok = d.state()
         return text, len(ids), None
@@ -587,6 +590,7 @@ def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoic
                  out: list[ChatCompletionStreamResponse]) -> bool:
     """One choice of a chat chunk: its OpenAI chunks appended to ``out``; returns whether the
     engine finished the choice with it."""
+    opts = st.settings.opts  # (read once: ``StreamState.opts`` is a property)
     rid = st.request_id
     stack = rt.stack
     fmt = stack.id_format
@@ -600,13 +604,13 @@ def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoic
         out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
             index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
     ids = _step_ids(rt, st, c)
-    if st.opts.stop:  # stop strings apply to the answer (worker.core.answer)
-        detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
-                                       spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
+    if opts.stop:  # stop strings apply to the answer (worker.core.answer)
+        detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=opts.skip_special,
+                                       spaces_between_special_tokens=opts.spaces, state=cs.detok)
         d, used, matched, cs.held = step_answer(
             stack if cs.parser is not None else None, cs.parser, detok, ids,
-            rt.tokenizer.special_ids if st.opts.skip_special else None, st.opts.stop,
-            st.opts.include_stop, st.opts.min_tokens, cs.completion_tokens, cs.held,
+            rt.tokenizer.special_ids if opts.skip_special else None, opts.stop,
+            opts.include_stop, opts.min_tokens, cs.completion_tokens, cs.held,
             c.finish_reason is not None, _stop_token_ids(rt, st, c, ids))
         cs.detok = detok.state()
     else:
@@ -639,18 +643,18 @@ def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoic
                 function=DeltaFunctionCall(name=tc.name, arguments=tc.arguments)))
     lp = None
     entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
-    if st.opts.logprobs and entries:
-        lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, st.opts.top_logprobs, cs.lp_ctx,
+    if opts.logprobs and entries:
+        lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, opts.top_logprobs, cs.lp_ctx,
                                                 as_token_ids=rt.config.return_tokens_as_token_ids))
-    if c.token_ids and st.opts.logprobs:  # the context is read only when logprobs are on
+    if c.token_ids and opts.logprobs:  # the context is read only when logprobs are on
         cs.lp_ctx = next_context(cs.lp_ctx, c.token_ids)
     finish = stop_reason = None
     if final:
         finish_reason, stop_reason = ("stop", matched) if matched is not None else (c.finish_reason,
                                                                                    c.stop_reason)
-        finish = final_finish_reason(finish_reason, bool(cs.tool_ids), st.opts.tool_mode)
+        finish = final_finish_reason(finish_reason, bool(cs.tool_ids), opts.tool_mode)
         finished |= _end_choice(cs, c)
-    kept = _kept(c.token_ids or [], used, matched) if st.opts.return_token_ids else None
+    kept = _kept(c.token_ids or [], used, matched) if opts.return_token_ids else None
     # with return_token_ids a chunk is sent for every chunk of ids, text or not (vLLM: the
     # ids must all reach the client, e.g. while text is held back)
     if content or reasoning or tcs or lp is not None or final or kept:

@@ -213,13 +213,14 @@ class StreamState(msgspec.Struct, kw_only=True, array_like=True):
     @property
     def done(self) -> bool:
         """Every expected choice has finished (the stream's state can be deleted)."""
-        exp = self.opts.expected_choices
-        if not self.choices:
+        choices = self.choices
+        if not choices:
             return False
-        fin = all(c.finished for c in self.choices.values())
-        if exp is None:
-            return fin
-        return fin and len(self.choices) >= exp
+        for c in choices.values():  # (a loop, not ``all`` over a generator: read twice per chunk)
+            if not c.finished:
+                return False
+        exp = self.settings.opts.expected_choices
+        return exp is None or len(choices) >= exp
 
 
 _state_encoder = msgspec.msgpack.Encoder()
@@ -443,6 +444,8 @@ def _check_pieces(st: StreamState) -> None:
     if not 0 <= n <= MAX_PIECES_LEN:
         raise BadRequest(f"stored stream state is unreadable: pieces length {n} outside [0, {MAX_PIECES_LEN}]")
     for c in st.choices.values():
+        if not (c.spill or c.spill_args or c.spill_held):  # (most chunks: nothing spilled)
+            continue
         for r in (c.spill, c.spill_args, c.spill_held):
             if len(r) % 2 or any(r[i] < 0 or r[i + 1] < 0 or r[i] + r[i + 1] > n for i in range(0, len(r), 2)):
                 raise BadRequest(f"stored stream state is unreadable: spilled ranges {r[:8]} do not lie in "

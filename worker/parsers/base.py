@@ -275,7 +275,12 @@ def hold_back(text: str, markers: tuple[str, ...]) -> int:
     """How many trailing chars of ``text`` might begin one of ``markers`` (max over markers)."""
     if len(markers) == 1:
         return partial_suffix_len(text, markers[0])
-    return max((partial_suffix_len(text, m) for m in markers), default=0)
+    keep = 0
+    for m in markers:  # (a loop, not ``max`` over a generator: Qwen3's explicit block, every chunk)
+        k = partial_suffix_len(text, m)
+        if k > keep:
+            keep = k
+    return keep
 
 
 def _make_dumps_non_ascii():

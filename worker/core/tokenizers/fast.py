@@ -126,9 +126,15 @@ class _DecodeTables:
         Python loop runs only when an id is new to the tables or outside them."""
         if type(ids) is not list:
             ids = list(ids)
-        array(_U32_CODE, ids)  # the range check: OverflowError / TypeError, as tokenizers
         table = self.skip if skip_special_tokens else self.keep
         n = len(ids)
+        if n == 1:  # (a stream step's common case: one id in the tables, no range-check array)
+            i = ids[0]
+            if type(i) is int and 0 <= i < self.size:
+                b = table[i]
+                if b is not None:
+                    return b.decode("utf-8", "replace")
+        array(_U32_CODE, ids)  # the range check: OverflowError / TypeError, as tokenizers
         try:
             if n > 1:
                 return b"".join(itemgetter(*ids)(table)).decode("utf-8", "replace")
