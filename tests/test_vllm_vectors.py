@@ -41,7 +41,7 @@ def _tools(doc, v):
 
 
 def _run(doc, v, how="one", mode="whole", seed=0):
-    return run_output(doc["tokenizer"], doc.get("reasoning_parser"), v.get("tool_parser", doc.get("tool_parser")), v["output"],
+    return run_output(v.get("tokenizer", doc["tokenizer"]), doc.get("reasoning_parser"), v.get("tool_parser", doc.get("tool_parser")), v["output"],
                       tools=_tools(doc, v), kwargs=v.get("chat_template_kwargs"), how=how, mode=mode, seed=seed,
                       prompt=v.get("prompt", doc.get("prompt")))
 

@@ -7,8 +7,9 @@ parsers, ``tokenizer`` (a directory of ``tests/data/tokenizers``, or ``test/<fam
 (the vLLM test id), ``streaming`` (the vLLM test's mode), ``output`` (model output text), the
 expected ``reasoning`` / ``content`` (None as vLLM writes it: empty here) / ``tool_calls``
 (``[{name, arguments}]``, arguments compared as JSON; ``arguments_text``: the exact text when the
-vLLM test checks it), ``reasoning_tokens`` (the count vLLM's ``count_reasoning_tokens`` gives), optional ``chat_template_kwargs``, ``prompt`` (the rendered prompt's text, file or vector), ``tools``, ``tool_parser`` (a vector's own), ``checks`` (what the
-vLLM test asserts, ``matches``), and ``deviation`` (``ours``:
+vLLM test checks it), ``reasoning_tokens`` (the count vLLM's ``count_reasoning_tokens`` gives), optional ``chat_template_kwargs``, ``prompt`` (the rendered prompt's text, file or vector), ``tools``, ``tool_parser`` / ``tokenizer`` (a vector's own), ``checks`` (what the
+vLLM test asserts, ``matches``; ``vllm_asserts``: the test's own words where it checks only part
+of the answer, the vector's answer being the one they imply), and ``deviation`` (``ours``:
 our answer, ``reason``, ``source``) or ``nonstreaming_only`` (why the streamed runs are not
 compared), or ``open`` (a vector we do not pass yet: why; the test expects it to fail, so it
 cannot pass unnoticed, and the coverage table counts it as run, not passed).
