@@ -146,6 +146,18 @@ XML_VECTORS: list[V] = [
       "<|tool_calls_section_end|> ok", " ok", [W]),
     T("11f", "hermes", "plain", "<tool_call>{bad}</tool_call></tool_call>", "<tool_call>{bad}</tool_call></tool_call>"),
     T("11f", "hermes", "plain", f'<tool_call>{_JSON_W}</tool_call>x</tool_call>', "x</tool_call>", [W]),
+    # a block's start marker repeated at the start of its body counts once (tagged engine; vLLM's GLM-4.7
+    # test of issue 60703, tests/data/vllm_vectors/glm47_stray_tool_call.json)
+    T("11b", "hermes", "plain", f"<tool_call>\n<tool_call>{_JSON_W}</tool_call>", calls=[W]),
+    T("11b", "glm47", "glm", "Checking. " + _TC + _glm(f"get_weather{_K}city{_EK}{_VV}Paris{_EV}"), "Checking. ", [W]),
+    T("11b", "kimi_k2", "kimi", "<|tool_calls_section_begin|> <|tool_calls_section_begin|>" + _KIMI_CALL
+      + "<|tool_calls_section_end|>", calls=[W]),
+    T("11b", "qwen3_coder", "plain", "<tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+      "</parameter>\n</function>\n</tool_call>", calls=[W]),
+    T("11b", "minimax_m2", "minimax", "<minimax:tool_call><minimax:tool_call>\n" + _MM_INV + "</minimax:tool_call>",
+      calls=[W]),
+    T("11f", "hermes", "plain", "<tool_call> <tool_call>{bad}</tool_call>", "<tool_call> <tool_call>{bad}</tool_call>"),
+    T("11f", "glm47", "glm", "a " + _TC + "\n" + _TC, "a " + _TC + "\n" + _TC),
     # qwen3_coder / qwen3_xml / seed_oss (<function=N><parameter=K>)
     T("11a", "qwen3_coder", "plain", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
       "</parameter>\n</function>\n</function>\n</tool_call>", calls=[W]),

@@ -7,8 +7,10 @@ chunks with ``--tool-call-streaming`` ``whole`` and ``incremental`` (state round
 every chunk): every run must give the vector's answer (vLLM's, or the documented deviation's
 ``ours``), so the joined stream equals the non-streaming answer. Families covered: those with a
 real tokenizer in ``tests/data/tokenizers``, the others on a byte-level test tokenizer with the
-family's real markers as added tokens (``tests/data/test_tokenizers``). ``test_coverage_table`` prints per family vectors run
-/ passed / deviations (``-s``) and checks the table in ``docs/parsers.md``.
+family's real markers as added tokens (``tests/data/test_tokenizers``), gpt-oss on ``o200k_harmony``.
+``test_every_registered_parser_runs_vllm_vectors`` checks every registered parser name runs some;
+``test_coverage_table`` prints per file vectors run / passed / deviations / open and per registered
+name the vectors that run it (``-s``), and checks the table in ``docs/parsers.md``.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def _tools(doc, v):
 
 
 def _run(doc, v, how="one", mode="whole", seed=0):
-    return run_output(doc["tokenizer"], doc.get("reasoning_parser"), v.get("tool_parser", doc.get("tool_parser")), v["output"],
+    return run_output(v.get("tokenizer", doc["tokenizer"]), doc.get("reasoning_parser"), v.get("tool_parser", doc.get("tool_parser")), v["output"],
                       tools=_tools(doc, v), kwargs=v.get("chat_template_kwargs"), how=how, mode=mode, seed=seed,
                       prompt=v.get("prompt", doc.get("prompt")))
 
@@ -62,13 +64,14 @@ def test_vector(doc, v):
         assert not matches(doc, v, got), "an open vector passes now: drop its open entry"
         pytest.xfail(v["open"])
     assert matches(doc, v, got), (got, expected(doc, v))
-    answer = (got["reasoning"], got["content"], got["tool_calls"])
+    answer = (got["reasoning"], got["content"], got["tool_calls"], got["reasoning_tokens"])
     for mode in ("whole", "incremental"):
         if mode == "incremental" and v.get("nonstreaming_only"):
             continue
         for how, seed in (("1", 0), ("random", 1), ("random", 2)):
             s = _run(doc, v, how, mode, seed)
-            assert (s["reasoning"], s["content"], s["tool_calls"]) == answer, ("stream != non-stream", mode, how, seed)
+            assert (s["reasoning"], s["content"], s["tool_calls"], s["reasoning_tokens"]) == answer, (
+                "stream != non-stream", mode, how, seed)
 
 
 def _markers(doc) -> list[str]:
@@ -77,7 +80,9 @@ def _markers(doc) -> list[str]:
         return json.loads((d / "markers.json").read_text(encoding="utf-8"))["markers"]
     return {"qwen3": ["<think>", "</think>", "<tool_call>", "</tool_call>"],
             "mistral-7b-v0.3": ["[TOOL_CALLS]"], "deepseek-v4": ["<think>", "</think>"],
-            "llama3": ["<|python_tag|>"]}[doc["tokenizer"]]
+            "llama3": ["<|python_tag|>"],
+            "o200k_harmony": ["<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>",
+                              "<|return|>"]}[doc["tokenizer"]]
 
 
 def test_markers_are_single_ids():
@@ -116,11 +121,38 @@ def coverage() -> list[tuple[str, str, int, int, int, int]]:
     return rows
 
 
+def parsers_run() -> dict[tuple[str, str], int]:
+    """(kind, registered parser name) -> vectors that run it: a file's reasoning parser, a
+    vector's (or its file's) tool parser."""
+    runs: dict[tuple[str, str], int] = {}
+    for doc in FILES:
+        for v in doc["vectors"]:
+            tp = v.get("tool_parser", doc.get("tool_parser"))
+            for kind, name in (("reasoning", doc.get("reasoning_parser")), ("tool", tp)):
+                if name:
+                    runs[(kind, name)] = runs.get((kind, name), 0) + 1
+    return runs
+
+
+def test_every_registered_parser_runs_vllm_vectors():
+    """Issue 24: every tool and reasoning parser the registry registers runs vLLM's vectors."""
+    from worker.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
+
+    runs = parsers_run()
+    missing = [f"{k} {n}" for k, names in (("reasoning", REASONING_PARSERS), ("tool", TOOL_PARSERS))
+               for n in sorted(names) if not runs.get((k, n))]
+    assert not missing, missing
+
+
 def test_coverage_table():
     rows = coverage()
     print("\nvLLM parser test vectors: family kind run passed deviations open")
     for r in rows:
-        print(f"  {r[0]:<16} {r[1]:<9} {r[2]:3d} {r[3]:3d} {r[4]:3d} {r[5]:3d}")
+        print(f"  {r[0]:<24} {r[1]:<9} {r[2]:3d} {r[3]:3d} {r[4]:3d} {r[5]:3d}")
+    print("  {:<24} {:<9} {:3d} {:3d} {:3d} {:3d}".format("total", "", *(sum(r[i] for r in rows) for i in range(2, 6))))
+    runs = parsers_run()
+    print("registered parsers (kind name: vectors that run it):")
+    print("  " + ", ".join(f"{k} {n}: {c}" for (k, n), c in sorted(runs.items())))
     text = DOCS.read_text(encoding="utf-8")
     for fam, kind, run, passed, dev, still_open in rows:
         pat = rf"\| `{re.escape(fam)}` \| {kind} \| {run} \| {passed} \| {dev} \| {still_open} \|"

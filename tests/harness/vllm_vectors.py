@@ -7,8 +7,9 @@ parsers, ``tokenizer`` (a directory of ``tests/data/tokenizers``, or ``test/<fam
 (the vLLM test id), ``streaming`` (the vLLM test's mode), ``output`` (model output text), the
 expected ``reasoning`` / ``content`` (None as vLLM writes it: empty here) / ``tool_calls``
 (``[{name, arguments}]``, arguments compared as JSON; ``arguments_text``: the exact text when the
-vLLM test checks it), optional ``chat_template_kwargs``, ``prompt`` (the rendered prompt's text, file or vector), ``tools``, ``tool_parser`` (a vector's own), ``checks`` (what the
-vLLM test asserts, ``matches``), and ``deviation`` (``ours``:
+vLLM test checks it), ``reasoning_tokens`` (the count vLLM's ``count_reasoning_tokens`` gives), optional ``chat_template_kwargs``, ``prompt`` (the rendered prompt's text, file or vector), ``tools``, ``tool_parser`` / ``tokenizer`` (a vector's own), ``checks`` (what the
+vLLM test asserts, ``matches``; ``vllm_asserts``: the test's own words where it checks only part
+of the answer, the vector's answer being the one they imply), and ``deviation`` (``ours``:
 our answer, ``reason``, ``source``) or ``nonstreaming_only`` (why the streamed runs are not
 compared), or ``open`` (a vector we do not pass yet: why; the test expects it to fail, so it
 cannot pass unnoticed, and the coverage table counts it as run, not passed).
@@ -37,7 +38,10 @@ VECTORS_DIR = DATA / "vllm_vectors"
 @functools.cache
 def real_tokenizer(name: str):
     """A tokenizer of ``tests/data/tokenizers/<name>`` (``test/<family>``: the test tokenizer of
-    ``tests/data/test_tokenizers/<family>``, ``tests.harness.make_test_tokenizers``), loaded once."""
+    ``tests/data/test_tokenizers/<family>``, ``tests.harness.make_test_tokenizers``; ``o200k_harmony``:
+    gpt-oss's vocabulary, built from the ``bpe-openai`` package), loaded once."""
+    if name == "o200k_harmony":
+        return load_tokenizer(name)
     if name.startswith("test/"):
         return load_tokenizer(str(DATA / "test_tokenizers" / name.removeprefix("test/")))
     return load_tokenizer(str(DATA / "tokenizers" / name))
@@ -66,8 +70,8 @@ def run_output(tok_name: str, rp: str | None, tp: str | None, text: str, *, tool
     ``--tool-call-streaming mode``, in ``how`` chunks (``one``: a non-streamed choice), the state
     round-tripped after every chunk; ``prompt``: the rendered prompt's text (its ids are the
     request's ``prompt_token_ids``), for families whose generation prompt opens the reasoning. Returns ``{reasoning, content, tool_calls: [{name,
-    arguments}], arguments_text, text}`` (``text``: the detokenized output, to check the round
-    trip)."""
+    arguments}], arguments_text, text, reasoning_tokens}`` (``text``: the detokenized output, to check
+    the round trip; ``reasoning_tokens``: the output ids counted as reasoning, for usage)."""
     tok = real_tokenizer(tok_name)
     stack = ParserStack(make_reasoning_parser(rp, tok) if rp else None, make_tool_parser(tp, tok) if tp else None,
                         enable_auto_tool_choice=True, tool_call_streaming=mode)
@@ -77,12 +81,14 @@ def run_output(tok_name: str, rp: str | None, tp: str | None, text: str, *, tool
     st = stack.initial_state(ctx, streaming=how != "one")
     detok = IncrementalDetokenizer(tok, skip_special_tokens=False)
     reasoning, content, seen = [], [], []
+    counted = [0]
     names: dict[int, str] = {}
     args: dict[int, list[str]] = {}
 
     def take(d) -> None:
         reasoning.append(d.reasoning)
         content.append(d.content)
+        counted[0] += d.reasoning_tokens
         for tc in d.tool_calls:
             if tc.name is not None:
                 if tc.index in names:
@@ -108,7 +114,7 @@ def run_output(tok_name: str, rp: str | None, tp: str | None, text: str, *, tool
             value = {"<not JSON>": a}
         calls.append({"name": names.get(i), "arguments": value})
     return {"reasoning": "".join(reasoning), "content": "".join(content), "tool_calls": calls,
-            "arguments_text": texts, "text": "".join(seen)}
+            "arguments_text": texts, "text": "".join(seen), "reasoning_tokens": counted[0]}
 
 
 def expected(doc: dict[str, Any], v: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +133,8 @@ def expected(doc: dict[str, Any], v: dict[str, Any]) -> dict[str, Any]:
 def matches(doc: dict[str, Any], v: dict[str, Any], got: dict[str, Any]) -> bool:
     """``got`` is the vector's expected answer (``expected``) in what the vLLM test checks
     (``checks``: ``reasoning`` / ``content`` / ``tool_calls``, or ``tool_names`` for the calls'
-    names only; default all three), argument texts too when given."""
+    names only; default all three), argument texts and ``reasoning_tokens`` (vLLM's
+    ``count_reasoning_tokens``) too when given."""
     want = expected(doc, v)
     for k in v.get("checks", ("reasoning", "content", "tool_calls")):
         if k == "tool_names":
@@ -135,4 +142,6 @@ def matches(doc: dict[str, Any], v: dict[str, Any], got: dict[str, Any]) -> bool
                 return False
         elif got[k] != want[k]:
             return False
+    if "reasoning_tokens" in v and got["reasoning_tokens"] != v["reasoning_tokens"]:
+        return False
     return "arguments_text" not in v or bool(v.get("deviation")) or got["arguments_text"] == v["arguments_text"]

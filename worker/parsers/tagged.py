@@ -13,8 +13,10 @@ Content rules (coupled vLLM's non-streaming answer, kept split-independent):
   first end marker *outside* a JSON string of the body, found by a small incremental lexer
   (string / escape / nesting depth), so arguments may quote the end marker text (bug-005);
 * a call's end marker repeated right after it (only whitespace between:
-  ``</tool_call></tool_call>``) counts once, the rule "repeated tag" of ``xmlcall.py`` at the
-  block level; a malformed block's end stays in its verbatim content;
+  ``</tool_call></tool_call>``) counts once, and so does its start marker repeated at the start
+  of the body (``<tool_call><tool_call>get_weather</tool_call>``: vLLM's GLM-4.7 test of issue
+  60703 drops the phantom opener), the rule "repeated tag" of ``xmlcall.py`` at the block level;
+  a malformed block's markers stay in its verbatim content;
 * sections (``call_ends`` set: several calls inside one START…END section, e.g. DeepSeek's
   ``<｜tool▁calls▁begin｜>``, Kimi K2's ``<|tool_calls_section_begin|>``): a section left open at
   the end of the output (``finish_reason: "length"``, or a stop token mid-section) keeps its
@@ -498,9 +500,23 @@ class TaggedToolParser(ToolParser):
             st.pending_ws = ""
             st.seg_text = True
 
+    def _repeated_start(self, st: TaggedState, body: str) -> str:
+        """``body`` without the block's start marker repeated at its start (whitespace between:
+        ``<tool_call><tool_call>name…``), moved to ``st.marker`` so a block that does not parse
+        is still content verbatim; a bare block's body is returned as it is."""
+        m = st.marker
+        while m:
+            rest = body.lstrip()
+            if not rest.startswith(m):
+                break
+            st.marker += body[:len(body) - len(rest) + len(m)]
+            body = rest[len(m):]
+        return body
+
     def _close(self, st: TaggedState, out: Delta, body: str, end: str) -> None:
         if st.spilled or st.args_spilled:
             raise BodyNeeded
+        body = self._repeated_start(st, body)
         # a stray start marker's end after a bare call counts as its closer
         end_after = self.ends[0] if st.bare else end
         try:
@@ -616,6 +632,7 @@ class TaggedToolParser(ToolParser):
         rest, st.buf = st.buf, ""
         if st.in_call:
             st.in_call = False
+            rest = self._repeated_start(st, rest)
             try:
                 parsed = self.parse_partial(st, rest)  # reads ``st.bare``
             except Exception:  # noqa: BLE001
