@@ -82,7 +82,7 @@ async def test_a_failed_pool_call_is_rerun_per_record_without_spans(qwen3_models
             failed.set_exception(RuntimeError("the batch call failed"))
             msg = SimpleNamespace(value=body, headers=[], topic="in", partition=0, offset=i, key=None,
                                   timestamp=1_700_000_000_000)
-            out = await unary.outcome(SimpleNamespace(msg=msg, future=failed))
+            out = await unary.outcome(SimpleNamespace(msg=msg, call=failed, index=0))
             want = derender_job(service, body, None, 1_700_000_000)
             assert (out.body, out.status, out.request_id) == (want.body, 200, f"req-{i}")
     finally:
