@@ -67,6 +67,13 @@ FINAL_STEPS_S = 3.0
 
 
 
+def _retrieved(call: asyncio.Future) -> None:
+    """Done-callback of an executor call: mark its exception retrieved (records revoked before
+    their sequencer awaited the call would otherwise leave asyncio's "never retrieved" log line)."""
+    if not call.cancelled():
+        call.exception()
+
+
 class _Job:
     """One non-streaming record in its partition's sequencer queue: ``msg`` (aiokafka
     ``ConsumerRecord``), ``call`` (the future of the executor call that derenders it, -> a list of
@@ -557,6 +564,7 @@ class KafkaDerenderWorker:
         if chunk:
             call = self.pool.submit_batch([(j.msg.value, self._kind_header(j.msg), record_created(j.msg))
                                            for j in chunk])
+            call.add_done_callback(_retrieved)  # a failure is every job's (each awaits it): never "not retrieved"
             for j in chunk:
                 j.call = call
         by_part: dict[int, tuple[_Partition, list[_Job]]] = {}
