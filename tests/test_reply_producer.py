@@ -82,7 +82,7 @@ async def test_a_failed_pool_call_is_rerun_per_record_without_spans(qwen3_models
             failed.set_exception(RuntimeError("the batch call failed"))
             msg = SimpleNamespace(value=body, headers=[], topic="in", partition=0, offset=i, key=None,
                                   timestamp=1_700_000_000_000)
-            out = await unary.outcome(SimpleNamespace(msg=msg, future=failed))
+            out = await unary.outcome(SimpleNamespace(msg=msg, call=failed, index=0))
             want = derender_job(service, body, None, 1_700_000_000)
             assert (out.body, out.status, out.request_id) == (want.body, 200, f"req-{i}")
     finally:
@@ -157,3 +157,46 @@ async def test_skipped_spans_leave_the_headers_a_no_op_span_leaves(monkeypatch):
         await pub.send(Outgoing("replies", b"k", b"{}", list(headers)))
     assert sent[0] == sent[1] == [headers[0], headers[3], headers[1], headers[2]]
     assert sent[2] == headers
+
+
+async def test_records_of_one_pool_call_get_their_own_outcome_in_each_partition_order():
+    """One executor call derenders records of two partitions (fetch order a0, b0, a1): each
+    partition's sequencer takes its records as one queue item and publishes each with the
+    outcome at its own index of the call's result, in offset order."""
+    from worker.transport.consumer import _Job
+    from worker.transport.jobs import JobOutcome
+
+    loop = asyncio.get_running_loop()
+    tracer = tracing.Tracer()
+    tracer._tracer = None
+    published: list[tuple[str, int, bytes]] = []
+
+    class Publisher:
+        async def publish(self, st, msg, plan, request_id):
+            published.append((msg.topic, msg.offset, plan))
+            done = loop.create_future()
+            done.set_result(None)
+            return plan, done
+
+    planner = SimpleNamespace(safe_plan=lambda msg, out: out.body)
+    unary = UnaryPipeline(None, planner, Publisher(), tracer, WorkerStats(), PromMetrics(), None,
+                          permits=lambda: None, fatal=lambda e: None)
+    call = loop.create_future()
+    msgs = [SimpleNamespace(topic=t, partition=0, offset=o, key=None, headers=[]) for t, o in
+            (("a", 0), ("b", 0), ("a", 1))]
+    jobs = [_Job(m, call, i) for i, m in enumerate(msgs)]
+    parts = {t: SimpleNamespace(jobs=asyncio.Queue(), acks=asyncio.Queue()) for t in "ab"}
+    parts["a"].jobs.put_nowait([jobs[0], jobs[2]])
+    parts["b"].jobs.put_nowait([jobs[1]])
+    tasks = [asyncio.create_task(unary.sequencer(st)) for st in parts.values()]
+    try:
+        call.set_result([JobOutcome(f"out-{i}".encode(), 200, None, "chat", True) for i in range(3)])
+        await asyncio.wait_for(asyncio.gather(*(st.jobs.join() for st in parts.values())), 5)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert [p for p in published if p[0] == "a"] == [("a", 0, b"out-0"), ("a", 1, b"out-2")]
+    assert [p for p in published if p[0] == "b"] == [("b", 0, b"out-1")]
+    acked = [parts["a"].acks.get_nowait() for _ in range(2)]
+    assert [(job.msg.offset, out.body) for job, _, out, _ in acked] == [(0, b"out-0"), (1, b"out-2")]

@@ -62,6 +62,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="checkout of this project whose worker and batch are run (default: this one)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds the drain may take at most")
     ap.add_argument("--repeats", type=int, default=3, help="drains and batch runs; the best of each counts")
+    ap.add_argument("--max-in-flight", type=int, default=None,
+                    help="the worker's --max-in-flight (default: its own default, 64): the drain's pipeline depth")
 
 
 def _env(code: Path) -> dict[str, str]:
@@ -188,7 +190,8 @@ def _drain(code: Path, bodies: list[bytes], args: argparse.Namespace, tmp: Path)
                  "--input-topic", topics["in"], "--reply-topic", topics["reply"],
                  "--dead-letter-topic", topics["dlq"], "--group-id", f"drain-{u}",
                  "--num-threads", str(args.num_threads), "--stream-state", "memory",
-                 "--commit-interval-ms", "200", "--log-level", "WARNING"],
+                 "--commit-interval-ms", "200", "--log-level", "WARNING"]
+                + (["--max-in-flight", str(args.max_in_flight)] if args.max_in_flight else []),
                 cwd=code, env=_env(code), stdout=logf, stderr=subprocess.STDOUT)
         try:
             stamps, cpu = asyncio.run(_read_replies(bootstrap, topics["reply"], args.requests, args.timeout, worker,
@@ -235,7 +238,7 @@ def run_drain_bench(args: argparse.Namespace) -> dict:
     drain, span_s, _ = max(drains, key=lambda d: d[0])
     batch = max(batches)
     return {"code": str(code), "requests": args.requests, "partitions": args.partitions,
-            "num_threads": args.num_threads, "tokens": args.tokens, "repeats": repeats, "drain_s": round(span_s, 2),
+            "num_threads": args.num_threads, "max_in_flight": args.max_in_flight, "tokens": args.tokens, "repeats": repeats, "drain_s": round(span_s, 2),
             "drain_per_s": drain, "batch_per_s": batch, "ratio": drain / batch, "cores": os.cpu_count(),
             "drain_runs": [round(d) for d, _, _ in drains], "batch_runs": [round(b) for b in batches],
             "cpu_us_per_record": [c for _, _, c in drains]}
@@ -250,7 +253,8 @@ def run_suite(args: argparse.Namespace) -> int:
         return startup_error("derender-worker bench drain", str(e))
     print(f"derender bench drain: {r['requests']} records of {r['tokens']} output tokens pre-filled over "
           f"{r['partitions']} partitions; 1 worker x {r['num_threads']} pool process(es) vs batch "
-          f"--workers {r['num_threads']}; code {r['code']}; {r['cores']} cores shared with the broker and this client")
+          f"--workers {r['num_threads']}; --max-in-flight {r['max_in_flight'] or 'default'}; code {r['code']}; "
+          f"{r['cores']} cores shared with the broker and this client")
     print(f"  kafka drain: {r['drain_per_s']:.0f} records/s ({r['drain_s']} s first to last reply; best of "
           f"{r['repeats']}: {', '.join(map(str, r['drain_runs']))})")
     print(f"  batch:       {r['batch_per_s']:.0f} records/s (derender time, without start-up; best of "

@@ -67,10 +67,24 @@ FINAL_STEPS_S = 3.0
 
 
 
-@dataclass
+def _retrieved(call: asyncio.Future) -> None:
+    """Done-callback of an executor call: mark its exception retrieved (records revoked before
+    their sequencer awaited the call would otherwise leave asyncio's "never retrieved" log line)."""
+    if not call.cancelled():
+        call.exception()
+
+
 class _Job:
-    msg: Any  # aiokafka ConsumerRecord
-    future: asyncio.Future  # -> JobOutcome
+    """One non-streaming record in its partition's sequencer queue: ``msg`` (aiokafka
+    ``ConsumerRecord``), ``call`` (the future of the executor call that derenders it, -> a list of
+    ``JobOutcome``; set when the call is submitted) and ``index`` (its outcome's place in that list)."""
+
+    __slots__ = ("msg", "call", "index")
+
+    def __init__(self, msg: Any, call: asyncio.Future | None = None, index: int = 0):
+        self.msg = msg
+        self.call = call
+        self.index = index
 
 
 @dataclass
@@ -459,16 +473,18 @@ class KafkaDerenderWorker:
                     self.settings.max_in_flight, self.settings.auto_offset_reset)
             total = sum(len(m) for m in batches.values())
             chunk_size = self.pool.chunk_size(total)
-            chunk: list[tuple[Any, asyncio.Future]] = []
+            chunk: list[_Job] = []  # records of the next executor call
+            queued: list[tuple[_Partition, _Job]] = []  # jobs for the sequencers, in fetch order
             streamed: list[tuple[_Partition, Any]] = []
             stopped = False
+            unary = 0  # non-streaming records taken (``derender_received_total``, counted once per fetch)
             for tp, msgs in batches.items():
                 if stopped:
                     break
                 for msg in msgs:
-                    if self._sem.locked() and chunk:
-                        self._flush(chunk)  # never hold unsubmitted work while waiting for capacity
-                        chunk = []
+                    if self._sem.locked() and queued:
+                        self._flush(chunk, queued)  # never hold unsubmitted work while waiting for capacity
+                        chunk, queued = [], []
                     if not await self._permit():
                         stopped = True  # stopping while waiting for capacity: the rest is refetched later
                         break
@@ -491,19 +507,22 @@ class KafkaDerenderWorker:
                         self._sem.release()  # bounded by the partition window, not by permits
                         streamed.append((st, msg))
                         continue
-                    self._prom.received_unary.inc()
-                    placeholder = asyncio.get_running_loop().create_future()
+                    unary += 1
                     if isinstance(msg, UnreadableRecord):  # nothing to derender: dead-lettered by _plan
-                        placeholder.set_result(JobOutcome(b"", 500, None, None, False))
-                        st.jobs.put_nowait(_Job(msg, placeholder))
+                        done = asyncio.get_running_loop().create_future()
+                        done.set_result([JobOutcome(b"", 500, None, None, False)])
+                        queued.append((st, _Job(msg, done)))
                         continue
-                    chunk.append((msg, placeholder))
-                    st.jobs.put_nowait(_Job(msg, placeholder))
+                    job = _Job(msg, None, len(chunk))
+                    chunk.append(job)
+                    queued.append((st, job))
                     if len(chunk) >= chunk_size:
-                        self._flush(chunk)
-                        chunk = []
-            if chunk:
-                self._flush(chunk)
+                        self._flush(chunk, queued)
+                        chunk, queued = [], []
+            if queued:
+                self._flush(chunk, queued)
+            if unary:
+                self._prom.received_unary.inc(unary)
             if streamed:
                 self._dispatch_streams(streamed)
 
@@ -538,29 +557,25 @@ class KafkaDerenderWorker:
                 continue
             self._router.intake(st, msgs)
 
-    def _flush(self, chunk: list[tuple[Any, asyncio.Future]]) -> None:
-        """Submit ``chunk`` (message, placeholder future) as one executor call; resolve each
-        placeholder with its ``JobOutcome`` (or the call's exception) when it returns."""
-        items = [(msg.value, self._kind_header(msg), record_created(msg)) for msg, _ in chunk]
-        futs = [f for _, f in chunk]
-        call = self.pool.submit_batch(items)
-
-        def done(c: asyncio.Future) -> None:
-            if c.cancelled():
-                for f in futs:
-                    if not f.done():
-                        f.cancel()
-                return
-            exc = c.exception()
-            for i, f in enumerate(futs):
-                if f.done():
-                    continue
-                if exc is not None:
-                    f.set_exception(exc)
-                else:
-                    f.set_result(c.result()[i])
-
-        call.add_done_callback(done)
+    def _flush(self, chunk: list[_Job], queued: list[tuple[_Partition, _Job]]) -> None:
+        """Submit ``chunk`` as one executor call (its future is every job's ``call``), then hand
+        ``queued`` (``chunk`` and the records with nothing to derender, in fetch order) to their
+        partitions' sequencers: one queue item per partition, a list of jobs in offset order."""
+        if chunk:
+            call = self.pool.submit_batch([(j.msg.value, self._kind_header(j.msg), record_created(j.msg))
+                                           for j in chunk])
+            call.add_done_callback(_retrieved)  # a failure is every job's (each awaits it): never "not retrieved"
+            for j in chunk:
+                j.call = call
+        by_part: dict[int, tuple[_Partition, list[_Job]]] = {}
+        for st, job in queued:
+            entry = by_part.get(id(st))
+            if entry is None:
+                by_part[id(st)] = (st, [job])
+            else:
+                entry[1].append(job)
+        for st, jobs in by_part.values():
+            st.jobs.put_nowait(jobs)
 
     _header = staticmethod(header)
     _kind_header = staticmethod(kind_header)

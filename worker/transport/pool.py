@@ -204,9 +204,10 @@ class DerenderPool:
                                                 f"internal error: {type(e).__name__}: {e}", 500), 500, False,
                                  None, None, crash=repr(e))
 
-    async def outcome(self, future: asyncio.Future, value: bytes | None, kind: str | None, where: str,
+    async def outcome(self, future: asyncio.Future, index: int, value: bytes | None, kind: str | None, where: str,
                       created: int | None = None) -> JobOutcome:
-        """Await a job's derender ``future``. When a pool process died (``BrokenProcessPool``:
+        """Await a job's derender: outcome ``index`` of executor call ``future`` (``submit_batch``:
+        a list of ``JobOutcome``). When a pool process died (``BrokenProcessPool``:
         segfault, OOM kill...), restart the pool and rerun this message alone in a one-process
         quarantine pool, one message at a time, so only the message that kills it again is
         dead-lettered (``derender-crashed``) and messages that merely shared the broken pool are
@@ -214,7 +215,7 @@ class DerenderPool:
         and only when that fails too does it get a 500. ``where``: the record's
         ``topic[partition]@offset`` for the logs."""
         try:
-            return await future
+            return (await future)[index]
         except BrokenProcessPool:
             log.error("derender process died while %s was in the pool; retrying it in quarantine", where)
             self._restart_if_broken()

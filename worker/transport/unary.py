@@ -46,40 +46,47 @@ class UnaryPipeline:
         self.permits = permits
         self.fatal = fatal
 
-    async def outcome(self, job: Any) -> JobOutcome:
-        """Await a job's derender (see ``DerenderPool.outcome``: pool crashes, quarantine)."""
-        msg = job.msg
-        if not self.tracer.enabled:  # no span to make (the usual case: nothing else per record)
+    async def outcome(self, job: Any, spans: bool | None = None) -> JobOutcome:
+        """Await a job's derender: outcome ``job.index`` of its executor call ``job.call`` (see
+        ``DerenderPool.outcome``: pool crashes, quarantine). ``spans``: ``tracer.enabled`` when
+        the caller read it already (None: read it here)."""
+        if not (self.tracer.enabled if spans is None else spans):  # no span to make (the usual case)
             try:
-                return await job.future
+                return (await job.call)[job.index]
             except Exception:  # a pool failure: pool.outcome awaits it again, reruns or quarantines the record
                 pass
+        msg = job.msg
         with self.tracer.span("derender.derender", trace_headers(msg.headers), **kafka_span_attrs(msg)):
-            return await self.pool.outcome(job.future, msg.value, kind_header(msg),
+            return await self.pool.outcome(job.call, job.index, msg.value, kind_header(msg),
                                            f"{msg.topic}[{msg.partition}]@{msg.offset}", record_created(msg))
 
     async def sequencer(self, st: Any) -> None:
-        """Take the partition's jobs in offset order, await each derender, hand its record to the
-        producer (in order) and pass the delivery future to the acker."""
+        """Take the partition's jobs in offset order (a queue item: the list of one executor call's
+        records of this partition), await each derender, hand its record to the producer (in
+        order) and pass the delivery future to the acker."""
         while True:
-            job = await st.jobs.get()
+            jobs = await st.jobs.get()
             try:
-                out = await self.outcome(job)
-                msg = job.msg
-                if out.crash and out.crash != "derender-crashed":
-                    self.stats.crashes += 1
-                    log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition, msg.offset,
-                              msg.key[:256] if msg.key else msg.key, out.crash,  # (a key can be MBs)
-                              extra=log_fields(msg, out.request_id))
-                self.metrics.processing_unary.observe(out.seconds)
-                plan, delivery = await self.publisher.publish(st, msg, self.planner.safe_plan(msg, out), out.request_id)
-                st.acks.put_nowait((job, plan, out, delivery))
-            except Exception as e:
-                log.exception("cannot publish result of %s[%d]@%d", job.msg.topic, job.msg.partition, job.msg.offset,
-                              extra=log_fields(job.msg))
-                fut = asyncio.get_running_loop().create_future()
-                fut.set_exception(e)
-                st.acks.put_nowait((job, None, None, fut))
+                spans = self.tracer.enabled  # (read once per executor call's records)
+                for job in jobs:
+                    msg = job.msg
+                    try:
+                        out = await self.outcome(job, spans)
+                        if out.crash and out.crash != "derender-crashed":
+                            self.stats.crashes += 1
+                            log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition,
+                                      msg.offset, msg.key[:256] if msg.key else msg.key,  # (a key can be MBs)
+                                      out.crash, extra=log_fields(msg, out.request_id))
+                        self.metrics.processing_unary.observe(out.seconds)
+                        plan, delivery = await self.publisher.publish(st, msg, self.planner.safe_plan(msg, out),
+                                                                      out.request_id)
+                        st.acks.put_nowait((job, plan, out, delivery))
+                    except Exception as e:
+                        log.exception("cannot publish result of %s[%d]@%d", msg.topic, msg.partition, msg.offset,
+                                      extra=log_fields(msg))
+                        fut = asyncio.get_running_loop().create_future()
+                        fut.set_exception(e)
+                        st.acks.put_nowait((job, None, None, fut))
             finally:
                 st.jobs.task_done()
 
