@@ -37,7 +37,7 @@ from worker.core.derender import (
 )
 from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, stop_token_trimmed
 from worker.core.errors import BadRequest
-from worker.core.logprobs import chat_logprobs, next_context
+from worker.core.logprobs import MAX_CONTEXT, chat_logprobs, next_context
 from worker.core.responses import argshape
 from worker.core.responses.echo import (
     DEFAULT_REQUEST,
@@ -49,6 +49,7 @@ from worker.core.responses.echo import (
 from worker.core.responses.events import STATE_VERSION, EventBuilder, ResponsesStreamState
 from worker.core.responses.log import MAX_PIECES_LEN, PieceLog, PiecesNeeded, Reader
 from worker.parsers.base import Delta
+from worker.parsers.idscan import has_special
 
 __all__ = ["StreamBody", "derender_responses", "derender_responses_chunk", "encode_state", "decode_state",
            "request_digest"]
@@ -163,18 +164,20 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
     special = rt.tokenizer.special_ids if st.skip_special else None
     stop_ids = ids[len(text_ids):] if stack.wants_stop_token else []
     entries = _entries(rt, st, c)
-    detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special, state=st.detok)
+    whole = entries is None and prompt_ids is not None
+    detok = None if whole else IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special,
+                                                      state=st.detok)
 
     def parse(text: str, pids: list[int]) -> Delta:
         if st.hold_ids and not st.holding and not set(st.hold_ids).isdisjoint(pids):
             st.holding = True  # argshape.ENGINE_PARSERS, tool_choice none: text held from here
-        if special is not None:
+        if special is not None and has_special(rt.tokenizer, pids):  # C-level test first (chat's rule)
             pids = [t for t in pids if t not in special]
         if st.parser is None:
             return Delta(content=text)
         return stack.feed(st.parser, text, pids) if (text or pids) else Delta()
 
-    if entries is None and prompt_ids is not None:  # the whole output at once (non-streaming)
+    if whole:  # the whole output at once (non-streaming)
         text = detokenize_with_stop(rt.tokenizer, text_ids, (), skip_special_tokens=st.skip_special,
                                     prompt_token_ids=prompt_ids)[0] if text_ids else ""
         d = parse(text, text_ids + stop_ids)
@@ -195,9 +198,10 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
             b.feed(d, None)
         if len(text_ids) < len(ids):  # the stop token's entry: final part only
             b.feed(Delta(), entries[len(text_ids):])
-    st.detok = detok.state()
-    if ids:
-        st.lp_ctx = next_context(st.lp_ctx, ids)
+    if detok is not None:
+        st.detok = detok.state()
+    if ids:  # (token ids are ints: the context is the last ``MAX_CONTEXT`` of them)
+        st.lp_ctx = next_context(st.lp_ctx, ids[-MAX_CONTEXT:])
     st.completion_tokens += len(ids)
     if not final:
         return None
