@@ -275,7 +275,7 @@ def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created
                     created=gr.created if gr.created is not None else (created or 0),
                     prompt_ids=pids, prompt_tokens=body.prompt_tokens,
                     kv=gr.kv_transfer_params, ec=gr.ec_transfer_params, whole=True)
-    b = EventBuilder(st, PieceLog(None, 0))
+    b = EventBuilder(st, PieceLog(None, 0), quiet=True)  # only the final Response is kept
     b.start()
     chunk = GenerateTokensStreamChoice(index=0, token_ids=c.token_ids, finish_reason=c.finish_reason or "stop",
                                        stop_reason=c.stop_reason, logprobs=c.logprobs)
