@@ -711,9 +711,9 @@ def _responses_decode(body: bytes, kind: str | None):
     decode (``kind`` ``responses``, or None and a non-null ``responses_request``; no
     ``generate_responses`` / ``generate_chunk`` key in its bytes, so ``kind_of`` would say
     ``responses`` too), else None: the caller takes the probe path, whose error messages stay."""
-    if kind not in (None, responses_service.KIND) or b'"generate_responses"' in body or b'"generate_chunk"' in body:
-        return None
-    if kind is None and b'"responses_request"' not in body:
+    if kind != responses_service.KIND and (kind is not None or b'"responses_request"' not in body):
+        return None  # (a chat / completion body: no byte scan beyond the one ``_one_decode`` makes)
+    if b'"generate_responses"' in body or b'"generate_chunk"' in body:
         return None
     try:
         req = responses_service.body_decoder.decode(body)
