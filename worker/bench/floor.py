@@ -25,8 +25,13 @@ Then the logprobs cost at ``--logprob-tokens`` (default 256): the same bodies wi
 candidates), each as a multiple of the record without logprobs, and next to it the record's
 **I/O floor** (``io_floor``: msgspec's typed decode of the same body + encode of its reply, µs)
 and core / I/O floor: a top-20 body is ~280 KB of JSON in and its reply ~375 KB out, which no
-derender reads and writes for less. Prints figures only; nothing is asserted (targets live in
-docs/performance.md and issue 13).
+derender reads and writes for less.
+
+Last the **paths pass** (issue 25; ``--no-paths`` skips it): the same ids as chat, completion,
+Responses and Messages bodies (``path_body``), without logprobs and at ``top_logprobs`` 5 and 20
+(Messages without only: its API has no logprobs), each as thread CPU per record, a multiple of
+its own typed I/O floor (``io_floor_of``) and a multiple of chat. Prints figures only; nothing is
+asserted (targets live in docs/performance.md and issues 13 and 25).
 """
 from __future__ import annotations
 
