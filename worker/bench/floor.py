@@ -25,8 +25,13 @@ Then the logprobs cost at ``--logprob-tokens`` (default 256): the same bodies wi
 candidates), each as a multiple of the record without logprobs, and next to it the record's
 **I/O floor** (``io_floor``: msgspec's typed decode of the same body + encode of its reply, µs)
 and core / I/O floor: a top-20 body is ~280 KB of JSON in and its reply ~375 KB out, which no
-derender reads and writes for less. Prints figures only; nothing is asserted (targets live in
-docs/performance.md and issue 13).
+derender reads and writes for less.
+
+Last the **paths pass** (issue 25; ``--no-paths`` skips it): the same ids as chat, completion,
+Responses and Messages bodies (``path_body``), without logprobs and at ``top_logprobs`` 5 and 20
+(Messages without only: its API has no logprobs), each as thread CPU per record, a multiple of
+its own typed I/O floor (``io_floor_of``) and a multiple of chat. Prints figures only; nothing is
+asserted (targets live in docs/performance.md and issues 13 and 25).
 """
 from __future__ import annotations
 
@@ -40,7 +45,9 @@ from pathlib import Path
 import msgspec
 from tokenizers import Tokenizer as FastTokenizer
 
-from schemas import ChatCompletionResponse, DerenderChatRequest
+from schemas import ChatCompletionResponse, CompletionResponse, DerenderChatRequest, DerenderCompletionRequest
+from schemas.messages import DerenderMessagesRequest, Message
+from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest, ResponseObject
 from worker.config import ServedModelConfig
 from worker.core.service import DerenderService
 
@@ -107,17 +114,19 @@ def build_bodies(tok, model: str, n_tokens: int, count: int, top_logprobs: int |
 
 def cpu_us_per_call(fn, items: list, seconds: float, repeats: int) -> tuple[float, list[float]]:
     """Best (lowest) of ``repeats`` runs of thread CPU µs per ``fn(item)``, each run cycling
-    through ``items`` for at least ``seconds`` of CPU time (the best run is the one least
+    through ``items`` (at least once) for at least ``seconds`` of CPU time (the best run is the one least
     disturbed by other processes' cache and frequency effects, as ``timeit`` reports). Returns
     ``(best, runs)``."""
     runs = []
     for _ in range(repeats):
         n = 0
         t0 = time.thread_time()
-        while time.thread_time() - t0 < seconds:
+        while True:  # at least one pass over ``items``
             for it in items:
                 fn(it)
             n += len(items)
+            if time.thread_time() - t0 >= seconds:
+                break
         runs.append((time.thread_time() - t0) / n * 1e6)
     return min(runs), runs
 
@@ -193,6 +202,106 @@ def io_floor(svc: DerenderService, bodies: list[bytes], seconds: float, repeats:
     return dec, enc
 
 
+#: API path -> (record kind, body type, reply type): the typed I/O floor of each path
+PATH_TYPES = {"chat": ("chat", DerenderChatRequest, ChatCompletionResponse),
+              "completion": ("completion", DerenderCompletionRequest, CompletionResponse),
+              "responses": ("responses", DerenderResponsesRequest, ResponseObject),
+              "messages": ("messages", DerenderMessagesRequest, Message)}
+#: the ``top_logprobs`` of the paths pass (None: no logprobs); Messages has no logprobs
+#: (Anthropic's Messages API carries none), so it runs without them only
+PATH_LOGPROBS = (None, 5, 20)
+
+
+def path_body(chat_body: bytes, api: str) -> bytes:
+    """A ``build_bodies`` chat body as the ``api`` body of the same ids and engine logprobs:
+    ``completion`` (``completion_request.logprobs`` = the chat ``top_logprobs``, no parsers),
+    ``responses`` (tools in the Responses shape; with logprobs ``include`` asks for them and
+    ``top_logprobs`` is the chat one), ``messages`` (tools in Anthropic's shape, no logprobs
+    requested). Raises ``KeyError`` for another ``api``."""
+    if api not in PATH_TYPES:
+        raise KeyError(api)
+    if api == "chat":
+        return chat_body
+    b = json.loads(chat_body)
+    req = b.pop("chat_request")
+    k = req.get("top_logprobs") if req.get("logprobs") else None
+    if api == "completion":
+        gr = b.pop("generate_response")
+        b["generate_responses"] = [gr]
+        b["prompt_tokens"], b["prompt_token_ids"] = [b["prompt_tokens"]], [b["prompt_token_ids"]]
+        b["completion_request"] = {"model": b["model"], "prompt": "weather?", "max_tokens": None}
+        if k is not None:
+            b["completion_request"]["logprobs"] = k
+    elif api == "responses":
+        tools = [dict(type="function", **t["function"]) for t in req.get("tools") or []]
+        b["responses_request"] = {"model": b["model"], "input": "weather?", "tools": tools}
+        if k is not None:
+            b["responses_request"].update(include=[LOGPROBS_INCLUDE], top_logprobs=k)
+    else:
+        tools = [{"name": t["function"]["name"], "input_schema": t["function"].get("parameters")}
+                 for t in req.get("tools") or []]
+        b = {**{x: b[x] for x in ("model", "prompt_tokens", "prompt_token_ids", "generate_response")},
+             "messages_request": {"model": b["model"], "max_tokens": 4096, "messages": [], "tools": tools}}
+    return json.dumps(b, ensure_ascii=False).encode()
+
+
+def io_floor_of(svc: DerenderService, api: str, bodies: list[bytes], seconds: float,
+                repeats: int) -> tuple[float, float]:
+    """``io_floor`` of ``api`` bodies (``PATH_TYPES``: the path's typed body decode and the
+    encode of its reply decoded into the path's reply Structs), ``(decode µs, encode µs)``."""
+    kind, body_t, reply_t = PATH_TYPES[api]
+    rdec, bdec = msgspec.json.Decoder(reply_t), msgspec.json.Decoder(body_t)
+    replies = [rdec.decode(svc.derender(b, kind).body) for b in bodies]
+    dec, _ = cpu_us_per_call(bdec.decode, bodies, seconds, repeats)
+    enc, _ = cpu_us_per_call(_encoder.encode, replies, seconds, repeats)
+    return dec, enc
+
+
+def run_paths(tokenizer: str, n_tokens: int, distinct: int, seconds: float, repeats: int,
+              apis: tuple[str, ...] = tuple(PATH_TYPES)) -> list[dict]:
+    """The paths pass: every API path (``apis``) over the same ``n_tokens`` ids, without logprobs
+    and at ``top_logprobs`` 5 and 20 (``PATH_LOGPROBS``; Messages without only). Returns rows
+    ``{"api", "top_logprobs", "core_us", "decode_us", "encode_us", "io_x", "x_chat"}`` (thread
+    CPU µs per record, best of ``repeats``; ``io_x``: core / (decode + encode); ``x_chat``: core
+    / chat's core at the same ``top_logprobs``). Raises ``RuntimeError`` if a body is refused."""
+    svc = make_service(tokenizer)
+    tok = svc.runtime("qwen3").tokenizer
+    rows: list[dict] = []
+    for k in PATH_LOGPROBS:
+        chat_bodies, _ = build_bodies(tok, "qwen3", n_tokens, distinct, top_logprobs=k)
+        _check(svc, chat_bodies)
+        chat_us = None
+        for api in apis:
+            if api == "messages" and k is not None:
+                continue
+            kind = PATH_TYPES[api][0]
+            bodies = [path_body(b, api) for b in chat_bodies]
+            for b in bodies[:2]:
+                res = svc.derender(b, kind)
+                if res.is_error:
+                    raise RuntimeError(f"{api} benchmark body rejected: {res.body[:300]!r}")
+            core, _ = cpu_us_per_call(lambda b, kind=kind: svc.derender(b, kind), bodies, seconds, repeats)
+            dec, enc = io_floor_of(svc, api, bodies, seconds, repeats)
+            if api == "chat":
+                chat_us = core
+            rows.append({"api": api, "top_logprobs": k, "core_us": core, "decode_us": dec, "encode_us": enc,
+                         "io_x": core / (dec + enc), "x_chat": core / chat_us if chat_us else None})
+    return rows
+
+
+def print_paths(rows: list[dict], n_tokens: int, repeats: int) -> None:
+    """Print ``run_paths`` rows as one table."""
+    print(f"every API path at {n_tokens} tokens (same ids and parsers; thread CPU per record, best of {repeats} "
+          "runs; I/O floor: msgspec typed decode of the body + encode of the reply)")
+    print(f"  {'path':<11} {'top_logprobs':>12} {'core us':>9} {'I/O floor us':>13} {'x I/O floor':>12} "
+          f"{'x chat':>7}")
+    for x in rows:
+        k = "-" if x["top_logprobs"] is None else str(x["top_logprobs"])
+        xc = "-" if x["x_chat"] is None else f"{x['x_chat']:.2f}"
+        print(f"  {x['api']:<11} {k:>12} {x['core_us']:9.1f} {x['decode_us'] + x['encode_us']:13.1f} "
+              f"{x['io_x']:11.2f}x {xc:>7}")
+
+
 def add_args(ap: argparse.ArgumentParser) -> None:
     """Flags of the floor pass (prefixed ``--floor-`` so they sit beside ``bench core``'s own)."""
     ap.add_argument("--floor-tokenizer", default=str(DEMO_TOKENIZER),
@@ -204,6 +313,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--floor-seconds", type=float, default=1.0, help="CPU seconds per run")
     ap.add_argument("--floor-repeats", type=int, default=5)
     ap.add_argument("--no-floor", dest="floor", action="store_false", help="skip the floor pass")
+    ap.add_argument("--no-paths", dest="paths", action="store_false",
+                    help="skip the paths pass (every API path, with and without logprobs)")
 
 
 def run_suite(args: argparse.Namespace) -> int:
@@ -228,6 +339,14 @@ def run_suite(args: argparse.Namespace) -> int:
         print(f"  top_logprobs={x['top_logprobs']:2d}: {x['core_us']:8.1f} us   {x['x']:.2f}x   "
               f"I/O floor {io:7.1f} us (decode {x['decode_us']:.1f} + encode {x['encode_us']:.1f})   "
               f"core/I/O floor {x['io_x']:.2f}x")
+    if getattr(args, "paths", True):
+        try:
+            rows = run_paths(args.floor_tokenizer, args.floor_logprob_tokens, args.floor_distinct,
+                             args.floor_seconds, args.floor_repeats)
+        except (ValueError, OSError, RuntimeError) as e:
+            print(f"derender-worker bench core: {e}", file=sys.stderr)
+            return 2
+        print_paths(rows, args.floor_logprob_tokens, args.floor_repeats)
     return 0
 
 

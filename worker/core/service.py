@@ -363,6 +363,12 @@ class DerenderService:
             return DerenderResult(out, status, rid, messages_service.KIND)
         request_id = None
         try:
+            rq = _responses_decode(body, kind)
+            if rq is not None:  # a Responses body in one typed decode (same outcome as the probe path)
+                request_id = rq.generate_response.request_id
+                rt = self._runtimes.get(rq.model) or self.runtime(rq.model)
+                resp = responses_service.derender(rt, rq, created)
+                return DerenderResult(_encoder.encode(resp), 200, request_id, responses_service.KIND)
             bound, decoders = self._one
             one = _one_decode(body, kind, decoders)
             if one is not None:  # the common case: one typed decode, same outcome as the probe path
@@ -702,6 +708,22 @@ def _one_decode(body: bytes, kind: str | None, decoders=_UNBOUNDED):
     except _BAD_JSON:
         return None
     return want, req
+
+
+def _responses_decode(body: bytes, kind: str | None):
+    """The ``DerenderResponsesRequest`` of a body that has the Responses shape in one typed
+    decode (``kind`` ``responses``, or None and a non-null ``responses_request``; no
+    ``generate_responses`` / ``generate_chunk`` key in its bytes, so ``kind_of`` would say
+    ``responses`` too), else None: the caller takes the probe path, whose error messages stay."""
+    if kind != responses_service.KIND and (kind is not None or b'"responses_request"' not in body):
+        return None  # (a chat / completion body: no byte scan beyond the one ``_one_decode`` makes)
+    if b'"generate_responses"' in body or b'"generate_chunk"' in body:
+        return None
+    try:
+        req = responses_service.body_decoder.decode(body)
+    except _BAD_JSON:
+        return None
+    return req if kind is not None or req.responses_request is not None else None
 
 
 def _request_id(probe: _Probe) -> str | None:

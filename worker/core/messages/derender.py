@@ -16,6 +16,9 @@ until the finish, the text cut where the stop string starts), and ``stop_reason`
 """
 from __future__ import annotations
 
+import re
+import weakref
+
 import msgspec
 
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse, Int64
@@ -48,6 +51,7 @@ from worker.core.responses.echo import response_head
 from worker.core.responses.events import EventBuilder, ResponsesStreamState
 from worker.core.responses.log import PieceLog, PiecesNeeded, Reader
 from worker.parsers.base import Delta
+from worker.parsers.idscan import SMALL, has_special, id_text, runs_pattern
 
 __all__ = ["STATE_VERSION", "MessagesStreamState", "StreamBody", "derender_messages", "derender_messages_chunk",
            "encode_state", "decode_state"]
@@ -186,13 +190,33 @@ def _merge_final_arguments(st: ResponsesStreamState, b: EventBuilder, n0: int) -
         b.log.append_text(rest)
 
 
+#: tokenizer -> ``idscan.runs_pattern`` of its added ids (None: too many runs), built once
+_ADDED: weakref.WeakKeyDictionary[object, re.Pattern[str] | None] = weakref.WeakKeyDictionary()
+
+
+def _added_pattern(tok) -> re.Pattern[str] | None:
+    try:
+        return _ADDED[tok]
+    except KeyError:
+        p = _ADDED[tok] = runs_pattern(tok.added_token_ids)
+        return p
+    except TypeError:  # not weak-referenceable: the per-id scan
+        return None
+
+
 def _segments(rt: ModelRuntime, ids: list[int]) -> list[tuple[int, list[int]]]:
     """``(start, ids)`` of the steps the non-streaming view feeds when calls are possible: the
     output cut after each added token (call and reasoning markers are added tokens: text after a
     call then comes in its own step, as in any stream; the rest of vLLM's rules, but llama3_json's,
     are split-independent). At least one (possibly empty) segment."""
-    added = rt.tokenizer.added_token_ids
-    cuts = [i + 1 for i, t in enumerate(ids[:-1]) if t in added]
+    tok = rt.tokenizer
+    p = _added_pattern(tok) if len(ids) > SMALL else None
+    s = id_text(ids, keep=False) if p is not None else None
+    if s is not None:  # C-level: one search over the ids as text (``worker.parsers.idscan``)
+        cuts = [m.start() + 1 for m in p.finditer(s, 0, len(ids) - 1)]
+    else:
+        added = tok.added_token_ids
+        cuts = [i + 1 for i, t in enumerate(ids[:-1]) if t in added]
     return [(a, ids[a:z]) for a, z in zip([0] + cuts, cuts + [len(ids)])]
 
 
@@ -241,7 +265,7 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
         b.feed(_rules(rt, ms, st, d), None)
     elif ms.matched is None:
         pids = text_ids + stop_ids
-        if special is not None:
+        if special is not None and has_special(rt.tokenizer, pids):  # C-level test first (chat's rule)
             pids = [t for t in pids if t not in special]
         if prompt_ids is not None:
             text = detokenize_with_stop(rt.tokenizer, text_ids, (), skip_special_tokens=st.skip_special,

@@ -39,7 +39,7 @@ from worker.core.derender import (
 )
 from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, stop_token_trimmed
 from worker.core.errors import BadRequest
-from worker.core.logprobs import chat_logprobs, next_context
+from worker.core.logprobs import MAX_CONTEXT, chat_logprobs, next_context
 from worker.core.responses import argshape
 from worker.core.responses.echo import (
     DEFAULT_REQUEST,
@@ -51,6 +51,7 @@ from worker.core.responses.echo import (
 from worker.core.responses.events import STATE_VERSION, EventBuilder, ResponsesStreamState
 from worker.core.responses.log import MAX_PIECES_LEN, PieceLog, PiecesNeeded, Reader
 from worker.parsers.base import Delta
+from worker.parsers.idscan import has_special
 
 __all__ = ["StreamBody", "derender_responses", "derender_responses_chunk", "encode_state", "decode_state",
            "request_digest"]
@@ -165,18 +166,20 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
     special = rt.tokenizer.special_ids if st.skip_special else None
     stop_ids = ids[len(text_ids):] if stack.wants_stop_token else []
     entries = _entries(rt, st, c)
-    detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special, state=st.detok)
+    whole = entries is None and prompt_ids is not None
+    detok = None if whole else IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special,
+                                                      state=st.detok)
 
     def parse(text: str, pids: list[int]) -> Delta:
         if st.hold_ids and not st.holding and not set(st.hold_ids).isdisjoint(pids):
             st.holding = True  # argshape.ENGINE_PARSERS, tool_choice none: text held from here
-        if special is not None:
+        if special is not None and has_special(rt.tokenizer, pids):  # C-level test first (chat's rule)
             pids = [t for t in pids if t not in special]
         if st.parser is None:
             return Delta(content=text)
         return stack.feed(st.parser, text, pids) if (text or pids) else Delta()
 
-    if entries is None and prompt_ids is not None:  # the whole output at once (non-streaming)
+    if whole:  # the whole output at once (non-streaming)
         text = detokenize_with_stop(rt.tokenizer, text_ids, (), skip_special_tokens=st.skip_special,
                                     prompt_token_ids=prompt_ids)[0] if text_ids else ""
         d = parse(text, text_ids + stop_ids)
@@ -197,9 +200,10 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
             b.feed(d, None)
         if len(text_ids) < len(ids):  # the stop token's entry: final part only
             b.feed(Delta(), entries[len(text_ids):])
-    st.detok = detok.state()
-    if ids:
-        st.lp_ctx = next_context(st.lp_ctx, ids)
+    if detok is not None:
+        st.detok = detok.state()
+    if ids:  # (token ids are ints: the context is the last ``MAX_CONTEXT`` of them)
+        st.lp_ctx = next_context(st.lp_ctx, ids[-MAX_CONTEXT:])
     st.completion_tokens += len(ids)
     if not final:
         return None
@@ -313,7 +317,7 @@ def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created
                     created=gr.created if gr.created is not None else (created or 0),
                     prompt_ids=pids, prompt_tokens=body.prompt_tokens,
                     kv=gr.kv_transfer_params, ec=gr.ec_transfer_params, whole=True)
-    b = EventBuilder(st, PieceLog(None, 0))
+    b = EventBuilder(st, PieceLog(None, 0), quiet=True)  # only the final Response is kept
     b.start()
     chunk = GenerateTokensStreamChoice(index=0, token_ids=c.token_ids, finish_reason=c.finish_reason or "stop",
                                        stop_reason=c.stop_reason, logprobs=c.logprobs)

@@ -148,16 +148,31 @@ def delta_form(entries: list[ResponseLogprob]) -> list[DeltaLogprob]:
             for e in entries]
 
 
+class _Sink:
+    """A list stand-in that keeps nothing (a quiet builder's ``_close``)."""
+
+    __slots__ = ()
+
+    def append(self, _event: Any) -> None:
+        return None
+
+
+_NO_EVENTS = _Sink()
+
+
 class EventBuilder:
     """Turns one chunk's parser deltas into events, appending what grows to ``log``.
     ``state`` is advanced in place; ``events`` collects the chunk's events in order."""
 
-    __slots__ = ("st", "log", "events")
+    __slots__ = ("st", "log", "events", "quiet")
 
-    def __init__(self, state: ResponsesStreamState, log: PieceLog):
+    def __init__(self, state: ResponsesStreamState, log: PieceLog, quiet: bool = False):
+        """``quiet``: build no events (``events`` stays empty; the non-streaming view needs only
+        the Response ``finish`` returns: the same items, text and logprobs)."""
         self.st = state
         self.log = log
         self.events: list[Any] = []
+        self.quiet = quiet
 
     def _seq(self) -> int:
         n = self.st.seq_no
@@ -168,6 +183,8 @@ class EventBuilder:
     def start(self) -> None:
         """``response.created`` and ``response.in_progress`` (first chunk only)."""
         head = self.st.head
+        if self.quiet:
+            return
         self.events.append(ResponseCreatedEvent(response=head, sequence_number=self._seq()))
         self.events.append(ResponseInProgressEvent(response=head, sequence_number=self._seq()))
 
@@ -190,8 +207,9 @@ class EventBuilder:
             st.head, output=self.log.items(), status="incomplete" if incomplete else "completed",
             incomplete_details=IncompleteDetails(reason="max_output_tokens") if incomplete else None,
             usage=usage)
-        ev = ResponseIncompleteEvent if incomplete else ResponseCompletedEvent
-        self.events.append(ev(response=resp, sequence_number=self._seq()))
+        if not self.quiet:
+            ev = ResponseIncompleteEvent if incomplete else ResponseCompletedEvent
+            self.events.append(ev(response=resp, sequence_number=self._seq()))
         st.done = True
         return resp
 
@@ -209,6 +227,8 @@ class EventBuilder:
             item, part = ReasoningItem(id=iid), ReasoningText()
         else:
             item, part = FunctionCallItem(id=iid, call_id=call["call_id"], name=call["name"]), None
+        if self.quiet:
+            return
         self.events.append(OutputItemAddedEvent(item=item, output_index=idx, sequence_number=self._seq()))
         if part is not None:
             self.events.append(ContentPartAddedEvent(content_index=0, item_id=iid, output_index=idx, part=part,
@@ -233,7 +253,7 @@ class EventBuilder:
             return
         text, entries = self.log.open_item(o.held)
         o.held = -1
-        if text:
+        if text and not self.quiet:
             self.events.append(OutputTextDelta(content_index=0, delta=text, item_id=o.id, logprobs=delta_form(entries),
                                                output_index=o.output_index, sequence_number=self._seq()))
 
@@ -244,7 +264,7 @@ class EventBuilder:
         assert it is not None
         text, entries = self.log.open_item(it.log_start)
         idx, iid = it.output_index, it.id
-        ev = self.events
+        ev = _NO_EVENTS if self.quiet else self.events
         if it.type == "function_call" and st.arg_shape:
             rest = argshape.final_rest(it.raw, text)
             if rest:
@@ -292,8 +312,9 @@ class EventBuilder:
             self._drop_pending()
             o = st.open
             self.log.append_text(d.reasoning)
-            self.events.append(ReasoningTextDelta(content_index=0, delta=d.reasoning, item_id=o.id,
-                                                  output_index=o.output_index, sequence_number=self._seq()))
+            if not self.quiet:
+                self.events.append(ReasoningTextDelta(content_index=0, delta=d.reasoning, item_id=o.id,
+                                                      output_index=o.output_index, sequence_number=self._seq()))
         if d.content:
             self._ensure("message")
             o = st.open
@@ -302,7 +323,7 @@ class EventBuilder:
                 o.held = len(self.log)
             self.log.append_text(d.content)
             self.log.append_logprobs(lp)
-            if o.held < 0:
+            if o.held < 0 and not self.quiet:
                 # ``Delta.content_break``: the held text is its own delta, with the entries
                 # that waited with it (the log records the step's text as one piece)
                 k = d.content_break if 0 < d.content_break < len(d.content) and not d.reasoning else 0
@@ -329,6 +350,8 @@ class EventBuilder:
                 o.sent += len(args)
             if args:
                 self.log.append_text(args)
+                if self.quiet:
+                    continue
                 self.events.append(FunctionCallArgumentsDelta(delta=args, item_id=o.id,
                                                               output_index=o.output_index,
                                                               sequence_number=self._seq()))
