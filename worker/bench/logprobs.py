@@ -62,12 +62,16 @@ def as_api(chat_body: bytes, api: str, top: int | None) -> bytes:
     return json.dumps(out, ensure_ascii=False).encode()
 
 
-def _batch_cpu_s(src: Path, out: Path, config: Path) -> float:
-    """CPU seconds (user + system) of one ``derender-worker batch --workers 1`` subprocess.
-    Raises ``RuntimeError`` when it exits non-zero."""
+def _batch_cpu_s(src: Path, out: Path, config: Path, tree: str | None = None) -> float:
+    """CPU seconds (user + system) of one ``derender-worker batch --workers 1`` subprocess (the
+    code of ``tree``, a source tree put first on ``PYTHONPATH``, when given). Raises
+    ``RuntimeError`` when it exits non-zero."""
     args = [sys.executable, "-m", "worker.cli", "batch", str(src), "-o", str(out), "--config", str(config),
             "--workers", "1", "--no-progress", "--output-format", "jsonl"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = None
+    if tree:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tree)
     err = proc.stderr.read() if proc.stderr else b""
     _, status, ru = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -103,6 +107,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tokenizer", default=_DEFAULT_TOKENIZER, help="tokenizer directory (Qwen3 family)")
     ap.add_argument("--floor-repeats", type=int, default=5, help="floor runs (best is printed)")
     ap.add_argument("--rounds", type=int, default=1, help="times the whole table is measured")
+    ap.add_argument("--trees", default="",
+                    help="comma-separated source trees whose batch is measured in turn, each round (e.g. a "
+                         "worktree of the previous release and this one: interleaved before/after); default: this one")
     ap.add_argument("--dir", default=None, help="where to write the logs (default: a temporary folder)")
 
 
@@ -124,6 +131,7 @@ def run_suite(args: argparse.Namespace) -> int:
     if set(apis) - set(APIS) or args.records < 1:
         print(f"derender-worker bench logprobs: --apis must be a subset of {APIS}, --records >= 1", file=sys.stderr)
         return 2
+    trees = [os.path.abspath(t) for t in args.trees.split(",") if t] or [None]
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench_logprobs_"))
     work.mkdir(parents=True, exist_ok=True)
     config = work / "models.json"
@@ -143,19 +151,23 @@ def run_suite(args: argparse.Namespace) -> int:
                 src = work / f"{api}-{top}.jsonl"
                 out = work / f"{api}-{top}.out.jsonl"
                 src.write_bytes(b"\n".join(lines) + b"\n")
-                base = min(_batch_cpu_s(empty, work / "empty.out.jsonl", config) for _ in range(2))
-                cpu = _batch_cpu_s(src, out, config)
-                replies = out.read_bytes().splitlines()
-                if len(replies) != len(lines) or b'"error"' in replies[0][:40]:
-                    print(f"  {api} top {top}: bad output: {replies[0][:300]!r}", file=sys.stderr)
-                    return 1
-                prod = (cpu - base) / len(lines) * 1e6
-                fl = io_floor_us(lines, replies, args.floor_repeats)
-                kb_in = sum(map(len, lines)) / len(lines) / 1024
-                kb_out = sum(map(len, replies)) / len(replies) / 1024
-                print(f"  round {rnd + 1} {api:10s} top {str(top):4s}: product {prod:8.1f} us/record  floor "
-                      f"{fl:7.1f} us  {prod / fl:5.2f}x   ({kb_in:.0f} KB in, {kb_out:.0f} KB out; start-up "
-                      f"{base:.2f} s; load {os.getloadavg()[0]:.2f})", flush=True)
+                fl = None
+                for tree in trees:
+                    base = min(_batch_cpu_s(empty, work / "empty.out.jsonl", config, tree) for _ in range(2))
+                    cpu = _batch_cpu_s(src, out, config, tree)
+                    replies = out.read_bytes().splitlines()
+                    if len(replies) != len(lines) or b'"error"' in replies[0][:40]:
+                        print(f"  {api} top {top}: bad output: {replies[0][:300]!r}", file=sys.stderr)
+                        return 1
+                    prod = (cpu - base) / len(lines) * 1e6
+                    if fl is None:
+                        fl = io_floor_us(lines, replies, args.floor_repeats)
+                    kb_in = sum(map(len, lines)) / len(lines) / 1024
+                    kb_out = sum(map(len, replies)) / len(replies) / 1024
+                    label = f" [{tree}]" if tree else ""
+                    print(f"  round {rnd + 1} {api:10s} top {str(top):4s}: product {prod:8.1f} us/record  floor "
+                          f"{fl:7.1f} us  {prod / fl:5.2f}x   ({kb_in:.0f} KB in, {kb_out:.0f} KB out; start-up "
+                          f"{base:.2f} s; load {os.getloadavg()[0]:.2f}){label}", flush=True)
     return 0
 
 

@@ -336,23 +336,18 @@ def _fix_positions(frags: list):
 
 def _irregular(tok: Tokenizer, table: _Table, el: _Elements, frags: list, ctx: list[int]):
     """Objects whose id is not in the table yet or needs U+FFFD repair (``frags[j]`` is
-    ``_FIX``): yields ``(j, row)`` with the row of a filled id (2 fields) or the repaired row
+    ``_FIX``; new ids are filled first, together: ``_fill_many``): yields ``(j, row)`` with the row of a filled id (2 fields) or the repaired row
     of that position (3 fields; the context is the up to 4 sampled ids before it)."""
     rows = table.rows
-    ids = el.ids
+    js = list(_fix_positions(frags))
+    if not js:
+        return
+    tids = list(map(el.ids.__getitem__, js))
+    if None in map(rows.__getitem__, tids):
+        _fill_many(tok, table, tids)
     seq = None
-    j = -1
-    if None in map(rows.__getitem__, map(ids.__getitem__, _fix_positions(frags))):
-        _fill_many(tok, table, map(ids.__getitem__, _fix_positions(frags)))
-    while True:
-        try:
-            j = frags.index(_FIX, j + 1)
-        except ValueError:  # no such object left
-            return
-        tid = ids[j]
+    for j, tid in zip(js, tids):
         r = rows[tid]
-        if r is None:
-            r = _fill(tok, table, tid)
         if len(r) < 2:
             if seq is None:
                 seq = ctx + el.tids
