@@ -17,7 +17,7 @@ wins at the first key's position), ``text_offset`` = running sum of token string
 Cost (issue 13 item 3): the candidates are flattened once per record (:func:`candidates`; the
 non-streaming validation needs no flattening: its decode bounds the logprob ids), the shown lists are selected by C-level passes over all of them (Python
 only at irregular positions: duplicate ids, ranks out of order), token strings / bytes / JSON
-fragments come from a lazily filled per-tokenizer table, U+FFFD repair runs only at pieces that
+fragments come from a lazily filled per-tokenizer table (a record's new ids filled together, ``_fill_many``), U+FFFD repair runs only at pieces that
 need it (cached per (id, context); pieces no context can complete are ``""`` from the table) and
 :func:`chat_logprobs_json` joins one pre-encoded fragment per shown object (a ``bytes %``
 format) filled with the logprobs encoded in one call.
