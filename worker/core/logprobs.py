@@ -17,9 +17,9 @@ wins at the first key's position), ``text_offset`` = running sum of token string
 Cost (issue 13 item 3): the candidates are flattened once per record (:func:`candidates`; the
 non-streaming validation needs no flattening: its decode bounds the logprob ids), the shown lists are selected by C-level passes over all of them (Python
 only at irregular positions: duplicate ids, ranks out of order), token strings / bytes / JSON
-fragments come from a lazily filled per-tokenizer table (a record's new ids filled together, ``_fill_many``), U+FFFD repair runs only at pieces that
-need it (cached per (id, context); pieces no context can complete are ``""`` from the table) and
-:func:`chat_logprobs_json` joins one pre-encoded fragment per shown object (a ``bytes %``
+fragments come from a lazily filled per-tokenizer table (a record's new ids filled together,
+``_fill_many``), U+FFFD repair runs only at pieces that need it (cached per (id, context);
+pieces no context can complete are ``""`` from the table) and :func:`chat_logprobs_json` joins one pre-encoded fragment per shown object (a ``bytes %``
 format) filled with the logprobs encoded in one call.
 
 Streaming: keep the last 4 sampled ids (:func:`next_context`) and the running completion text
@@ -336,8 +336,9 @@ def _fix_positions(frags: list):
 
 def _irregular(tok: Tokenizer, table: _Table, el: _Elements, frags: list, ctx: list[int]):
     """Objects whose id is not in the table yet or needs U+FFFD repair (``frags[j]`` is
-    ``_FIX``; new ids are filled first, together: ``_fill_many``): yields ``(j, row)`` with the row of a filled id (2 fields) or the repaired row
-    of that position (3 fields; the context is the up to 4 sampled ids before it)."""
+    ``_FIX``; the new ids are filled first, together: ``_fill_many``): yields ``(j, row)``
+    with the row of a filled id (2 fields) or the repaired row of that position (3 fields; the
+    context is the up to 4 sampled ids before it)."""
     rows = table.rows
     js = list(_fix_positions(frags))
     if not js:
