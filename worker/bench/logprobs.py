@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -110,7 +111,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--trees", default="",
                     help="comma-separated source trees whose batch is measured in turn, each round (e.g. a "
                          "worktree of the previous release and this one: interleaved before/after); default: this one")
-    ap.add_argument("--dir", default=None, help="where to write the logs (default: a temporary folder)")
+    ap.add_argument("--dir", default=None,
+                    help="where to write the logs and outputs, kept (default: a temporary folder, deleted at the end)")
 
 
 def _write_config(path: Path, tokenizer: str) -> None:
@@ -121,7 +123,8 @@ def _write_config(path: Path, tokenizer: str) -> None:
 
 def run_suite(args: argparse.Namespace) -> int:
     """Print one line per (api, top): product and floor CPU per record and their multiple;
-    returns 0, or 2 on a bad flag value."""
+    returns 0, 1 when a batch output is not replies, or 2 on a bad flag value. The generated
+    files are deleted at the end unless ``--dir`` names where to keep them."""
     apis = [a for a in args.apis.split(",") if a]
     try:
         tops = [None if t == "none" else int(t) for t in args.tops.split(",") if t]
@@ -134,6 +137,15 @@ def run_suite(args: argparse.Namespace) -> int:
     trees = [os.path.abspath(t) for t in args.trees.split(",") if t] or [None]
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench_logprobs_"))
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        return _measure(args, apis, tops, trees, work)
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace, apis: list[str], tops: list[int | None], trees: list, work: Path) -> int:
+    """The rounds of ``run_suite`` in ``work``; returns 0, or 1 when a batch output is not replies."""
     config = work / "models.json"
     _write_config(config, args.tokenizer)
     tok = _make_service(args.tokenizer).runtime("qwen3").tokenizer
