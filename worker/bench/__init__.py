@@ -10,6 +10,7 @@
 | ``parsers`` | ``worker.bench.parsers`` | parse throughput of every parser family |
 | ``responses`` | ``worker.bench.responses`` | the Responses API paths next to chat (per record, per chunk) |
 | ``drain`` | ``worker.bench.drain`` | records/s draining a pre-filled topic through one worker vs ``batch`` on the same bodies, and their ratio |
+| ``logprobs`` | ``worker.bench.logprobs`` | ``batch --workers 1`` CPU per record with logprobs (chat, completion, Responses) against the JSON I/O floor of the same bytes |
 
 Each suite module has ``add_args(parser)`` (its flags) and ``run_suite(args) -> int`` (exit
 status); ``batch``, ``stream`` and ``parsers`` also run as ``python -m worker.bench.<suite>``
@@ -17,4 +18,4 @@ status); ``batch``, ``stream`` and ``parsers`` also run as ``python -m worker.be
 ``worker.cli.bench``.
 """
 
-SUITES = ("core", "kafka", "batch", "stream", "parsers", "responses", "drain")
+SUITES = ("core", "kafka", "batch", "stream", "parsers", "responses", "drain", "logprobs")

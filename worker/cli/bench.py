@@ -1,26 +1,27 @@
 """``derender-worker bench [SUITE]``: the benchmarks of ``worker.bench`` (``core``, ``kafka``,
-``batch``, ``stream``, ``parsers``, ``responses``, ``drain``). Bare ``bench`` is ``bench core``; ``bench --kafka`` is
+``batch``, ``stream``, ``parsers``, ``responses``, ``drain``, ``logprobs``). Bare ``bench`` is ``bench core``; ``bench --kafka`` is
 ``bench kafka``. The flags of ``core``/``kafka`` (model flags, ``--tokens``, ``--rate``, ...) may
 come before or after the suite name; the other suites take their own flags after it."""
 from __future__ import annotations
 
 import argparse
 
-from worker.bench import batch, core, drain, kafka, parsers, responses, stream
+from worker.bench import batch, core, drain, kafka, logprobs, parsers, responses, stream
 from worker.config import add_model_args
 from worker.flags import add_vllm_noop_args
 
-HELP = "benchmarks: core (default), kafka, batch, stream, parsers, responses, drain"
+HELP = "benchmarks: core (default), kafka, batch, stream, parsers, responses, drain, logprobs"
 
 _SUITES = {"core": core, "kafka": kafka, "batch": batch, "stream": stream, "parsers": parsers,
-           "responses": responses, "drain": drain}
+           "responses": responses, "drain": drain, "logprobs": logprobs}
 _HELP = {"core": "single-core derender throughput on parsed chat outputs (the default)",
          "kafka": "end-to-end throughput and latency through a broker and worker subprocesses",
          "batch": "batch records/s and peak RSS on generated logs",
          "stream": "per-chunk streaming latency and state size (--redis: through Redis)",
          "parsers": "parse throughput of every parser family",
          "responses": "the Responses API paths next to chat: per record and per stream chunk",
-         "drain": "Kafka drain of a pre-filled topic by one worker vs batch on the same bodies (ratio)"}
+         "drain": "Kafka drain of a pre-filled topic by one worker vs batch on the same bodies (ratio)",
+         "logprobs": "batch --workers 1 CPU per record with logprobs against the JSON I/O floor of the same bytes"}
 
 __all__ = ["HELP", "add_args", "main"]
 

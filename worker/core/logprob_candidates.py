@@ -152,6 +152,9 @@ def _regular(c: Candidates, k: int):
     over all candidates, Python only per irregular position (vLLM's engines send regular lists:
     the sampled token first, then the top candidates by rank)."""
     tids, counts, flat, cids = c.tids, c.counts, c.flat, c.ids
+    cols = _uniform_columns(c)
+    if cols is not None:
+        return cols
     starts = list(accumulate(counts, initial=0))
     heads = starts[:-1]
     ends = starts[1:]
@@ -195,6 +198,28 @@ def _regular(c: Candidates, k: int):
     rest = list(map(operator.add, heads, first))
     last = list(map(min, map(operator.add, rest, repeat(k - 1)), ends))
     return _Slices(cids, clps, rest, last, bad)
+
+
+@lru_cache(maxsize=64)
+def _uniform_shape(n: int, m: int) -> tuple[list[int], list[slice]]:
+    """``(ranks 1..m repeated n times, the n slices of m)`` of ``n`` positions of ``m``
+    candidates (shared: never mutate)."""
+    return _rank_pattern(m) * n, list(map(slice, range(0, n * m, m), range(m, n * m + 1, m)))
+
+
+def _uniform_columns(c: Candidates):
+    """``_regular``'s ``_Columns`` answer for its commonest shape, from fewer C-level passes:
+    ``m`` candidates at every position, ranks 1..m in order, the sampled id first everywhere,
+    distinct ids within each position. None for any other shape (``_regular`` then decides)."""
+    counts, cids = c.counts, c.ids
+    m = counts[0]
+    n = len(counts)
+    if counts.count(m) != n or cids[0::m] != tuple(c.tids):
+        return None
+    ranks, slices = _uniform_shape(n, m)
+    if list(map(_get_rank, c.flat)) != ranks or list(map(len, map(set, map(cids.__getitem__, slices)))) != counts:
+        return None
+    return _Columns(cids, tuple(map(_get_lp, c.flat)), m, 1)
 
 
 class _Columns:

@@ -17,9 +17,9 @@ wins at the first key's position), ``text_offset`` = running sum of token string
 Cost (issue 13 item 3): the candidates are flattened once per record (:func:`candidates`; the
 non-streaming validation needs no flattening: its decode bounds the logprob ids), the shown lists are selected by C-level passes over all of them (Python
 only at irregular positions: duplicate ids, ranks out of order), token strings / bytes / JSON
-fragments come from a lazily filled per-tokenizer table, U+FFFD repair runs only at pieces that
-need it (cached per (id, context); pieces no context can complete are ``""`` from the table) and
-:func:`chat_logprobs_json` joins one pre-encoded fragment per shown object (a ``bytes %``
+fragments come from a lazily filled per-tokenizer table (a record's new ids filled together,
+``_fill_many``), U+FFFD repair runs only at pieces that need it (cached per (id, context);
+pieces no context can complete are ``""`` from the table) and :func:`chat_logprobs_json` joins one pre-encoded fragment per shown object (a ``bytes %``
 format) filled with the logprobs encoded in one call.
 
 Streaming: keep the last 4 sampled ids (:func:`next_context`) and the running completion text
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from itertools import accumulate, islice, repeat
+from itertools import accumulate, compress, islice, repeat
 from operator import itemgetter
 
 import msgspec
@@ -237,6 +237,37 @@ def _fill(tok: Tokenizer, table: _Table, tid: int):
     return row
 
 
+_FRAG_HEAD = b'{"token":'
+_FRAG_MID = b',"logprob":%b,"bytes":'
+_FRAG_TAIL = b"},"
+_PCT = b"%"
+_PCT2 = b"%%"
+
+
+def _fill_many(tok: Tokenizer, table: _Table, tids) -> None:
+    """``_fill`` of every id of ``tids`` (valid ids) whose row is still empty, in bulk: one
+    ``Tokenizer.decode_singles`` call and C-level ``map``s build the rows and fragments (the
+    same values as ``_row``); Python only per id whose text ends in U+FFFD (``_fill``)."""
+    rows = table.rows
+    new = [t for t in set(tids) if rows[t] is None]
+    if not new:
+        return
+    texts = tok.decode_singles(new)
+    fffd = list(map(str.endswith, texts, repeat(_FFFD)))
+    if True in fffd:
+        for t in compress(new, fffd):
+            _fill(tok, table, t)
+        keep = list(map(operator.not_, fffd))
+        new, texts = list(compress(new, keep)), list(compress(texts, keep))
+    bys = list(map(list, map(str.encode, texts, repeat("utf-8"), repeat("replace"))))
+    enc = _json.encode
+    frags = list(map(b"".join, zip(repeat(_FRAG_HEAD), map(bytes.replace, map(enc, texts), repeat(_PCT), repeat(_PCT2)),
+                                   repeat(_FRAG_MID), map(enc, bys), repeat(_FRAG_TAIL))))
+    # rows, then fragments (as ``_fill``: a reader that sees a fragment finds its row)
+    list(map(rows.__setitem__, new, zip(texts, bys)))
+    list(map(table.frag.__setitem__, new, frags))
+
+
 def _repaired(tok: Tokenizer, table: _Table, tid: int, row, ctx: list[int]) -> tuple:
     """The repaired row ``(string, bytes, fragment)`` of ``tid`` (its table row ``row`` is
     ``_REPAIR`` / ``_REPAIR_EMPTY``) after the sampled ids ``ctx`` (up to 4), cached per
@@ -291,23 +322,33 @@ _CUT1 = slice(None, -1)
 _CUT2 = slice(None, -2)
 
 
-def _irregular(tok: Tokenizer, table: _Table, el: _Elements, frags: list, ctx: list[int]):
-    """Objects whose id is not in the table yet or needs U+FFFD repair (``frags[j]`` is
-    ``_FIX``): yields ``(j, row)`` with the row of a filled id (2 fields) or the repaired row
-    of that position (3 fields; the context is the up to 4 sampled ids before it)."""
-    rows = table.rows
-    ids = el.ids
-    seq = None
+def _fix_positions(frags: list):
+    """The positions ``j`` with ``frags[j] is _FIX``, in order (C-level ``list.index`` per hit)."""
     j = -1
+    index = frags.index
     while True:
         try:
-            j = frags.index(_FIX, j + 1)
-        except ValueError:  # no such object left
+            j = index(_FIX, j + 1)
+        except ValueError:
             return
-        tid = ids[j]
+        yield j
+
+
+def _irregular(tok: Tokenizer, table: _Table, el: _Elements, frags: list, ctx: list[int]):
+    """Objects whose id is not in the table yet or needs U+FFFD repair (``frags[j]`` is
+    ``_FIX``; the new ids are filled first, together: ``_fill_many``): yields ``(j, row)``
+    with the row of a filled id (2 fields) or the repaired row of that position (3 fields; the
+    context is the up to 4 sampled ids before it)."""
+    rows = table.rows
+    js = list(_fix_positions(frags))
+    if not js:
+        return
+    tids = list(map(el.ids.__getitem__, js))
+    if None in map(rows.__getitem__, tids):
+        _fill_many(tok, table, tids)
+    seq = None
+    for j, tid in zip(js, tids):
         r = rows[tid]
-        if r is None:
-            r = _fill(tok, table, tid)
         if len(r) < 2:
             if seq is None:
                 seq = ctx + el.tids

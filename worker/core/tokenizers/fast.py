@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from array import array
+from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import ClassVar
@@ -298,6 +299,16 @@ class FastTokenizer(Tokenizer):
                 if missing > 0:
                     s = " " * missing + s
         return s
+
+    def decode_singles(self, ids: list[int]) -> list[str]:
+        """:meth:`single_token_text` of each valid id of ``ids``; on a byte-level tokenizer with
+        byte tables, no cleanup and no SentencePiece marker, each id's table bytes decoded with
+        ``errors="replace"`` (what ``decode([id])`` gives there), C-level after one table fill."""
+        tables = self._tables
+        if tables is None or self._cleanup or self._space_marker is not None:
+            return super().decode_singles(ids)
+        tables.fill(ids)
+        return list(map(bytes.decode, map(tables.keep.__getitem__, ids), repeat("utf-8"), repeat("replace")))
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
         """transformers' ``TokenizersBackend.convert_tokens_to_string``: the backend decoder."""

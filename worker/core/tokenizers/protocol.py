@@ -180,6 +180,11 @@ class Tokenizer(abc.ABC):
                 self._single_cache[token_id] = s
         return s
 
+    def decode_singles(self, ids: list[int]) -> list[str]:
+        """:meth:`decode_single` of each id of ``ids`` (valid ids), uncached: for filling a
+        table of many new ids at once (the logprob rows); backends may do it in bulk."""
+        return [self.single_token_text(i) for i in ids]
+
     # ------------------------------------------------- slow incremental detokenizer parts --
     def incremental_ids_to_tokens(self, ids: list[int], skip_special_tokens: bool) -> list[str]:
         """Token strings ``detokenize_incrementally`` works on for ``ids`` (vLLM's
