@@ -54,6 +54,9 @@ class GraniteToolParser(MarkerToolParser):
 
 @register_tool("granite4", "IBM Granite 4.0", '<tool_call>{"name", "arguments"}</tool_call>')
 class Granite4ToolParser(TaggedToolParser):
+    #: tools in play -> skip_special_tokens off (vLLM ``granite4``'s ``adjust_request``: the
+    #: markers are special tokens in some Granite 4 tokenizers)
+    needs_special_tokens = True
     starts = ("<tool_call>",)
     ends = ("</tool_call>",)
     #: no ``eos_closes``: vLLM's Granite 4 parser enforces a complete block (its Hermes test
