@@ -196,6 +196,25 @@ def _segments(rt: ModelRuntime, ids: list[int]) -> list[tuple[int, list[int]]]:
     return [(a, ids[a:z]) for a, z in zip([0] + cuts, cuts + [len(ids)])]
 
 
+def _chunk_steps(rt: ModelRuntime, ms: MessagesStreamState, c) -> list:
+    """One chunk choice as the parser steps the stream takes: with the tool mode on, the
+    chunk cut after each added token (``_segments``, the non-streaming view's cut), the finish
+    on the last piece only; else the chunk itself. A parser step is one ``Delta`` that cannot
+    order content against calls: a chunk carrying a call's end and the text after it (merged
+    engine steps) would open the text block before the call (rule R3: the stream accumulates
+    to the non-streaming Message)."""
+    ids = c.token_ids or []
+    if not ms.calls or len(ids) < 2:
+        return [c]
+    segs = _segments(rt, ids)
+    if len(segs) == 1:
+        return [c]
+    last = len(segs) - 1
+    return [msgspec.structs.replace(c, token_ids=seg, **({} if k == last else {"finish_reason": None,
+                                                                               "stop_reason": None}))
+            for k, (_, seg) in enumerate(segs)]
+
+
 def _stepped(rt: ModelRuntime, req: MessagesRequest, prompt_ids: list[int] | None) -> bool:
     """Whether the non-streaming view steps token by token: the request's tool mode is on."""
     return rt.stack.tool_mode(parser_context(req, prompt_ids)) != "off"
@@ -375,8 +394,9 @@ def derender_messages_chunk(rt: ModelRuntime, body: StreamBody, state: bytes | N
         b = EventBuilder(st, log)
     outcome = None
     for c in gc.choices:
-        if _step(rt, ms, st, b, c) is not None:
-            outcome = _outcome(ms, st, c)
+        for sub in _chunk_steps(rt, ms, c):
+            if _step(rt, ms, st, b, sub) is not None:
+                outcome = _outcome(ms, st, sub)
     st.next_seq = seq + 1 if seq is not None else st.next_seq + 1
     st.log_len = len(log)
     events = translate(b.events, st.request_id, st.model, st.fmt, st.prompt_tokens, outcome)
