@@ -190,9 +190,12 @@ def _segments(rt: ModelRuntime, ids: list[int]) -> list[tuple[int, list[int]]]:
     """``(start, ids)`` of the steps the non-streaming view feeds when calls are possible: the
     output cut after each added token (call and reasoning markers are added tokens: text after a
     call then comes in its own step, as in any stream; the rest of vLLM's rules, but llama3_json's,
-    are split-independent). At least one (possibly empty) segment."""
+    are split-independent), but the reasoning's end marker (vLLM's chat stream carries the
+    whitespace after it in the same step: ``ParserStack._carries``). At least one (possibly
+    empty) segment."""
     added = rt.tokenizer.added_token_ids
-    cuts = [i + 1 for i, t in enumerate(ids[:-1]) if t in added]
+    ends = rt.stack.reasoning.end_ids if rt.stack.reasoning is not None else frozenset()
+    cuts = [i + 1 for i, t in enumerate(ids[:-1]) if t in added and t not in ends]
     return [(a, ids[a:z]) for a, z in zip([0] + cuts, cuts + [len(ids)])]
 
 
