@@ -406,3 +406,28 @@ def test_shape_detection_survives_bad_fields(service):
         res, _ = service.derender_stream(msgspec.json.encode(s), None)
         assert res.status == 400 and res.kind == "messages-stream", res.body
         _err(res.body, 400)
+
+
+@pytest.mark.parametrize("stop", ['er",', "{", '"g', "Par", "}]"])
+def test_stop_sequences_apply_to_mistral_bare_array(service, stop):
+    """Mistral's bare call array (``tool_choice: any``) under ``stop_sequences``: the stop
+    string's text is never delivered (neither as text nor as a tool_use's input JSON), the
+    answer is cut where it starts (``stop_reason: stop_sequence`` with that string), and the
+    stream, 1-token or whole, accumulates to the non-streaming Message."""
+    base = next(c for c in OK_CASES if c["id"] == "mistral-7b-v0.3-tool-choice-any")
+    ids = m2r.output_ids(base)
+    for k in range(1, len(ids) + 1):
+        case = json.loads(json.dumps(base))
+        case["request"]["stop_sequences"] = ["zzqx", stop]
+        case["output_token_ids"] = ids[:k]
+        case["finish"] = {"finish_reason": "stop", "stop_reason": stop}
+        case["stream_chunks"] = [k]
+        msg = _nonstream(service, case)
+        for sizes in ([1] * k, [k]):
+            events = _stream(service, _chunked(case, sizes))
+            sent = "".join(e["delta"].get("text", "") + e["delta"].get("partial_json", "")
+                           for e in events if e["type"] == "content_block_delta")
+            assert stop not in sent, (k, sizes, sent)
+            assert msgspec.to_builtins(accumulate([_decode_event(e) for e in events])) == msg, (k, sizes)
+        assert msg["stop_reason"] == "stop_sequence" and msg["stop_sequence"] == stop
+        assert all(stop not in b.get("text", "") for b in msg["content"]), (k, msg)

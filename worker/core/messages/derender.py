@@ -65,7 +65,7 @@ class MessagesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     """Per-request Messages stream state, read and rewritten every chunk: ``v`` (version),
     ``rs`` (the event builder's ``ResponsesStreamState``, msgpack: the detokenizer window, the
     parser buffers, the open block; what grows goes to the piece log), ``stop`` (the request's
-    stop strings), ``held`` (answer text held back for them), ``matched`` (the stop string that
+    stop strings), ``held`` (answer text, or Mistral's bare array text, held back for them), ``matched`` (the stop string that
     matched, if any), ``calls`` (the request's tool mode is on: the non-streaming view steps
     token by token), ``plain_pending`` (``rules.plain_text_first`` not decided yet),
     ``tag_hold`` / ``tag_held`` (``rules.tag_hold`` applies / its held text), ``scan``
@@ -159,6 +159,22 @@ def _rules(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, 
     if ms.tag_hold:
         ms.tag_held = rules.tag_hold(ms.tag_held, d, False)
     return d
+
+
+def _array_stop(ms: MessagesStreamState, text: str, final: bool) -> str:
+    """The request's stop strings on Mistral's bare array (``ms.scan``): the text to scan, cut
+    where the first stop string starts (``ms.matched`` set; nothing scanned after it), its last
+    ``max(len) - 1`` characters held in ``ms.held`` until the next text or the finish (the
+    answer's hold-back rule, ``worker.core.answer``)."""
+    buf = ms.held + text
+    hits = [(buf.find(s), s) for s in ms.stop if s in buf]
+    if hits:
+        at, ms.matched = min(hits)
+        ms.held = ""
+        return buf[:at]
+    keep = 0 if final else min(len(buf), max(map(len, ms.stop)) - 1)
+    ms.held = buf[len(buf) - keep:]
+    return buf[:len(buf) - keep]
 
 
 def _plain_first(ms: MessagesStreamState, st: ResponsesStreamState, text: str) -> None:
@@ -275,7 +291,7 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
         if ms.plain_pending:
             _plain_first(ms, st, text)
         if ms.scan is not None:
-            d = bare_array.scan(ms.scan, text)
+            d = bare_array.scan(ms.scan, _array_stop(ms, text, final) if ms.stop else text)
         elif st.parser is None:
             d = Delta(content=text)
         else:
