@@ -357,3 +357,77 @@ def test_disable_parallel_tool_use_keeps_the_first_call(service):
     assert [b["type"] for b in msg["content"]] == ["tool_use"] and msg["stop_reason"] == "tool_use"
     assert msgspec.to_builtins(accumulate([_decode_event(e) for e in _stream(service, m2r.stream_bodies(one))])) \
         == msg
+
+
+@pytest.mark.parametrize("cid", ["qwen3-tool-use-then-text", "qwen3-coder-tool-use-then-text",
+                                 "qwen3-thinking-tool-use", "qwen3-coder-tool-use-one"])
+def test_merged_engine_steps_keep_block_order(service, cid):
+    """A chunk that carries a call's end and the text after it (an engine step merging several
+    tokens, or the whole output in one chunk): the blocks keep the output's order and the
+    stream accumulates to the non-streaming Message (no text before its call, no nameless
+    tool_use holding the call's last argument characters), thinking disabled or not."""
+    base = next(c for c in OK_CASES if c["id"] == cid)
+    n = len(m2r.output_ids(base))
+    for thinking in ({"type": "disabled"}, {"type": "adaptive"}, None):
+        case = json.loads(json.dumps(base))
+        if thinking is None:
+            case["request"].pop("thinking", None)
+        else:
+            case["request"]["thinking"] = thinking
+        msg = _nonstream(service, case)
+        for sizes in ([n], [2, 1, 4, 5, 3, n - 15], [n - 3, 3], [1, n - 1]):
+            events = _stream(service, _chunked(case, sizes))
+            snap, bufs = None, {}
+            for e in events:
+                snap = accumulate_event(event=_EVENT.validate_python(e), current_snapshot=snap, json_bufs=bufs)
+            assert all(e["content_block"]["name"] for e in events
+                       if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use")
+            assert msgspec.to_builtins(accumulate([_decode_event(e) for e in events])) == msg, (thinking, sizes)
+            assert [b.type for b in snap.content] == [b["type"] for b in msg["content"]], (thinking, sizes)
+
+
+def test_shape_detection_survives_bad_fields(service):
+    """A body (or first stream chunk) told a Messages one by its ``messages_request`` alone (no
+    kind header) gets Anthropic's error object even when another field has a wrong type (``model``
+    or ``request_id`` not a string, ``generate_response`` not an object)."""
+    case = next(c for c in OK_CASES if c["id"] == "qwen3-tool-use-one")
+    body, chunk = m2r.nonstream_body(case), m2r.stream_bodies(case)[0]
+    muts = [lambda b: b.__setitem__("model", 5), lambda b: b.__setitem__("model", None),
+            lambda b: b[next(k for k in b if k.startswith("generate_"))].__setitem__("request_id", 5),
+            lambda b: b.__setitem__(next(k for k in b if k.startswith("generate_")), "x")]
+    for mut in muts:
+        b = json.loads(json.dumps(body))
+        mut(b)
+        res = service.derender(msgspec.json.encode(b))
+        assert res.status == 400 and res.kind == "messages", res.body
+        _err(res.body, 400)
+        s = json.loads(json.dumps(chunk))
+        mut(s)
+        res, _ = service.derender_stream(msgspec.json.encode(s), None)
+        assert res.status == 400 and res.kind == "messages-stream", res.body
+        _err(res.body, 400)
+
+
+@pytest.mark.parametrize("stop", ['er",', "{", '"g', "Par", "}]"])
+def test_stop_sequences_apply_to_mistral_bare_array(service, stop):
+    """Mistral's bare call array (``tool_choice: any``) under ``stop_sequences``: the stop
+    string's text is never delivered (neither as text nor as a tool_use's input JSON), the
+    answer is cut where it starts (``stop_reason: stop_sequence`` with that string), and the
+    stream, 1-token or whole, accumulates to the non-streaming Message."""
+    base = next(c for c in OK_CASES if c["id"] == "mistral-7b-v0.3-tool-choice-any")
+    ids = m2r.output_ids(base)
+    for k in range(1, len(ids) + 1):
+        case = json.loads(json.dumps(base))
+        case["request"]["stop_sequences"] = ["zzqx", stop]
+        case["output_token_ids"] = ids[:k]
+        case["finish"] = {"finish_reason": "stop", "stop_reason": stop}
+        case["stream_chunks"] = [k]
+        msg = _nonstream(service, case)
+        for sizes in ([1] * k, [k]):
+            events = _stream(service, _chunked(case, sizes))
+            sent = "".join(e["delta"].get("text", "") + e["delta"].get("partial_json", "")
+                           for e in events if e["type"] == "content_block_delta")
+            assert stop not in sent, (k, sizes, sent)
+            assert msgspec.to_builtins(accumulate([_decode_event(e) for e in events])) == msg, (k, sizes)
+        assert msg["stop_reason"] == "stop_sequence" and msg["stop_sequence"] == stop
+        assert all(stop not in b.get("text", "") for b in msg["content"]), (k, msg)

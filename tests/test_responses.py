@@ -565,3 +565,29 @@ def test_engine_cut_call_keeps_what_was_streamed(service):
             events = [e for chunk in _stream(service, chunking) for e in chunk]
             args = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
             assert args == want and events[-1]["response"] == ns
+
+
+def test_merged_step_keeps_the_call_whole(service):
+    """A chunk carrying a call's last argument characters and the text after it (merged engine
+    steps; qwen3_coder): the call's item gets all its arguments and the text its own message
+    item after it, never a nameless function_call holding the call's end."""
+    from tests.harness.messages import BY_ID
+    from tests.parity_tools import messages_to_requests as m2r
+    case = BY_ID["qwen3-coder-tool-use-then-text"]
+    ids = m2r.output_ids(case)
+    tools = [{"type": "function", "name": t["name"], "parameters": t["input_schema"]} for t in case["request"]["tools"]]
+    state, pos, items = None, 0, []
+    sizes = [2, 1, 4, 5, 3, len(ids) - 15]
+    for k, n in enumerate(sizes):
+        body = {"stream": True, "model": "qwen3-coder", "prompt_tokens": len(case["prompt_token_ids"]),
+                "prompt_token_ids": case["prompt_token_ids"],
+                "generate_chunk": {"request_id": "merged", "choices": [{
+                    "index": 0, "token_ids": ids[pos:pos + n], "finish_reason": "stop" if k == len(sizes) - 1 else None}]}}
+        if k == 0:
+            body["responses_request"] = {"model": "qwen3-coder", "input": "hi", "tools": tools}
+        pos += n
+        res, state = service.derender_stream(msgspec.json.encode(body), state)
+        assert res.status == 200, res.body
+        items += [e["item"] for e in json.loads(res.body) if e["type"] == "response.output_item.done"]
+    assert [(i["type"], i.get("name")) for i in items] == [("function_call", "get_stock_price"), ("message", None)]
+    assert json.loads(items[0]["arguments"]) == {"ticker": "AAPL"}

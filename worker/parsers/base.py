@@ -117,6 +117,9 @@ class ReasoningParser(Parser):
     """Splits output text into ``reasoning`` and ``content`` (``--reasoning-parser NAME``): its
     deltas set only ``reasoning``, ``content`` and ``reasoning_tokens``."""
 
+    #: token ids that end the reasoning (``</think>``); empty when the parser has none
+    end_ids: frozenset[int] = frozenset()
+
     def answering(self, state: Any) -> bool:
         """Whether the output is past its reasoning in ``state`` (False: still reasoning, or
         the parser does not tell)."""

@@ -69,7 +69,7 @@ class MessagesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     """Per-request Messages stream state, read and rewritten every chunk: ``v`` (version),
     ``rs`` (the event builder's ``ResponsesStreamState``, msgpack: the detokenizer window, the
     parser buffers, the open block; what grows goes to the piece log), ``stop`` (the request's
-    stop strings), ``held`` (answer text held back for them), ``matched`` (the stop string that
+    stop strings), ``held`` (answer text, or Mistral's bare array text, held back for them), ``matched`` (the stop string that
     matched, if any), ``calls`` (the request's tool mode is on: the non-streaming view steps
     token by token), ``plain_pending`` (``rules.plain_text_first`` not decided yet),
     ``tag_hold`` / ``tag_held`` (``rules.tag_hold`` applies / its held text), ``scan``
@@ -165,6 +165,22 @@ def _rules(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, 
     return d
 
 
+def _array_stop(ms: MessagesStreamState, text: str, final: bool) -> str:
+    """The request's stop strings on Mistral's bare array (``ms.scan``): the text to scan, cut
+    where the first stop string starts (``ms.matched`` set; nothing scanned after it), its last
+    ``max(len) - 1`` characters held in ``ms.held`` until the next text or the finish (the
+    answer's hold-back rule, ``worker.core.answer``)."""
+    buf = ms.held + text
+    hits = [(buf.find(s), s) for s in ms.stop if s in buf]
+    if hits:
+        at, ms.matched = min(hits)
+        ms.held = ""
+        return buf[:at]
+    keep = 0 if final else min(len(buf), max(map(len, ms.stop)) - 1)
+    ms.held = buf[len(buf) - keep:]
+    return buf[:len(buf) - keep]
+
+
 def _plain_first(ms: MessagesStreamState, st: ResponsesStreamState, text: str) -> None:
     """``rules.plain_text_first``: turn the tool parser off for an output of plain text."""
     plain = rules.plain_text_first(text)
@@ -208,16 +224,38 @@ def _segments(rt: ModelRuntime, ids: list[int]) -> list[tuple[int, list[int]]]:
     """``(start, ids)`` of the steps the non-streaming view feeds when calls are possible: the
     output cut after each added token (call and reasoning markers are added tokens: text after a
     call then comes in its own step, as in any stream; the rest of vLLM's rules, but llama3_json's,
-    are split-independent). At least one (possibly empty) segment."""
+    are split-independent), but the reasoning's end marker (vLLM's chat stream carries the
+    whitespace after it in the same step: ``ParserStack._carries``). At least one (possibly
+    empty) segment."""
     tok = rt.tokenizer
+    ends = rt.stack.reasoning.end_ids if rt.stack.reasoning is not None else frozenset()
     p = _added_pattern(tok) if len(ids) > SMALL else None
     s = id_text(ids, keep=False) if p is not None else None
     if s is not None:  # C-level: one search over the ids as text (``worker.parsers.idscan``)
-        cuts = [m.start() + 1 for m in p.finditer(s, 0, len(ids) - 1)]
+        cuts = [m.start() + 1 for m in p.finditer(s, 0, len(ids) - 1) if ids[m.start()] not in ends]
     else:
         added = tok.added_token_ids
-        cuts = [i + 1 for i, t in enumerate(ids[:-1]) if t in added]
+        cuts = [i + 1 for i, t in enumerate(ids[:-1]) if t in added and t not in ends]
     return [(a, ids[a:z]) for a, z in zip([0] + cuts, cuts + [len(ids)])]
+
+
+def _chunk_steps(rt: ModelRuntime, ms: MessagesStreamState, c) -> list:
+    """One chunk choice as the parser steps the stream takes: with the tool mode on, the
+    chunk cut after each added token (``_segments``, the non-streaming view's cut), the finish
+    on the last piece only; else the chunk itself. A parser step is one ``Delta`` that cannot
+    order content against calls: a chunk carrying a call's end and the text after it (merged
+    engine steps) would open the text block before the call (rule R3: the stream accumulates
+    to the non-streaming Message)."""
+    ids = c.token_ids or []
+    if not ms.calls or len(ids) < 2:
+        return [c]
+    segs = _segments(rt, ids)
+    if len(segs) == 1:
+        return [c]
+    last = len(segs) - 1
+    return [msgspec.structs.replace(c, token_ids=seg, **({} if k == last else {"finish_reason": None,
+                                                                               "stop_reason": None}))
+            for k, (_, seg) in enumerate(segs)]
 
 
 def _stepped(rt: ModelRuntime, req: MessagesRequest, prompt_ids: list[int] | None) -> bool:
@@ -277,7 +315,7 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
         if ms.plain_pending:
             _plain_first(ms, st, text)
         if ms.scan is not None:
-            d = bare_array.scan(ms.scan, text)
+            d = bare_array.scan(ms.scan, _array_stop(ms, text, final) if ms.stop else text)
         elif st.parser is None:
             d = Delta(content=text)
         else:
@@ -399,8 +437,9 @@ def derender_messages_chunk(rt: ModelRuntime, body: StreamBody, state: bytes | N
         b = EventBuilder(st, log)
     outcome = None
     for c in gc.choices:
-        if _step(rt, ms, st, b, c) is not None:
-            outcome = _outcome(ms, st, c)
+        for sub in _chunk_steps(rt, ms, c):
+            if _step(rt, ms, st, b, sub) is not None:
+                outcome = _outcome(ms, st, sub)
     st.next_seq = seq + 1 if seq is not None else st.next_seq + 1
     st.log_len = len(log)
     events = translate(b.events, st.request_id, st.model, st.fmt, st.prompt_tokens, outcome)

@@ -65,7 +65,12 @@ class _Probe(msgspec.Struct):
     messages_request: msgspec.Raw = msgspec.Raw(b"")
 
 
+class _ShapeProbe(msgspec.Struct):
+    messages_request: msgspec.Raw = msgspec.Raw(b"")
+
+
 _probe_decoder = msgspec.json.Decoder(_Probe)
+_shape_decoder = msgspec.json.Decoder(_ShapeProbe)
 _rid_decoder = msgspec.json.Decoder(_Rid)
 
 
@@ -91,12 +96,15 @@ def is_messages_stream(body: bytes, state_bytes: bytes | None, kind: str | None)
 
 
 def is_messages_body(body: bytes) -> bool:
-    """Whether a body without a kind header is a Messages body: it carries a non-null
-    ``messages_request``."""
+    """Whether a body without a kind header is a Messages body: a JSON object with a non-null
+    ``messages_request`` (whatever its other fields hold)."""
     if b'"messages_request"' not in body:
         return False
-    p, _ = _probe(body)
-    return p is not None and len(p.messages_request) > 0 and bytes(p.messages_request) != b"null"
+    try:  # that field alone: a wrong type elsewhere (model, request_id) is the Messages 400's job
+        raw = _shape_decoder.decode(body).messages_request
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return False
+    return len(raw) > 0 and bytes(raw) != b"null"
 
 
 def derender(runtime, body: bytes) -> tuple[bytes, int, str | None]:

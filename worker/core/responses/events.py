@@ -307,6 +307,16 @@ class EventBuilder:
         st = self.st
         if entries:
             st.pending_lp.extend(entries)
+        calls = d.tool_calls
+        o = st.open
+        if calls and (d.reasoning or d.content) and o is not None and o.type == "function_call":
+            # a merged step: the open call's end came before the step's text (one Delta has no
+            # order of its own); those fragments first, else the text would split the call
+            k = 0
+            while k < len(calls) and calls[k].name is None and calls[k].index == o.tool_index:
+                k += 1
+            self._calls(calls[:k])
+            calls = calls[k:]
         if d.reasoning:
             self._ensure("reasoning")
             self._drop_pending()
@@ -332,7 +342,17 @@ class EventBuilder:
                     self.events.append(OutputTextDelta(content_index=0, delta=text, item_id=o.id,
                                                        logprobs=delta_form(part), output_index=o.output_index,
                                                        sequence_number=self._seq()))
-        for tc in d.tool_calls:
+        self._calls(calls)
+        if len(st.pending_lp) > PENDING_MAX:  # spill: the state stays bounded (PENDING_MAX)
+            if st.pend_at < 0:
+                st.pend_at = len(self.log)
+            self.log.append_pending(st.pending_lp)
+            st.pending_lp = []
+
+    def _calls(self, tool_calls: list) -> None:
+        """Call fragments of one step: a named one (or another index) opens a call item."""
+        st = self.st
+        for tc in tool_calls:
             o = st.open
             if tc.name is not None or o is None or o.type != "function_call" or o.tool_index != tc.index:
                 if o is not None:
@@ -355,8 +375,3 @@ class EventBuilder:
                 self.events.append(FunctionCallArgumentsDelta(delta=args, item_id=o.id,
                                                               output_index=o.output_index,
                                                               sequence_number=self._seq()))
-        if len(st.pending_lp) > PENDING_MAX:  # spill: the state stays bounded (PENDING_MAX)
-            if st.pend_at < 0:
-                st.pend_at = len(self.log)
-            self.log.append_pending(st.pending_lp)
-            st.pending_lp = []
