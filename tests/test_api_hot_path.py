@@ -30,7 +30,8 @@ def test_segments_by_one_search_equal_the_per_id_scan(svc):
             ids = [rng.choice(added) if rng.random() < 0.1 else rng.randrange(1000, 100000) for _ in range(n)]
             if ids and rng.random() < 0.5:
                 ids[-1] = added[0]  # an added id last: no cut after it
-            cuts = [i + 1 for i, t in enumerate(ids[:-1]) if t in rt.tokenizer.added_token_ids]
+            ends = rt.stack.reasoning.end_ids if rt.stack.reasoning is not None else frozenset()
+            cuts = [i + 1 for i, t in enumerate(ids[:-1]) if t in rt.tokenizer.added_token_ids and t not in ends]
             want = [(a, ids[a:z]) for a, z in zip([0] + cuts, cuts + [len(ids)])]
             assert mderender._segments(rt, ids) == want
 
