@@ -1,0 +1,117 @@
+"""SIGTERM (``kill PID``, a job scheduler's stop) at any instant of a ``batch`` run gives one of two
+consistent outcomes: the temporary output removed, an earlier output untouched and status 143, or,
+once the output was renamed into place, the complete output and the run's own status. A standard
+input whose writer stays open does not delay the first."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness.batch import QWEN3, ROOT, qwen3_bodies, run_cli, write_jsonl
+from tests.harness.batch import wait_for as _wait_for
+from worker.cli import batch as cli_batch
+from worker.offline import commit
+
+TERMINATED = "derender-worker batch: terminated (SIGTERM); no output written"
+
+
+def _writing(d) -> bool:
+    return any(p.name.startswith(".out.jsonl.") and p.stat().st_size > 0 for p in d.iterdir())
+
+
+@pytest.mark.parametrize("mode", ["1", "2", "2-gzip"])
+def test_sigterm_ends_a_run_whose_stdin_stays_open(tmp_path, mode):
+    """``producer | batch - -o OUT`` with a producer that keeps its end open: SIGTERM ends the run
+    while the reader is blocked on standard input (with ``--workers 2`` the read happens in the
+    pool's task thread, which ``Pool.terminate`` joins)."""
+    out = tmp_path / "out.jsonl"
+    out.write_text("earlier output\n")
+    data = "".join(json.dumps(b) + "\n" for b in qwen3_bodies()).encode()
+    if mode.endswith("gzip"):
+        data = gzip.compress(data)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", "-", "-o", str(out), "--config", QWEN3,
+                             "--no-progress", "--workers", mode[0], "--chunksize", "1"], cwd=tmp_path, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(data)  # returns once the run read it all (the pipe holds 64 KiB)
+        proc.stdin.flush()  # and kept open: the run cannot reach the end of its input
+        _wait_for(lambda: _writing(tmp_path), proc)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)  # generous: a hang (the bug) is a failure, never a stuck suite
+        err = proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.stdin.close()
+        proc.wait()
+    assert rc == 143, err
+    assert err.strip().splitlines() == [TERMINATED]
+    assert out.read_text() == "earlier output\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
+
+
+def _signal_at(monkeypatch, instant: str) -> None:
+    """Send this process SIGTERM at ``instant`` of the run's end: ``before-commit`` (the output
+    complete in its temporary file, not yet renamed), ``after-rename`` (``os.replace`` of the
+    final output done, its folder not yet synced), ``after-run`` (the summary being printed)."""
+    def term() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # the Python handler runs before this returns
+
+    real_rename, real_summary, real_finish = commit._fsync_rename, cli_batch.summary_lines, None
+
+    def rename(tmp: str, final: str) -> None:
+        real_rename(tmp, final)
+        if os.path.basename(final).startswith("out.jsonl"):
+            term()
+
+    def summary(*a, **kw):
+        term()
+        return real_summary(*a, **kw)
+    if instant == "after-rename":
+        monkeypatch.setattr(commit, "_fsync_rename", rename)
+    elif instant == "after-run":
+        monkeypatch.setattr(cli_batch, "summary_lines", summary)
+    else:
+        for cls in (commit.SingleFileSink, commit.PartSink):
+            real_finish = cls.finish
+
+            def finish(self, n_parts, _real=real_finish):
+                term()
+                return _real(self, n_parts)
+            monkeypatch.setattr(cls, "finish", finish)
+
+
+@pytest.mark.parametrize("instant", ["before-commit", "after-rename", "after-run"])
+@pytest.mark.parametrize("how", [["--workers", "1"], ["--workers", "2"], ["--workers", "1", "--part-size", "3"]],
+                         ids=["1", "2", "parts"])
+def test_sigterm_at_the_commit_gives_a_consistent_outcome(tmp_path, monkeypatch, capsys, instant, how):
+    """Before the final rename: nothing written, 143. From the rename on, the output is complete:
+    the run finishes (summary, status 0) and says the SIGTERM came after the output was written,
+    never 'no output written' over a written output."""
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies()[:8])
+    assert run_cli(str(src), "-o", str(tmp_path / "ref.jsonl"), "--workers", "1") == 0
+    out = tmp_path / "out.jsonl"
+    out.write_text("earlier output\n")
+    capsys.readouterr()
+    _signal_at(monkeypatch, instant)
+    rc = run_cli(str(src), "-o", str(out), *how)
+    err = capsys.readouterr().err
+    kept = ["out.jsonl.parts"] if instant == "before-commit" and "--part-size" in how else []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["in.jsonl", "out.jsonl", "ref.jsonl", *kept])
+    if instant == "before-commit":
+        assert rc == 143, err
+        assert out.read_text() == "earlier output\n"
+        assert TERMINATED in err
+        assert not kept or sorted(p.name for p in (tmp_path / kept[0]).iterdir() if p.suffix == ".jsonl") == \
+            ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]  # completed parts kept
+    else:
+        assert rc == 0, err
+        assert out.read_bytes() == (tmp_path / "ref.jsonl").read_bytes()
+        assert "no output written" not in err and "batch: 8 records" in err
+        assert "SIGTERM received after the output was written" in err
