@@ -165,3 +165,14 @@ def test_sigterm_inside_a_lock_shared_with_the_pool_threads(tmp_path, lock):
     assert proc.returncode == 143, err
     assert err.strip().splitlines() == [TERMINATED]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_results_slower_than_the_poll_interval_are_waited_for(tmp_path, monkeypatch):
+    """With a pool the result loop waits ``runner.POLL_S`` at a time (to act on a deferred SIGTERM):
+    a result slower than that is waited for again, never an error."""
+    from worker.offline import runner
+    src = write_jsonl(tmp_path / "in.jsonl", qwen3_bodies()[:40])
+    assert run_cli(str(src), "-o", str(tmp_path / "ref.jsonl"), "--workers", "1") == 0
+    monkeypatch.setattr(runner, "POLL_S", 1e-6)
+    assert run_cli(str(src), "-o", str(tmp_path / "out.jsonl"), "--workers", "2", "--chunksize", "4") == 0
+    assert (tmp_path / "out.jsonl").read_bytes() == (tmp_path / "ref.jsonl").read_bytes()

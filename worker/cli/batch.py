@@ -18,7 +18,8 @@ Exit status: 0 when the input was processed and at least one record succeeded (o
 empty); 1 when no record succeeded, or any failed with ``--fail-on-error`` (the output is
 written either way: failed records hold their error objects); 2 on a configuration or I/O error
 (no output written); 130 on Ctrl-C, 143 on SIGTERM (the temporary output removed, completed
-parts kept); 141 (128 + SIGPIPE), quietly, when the reader of ``-o -``
+parts kept; a SIGTERM from the final rename on lets the run complete with its own status:
+``_OnSigterm``); 141 (128 + SIGPIPE), quietly, when the reader of ``-o -``
 went away (``| head``). A summary goes to standard error: counts, the distinct failures with their
 first record, and how to list the failed records.
 """

@@ -716,7 +716,7 @@ def make_writer(fmt: str, f: IO[bytes], gz: bool = False, row_group_rows: int = 
     raise ValueError(f"unknown output format {fmt!r} (one of {', '.join(OUTPUT_FORMATS)})")
 
 
-__all__ = ["INPUT_FORMATS", "OUTPUT_FORMATS", "detect_input_format", "output_format_for", "open_input",
+__all__ = ["INPUT_FORMATS", "OUTPUT_FORMATS", "detect_input_format", "output_format_for", "open_input", "AbortableFd",
            "read_jsonl", "read_openai_batch", "read_parquet", "parquet_rows", "parquet_num_rows", "make_writer",
            "JsonlWriter", "OpenAIBatchWriter", "ParquetWriter", "flat_row", "error_message",
            "parquet_output_schema", "PARQUET_OUTPUT_COLUMNS"]

@@ -198,7 +198,7 @@ def _polled(results: Any, guard: CommitGuard | None) -> Iterator[tuple[bytes, in
             guard.raise_pending()
         try:
             chunk = results.next(POLL_S)
-        except TimeoutError:
+        except mp.TimeoutError:  # (multiprocessing's own, not the built-in TimeoutError)
             continue
         except StopIteration:
             return
