@@ -176,3 +176,31 @@ def test_results_slower_than_the_poll_interval_are_waited_for(tmp_path, monkeypa
     monkeypatch.setattr(runner, "POLL_S", 1e-6)
     assert run_cli(str(src), "-o", str(tmp_path / "out.jsonl"), "--workers", "2", "--chunksize", "4") == 0
     assert (tmp_path / "out.jsonl").read_bytes() == (tmp_path / "ref.jsonl").read_bytes()
+
+
+def test_a_stuck_pool_teardown_does_not_hold_the_aborted_run(capsys):
+    """``Pool.terminate`` can block for ever (cpython#96995): an aborted run waits for it a bounded
+    time, says so, and goes on; a teardown that returns is reported as finished."""
+    import threading
+
+    from worker.offline import runner
+
+    class Stuck:
+        def __init__(self):
+            self.release = threading.Event()
+
+        def terminate(self):
+            self.release.wait()
+
+    stuck = Stuck()
+    try:
+        assert runner._terminate(stuck, wait_s=0.2) is False
+    finally:
+        stuck.release.set()
+    assert "cpython#96995" in capsys.readouterr().err
+
+    class Quick:
+        def terminate(self):
+            return None
+
+    assert runner._terminate(Quick(), wait_s=5) is True

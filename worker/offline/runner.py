@@ -205,6 +205,25 @@ def _polled(results: Any, guard: CommitGuard | None) -> Iterator[tuple[bytes, in
         yield from chunk
 
 
+#: seconds an aborted run waits for ``Pool.terminate``, which can block for ever when a worker it
+#: killed held a queue lock (cpython#96995); the pool's handler threads are daemons and its
+#: workers die with this process (``die_with_parent``), so the run goes on without it
+TERMINATE_WAIT_S = 10.0
+
+
+def _terminate(pool: Any, wait_s: float = TERMINATE_WAIT_S) -> bool:
+    """``pool.terminate()`` in a daemon thread, waited for at most ``wait_s`` seconds; returns
+    whether it finished (False: stuck, cpython#96995, and said so on standard error)."""
+    t = threading.Thread(target=pool.terminate, name="batch-pool-terminate", daemon=True)
+    t.start()
+    t.join(wait_s)
+    if t.is_alive():
+        print(f"derender-worker batch: the worker pool did not stop within {wait_s:g} s "
+              "(a worker died holding a queue lock, cpython#96995); exiting without it", file=sys.stderr)
+        return False
+    return True
+
+
 def _abort(exc: BaseException, guard: CommitGuard | None, sink: SingleFileSink, pool: Any,
            aborted: threading.Event, abort_w: int, window: threading.Semaphore, max_in_flight: int) -> None:
     """Clean up an aborted run: stop the reader (``feed`` in the pool's task thread or in this
@@ -217,7 +236,7 @@ def _abort(exc: BaseException, guard: CommitGuard | None, sink: SingleFileSink, 
     try:
         if pool is not None:
             window.release(max_in_flight + 1)  # wake a task thread waiting on the full window
-            pool.terminate()  # joins the task thread: it returns once woken
+            _terminate(pool)  # joins the task thread: it returns once woken
     finally:
         sink.abort(exc)
 
