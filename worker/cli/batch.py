@@ -18,7 +18,8 @@ Exit status: 0 when the input was processed and at least one record succeeded (o
 empty); 1 when no record succeeded, or any failed with ``--fail-on-error`` (the output is
 written either way: failed records hold their error objects); 2 on a configuration or I/O error
 (no output written); 130 on Ctrl-C, 143 on SIGTERM (the temporary output removed, completed
-parts kept); 141 (128 + SIGPIPE), quietly, when the reader of ``-o -``
+parts kept; a SIGTERM from the final rename on lets the run complete with its own status:
+``_OnSigterm``); 141 (128 + SIGPIPE), quietly, when the reader of ``-o -``
 went away (``| head``). A summary goes to standard error: counts, the distinct failures with their
 first record, and how to list the failed records.
 """
@@ -34,7 +35,7 @@ from worker.config import add_model_args, models_from_args
 from worker.core.service import DerenderService, error_body
 from worker.flags import add_vllm_noop_args
 from worker.offline import formats
-from worker.offline.commit import check_output_path
+from worker.offline.commit import CommitGuard, check_output_path
 from worker.offline.ray_engine import run_ray
 from worker.offline.runner import DEFAULT_PART_SIZE, run_batch
 from worker.offline.summary import exit_status, summary_lines
@@ -101,24 +102,45 @@ class Terminated(BaseException):
     in place. A ``BaseException`` like ``KeyboardInterrupt``: no ``except Exception`` swallows it."""
 
 
-def _on_sigterm(main_pid: int):
-    def handler(signum, frame):
-        if os.getpid() != main_pid:  # a forked pool process inherited the handler: die as by default
+class _OnSigterm:
+    """The SIGTERM handler of ``batch`` (see ``CommitGuard``): raises ``Terminated`` once; while
+    the guard is ``deferred`` hands it to the run instead (``pending``); while the guard is held
+    (the output being renamed into place or complete, or the cleanup of an aborted run under way),
+    and for any later SIGTERM, only records it (``received``), so the rename or the cleanup
+    completes (docs/batch.md, "Exit status and summary")."""
+
+    def __init__(self, main_pid: int, guard: CommitGuard):
+        self.main_pid, self.guard, self.received = main_pid, guard, False
+
+    def __call__(self, signum, frame) -> None:
+        if os.getpid() != self.main_pid:  # a forked pool process inherited the handler: die as by default
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        first, self.received = not self.received, True
+        if not first or self.guard.held:
+            return
+        if self.guard.deferred:
+            self.guard.pending = Terminated()
+            return
+        self.guard.hold()  # the cleanup this starts is not cut short by another SIGTERM
         raise Terminated()
-    return handler
 
 
 def main_batch(args: argparse.Namespace) -> int:
     """``derender-worker batch``: see the module docstring for the exit status."""
     parts_note = " (completed parts kept: rerun with --resume)" if args.resume or args.part_size else ""
+    guard = CommitGuard()
     if threading.current_thread() is not threading.main_thread():  # signal handlers: main thread only
-        return _main_batch(args, parts_note)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))
+        return _main_batch(args, parts_note, guard)
+    handler = _OnSigterm(os.getpid(), guard)
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
-        return _main_batch(args, parts_note)
+        rc = _main_batch(args, parts_note, guard)
+        if handler.received and guard.committing and rc != 2:
+            print("derender-worker batch: SIGTERM received after the output was written; the run completed",
+                  file=sys.stderr)
+        return rc
     except Terminated:
         print(f"derender-worker batch: terminated (SIGTERM); no output written{parts_note}", file=sys.stderr)
         return 128 + signal.SIGTERM
@@ -126,7 +148,7 @@ def main_batch(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _main_batch(args: argparse.Namespace, parts_note: str) -> int:
+def _main_batch(args: argparse.Namespace, parts_note: str, guard: CommitGuard) -> int:
     try:
         check_output_path(args.output)  # before the models load (seconds): a typo costs no wait
         service = DerenderService(models_from_args(args))
@@ -138,11 +160,12 @@ def _main_batch(args: argparse.Namespace, parts_note: str) -> int:
                 raise ValueError("--resume/--part-size work with --engine local only")
             summary = run_ray(service, args.input, args.output, workers=args.workers,
                               batch_size=args.chunksize * 16, address=args.ray_address,
-                              progress=args.progress, **kw)
+                              progress=args.progress, guard=guard, **kw)
         else:
             summary = run_batch(service, args.input, args.output, args.workers, args.chunksize,
                                 progress=args.progress, part_size=args.part_size or None, resume=args.resume,
-                                max_in_flight=args.max_in_flight or None, keep_parts=args.keep_parts, **kw)
+                                max_in_flight=args.max_in_flight or None, keep_parts=args.keep_parts, guard=guard,
+                                **kw)
     except BrokenPipeError:
         # ``-o - | head``: the reader went away, as it may; quiet, like other filters (the status
         # a shell reports for a process killed by SIGPIPE). stdout is pointed at /dev/null so the

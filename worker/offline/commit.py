@@ -14,6 +14,9 @@ expected, and never destroys earlier output.
   removed. ``NAME.parts/manifest.json`` records what the parts were made from (input path, size
   and mtime, formats, part size): ``--resume`` only reuses parts of the same input and settings.
 - ``StdoutSink``: ``-o -`` writes straight to standard output (no atomicity possible).
+- ``CommitGuard``: tells the signal handlers of ``batch`` when a signal must no longer interrupt
+  the run: from the final rename on (the output is complete) and during the cleanup of an
+  aborted run (docs/batch.md, "Output is never lost").
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -107,12 +110,43 @@ def check_output_path(path: str) -> None:
     os.unlink(probe)
 
 
+class CommitGuard:
+    """Shared by a run and its signal handler (``worker.cli.batch``). ``committing``: the final
+    output is being renamed into place (or was): it is complete, so a signal must not end the run
+    as 'no output written'. ``held``: ``committing``, or the cleanup of an aborted run started: a
+    handler records the signal and returns. ``deferred``: the run's main thread shares locks with
+    the pool's threads (an exception raised inside ``with lock:`` may leave it held, and
+    ``Pool.terminate()`` then waits forever): a handler stores the exception to raise in
+    ``pending`` and the run raises it at its next safe point (``raise_pending``)."""
+
+    def __init__(self) -> None:
+        self.committing = False
+        self.held = False
+        self.deferred = False
+        self.pending: BaseException | None = None
+
+    def commit(self) -> None:
+        """Called right before the final rename."""
+        self.committing = self.held = True
+
+    def hold(self) -> None:
+        """Called when the cleanup of an aborted run starts."""
+        self.held = True
+
+    def raise_pending(self) -> None:
+        """Raise the exception a handler deferred (``pending``), if any."""
+        if self.pending is not None:
+            exc, self.pending = self.pending, None
+            raise exc
+
+
 @contextmanager
-def atomic_file(path: str) -> Iterator[IO[bytes]]:
+def atomic_file(path: str, before_rename: Callable[[], None] | None = None) -> Iterator[IO[bytes]]:
     """Open a temporary file next to ``path`` (``temp_path``) for writing; on a clean exit flush,
-    fsync and rename it to ``path``; on an exception remove it (``path`` untouched) and re-raise.
-    The temporary file is removed even when closing it fails again (a full disk: ``close()``
-    flushes the buffer and raises ``ENOSPC`` a second time)."""
+    fsync, call ``before_rename`` (``CommitGuard.commit`` for the final output) and rename it to
+    ``path``; on an exception remove it (``path`` untouched) and re-raise. The temporary file is
+    removed even when closing it fails again (a full disk: ``close()`` flushes the buffer and
+    raises ``ENOSPC`` a second time)."""
     tmp = temp_path(path)
     f = open(tmp, "wb")
     try:
@@ -120,6 +154,8 @@ def atomic_file(path: str) -> Iterator[IO[bytes]]:
         f.flush()
         os.fsync(f.fileno())
         f.close()
+        if before_rename is not None:
+            before_rename()
         _fsync_rename(tmp, path)
     except BaseException:
         try:
@@ -137,8 +173,9 @@ def atomic_file(path: str) -> Iterator[IO[bytes]]:
 class _Part:
     """One open part: its writer and the context of its atomic file."""
 
-    def __init__(self, path: str, fmt: str, gz: bool, row_group_rows: int):
-        self._cm = atomic_file(path)
+    def __init__(self, path: str, fmt: str, gz: bool, row_group_rows: int,
+                 before_rename: Callable[[], None] | None = None):
+        self._cm = atomic_file(path, before_rename)
         self.f = self._cm.__enter__()
         try:
             self.writer = make_writer(fmt, self.f, gz, row_group_rows)
@@ -159,13 +196,20 @@ class _Part:
 
 
 class SingleFileSink:
-    """The whole output as one part committed by rename (see the module docstring)."""
+    """The whole output as one part committed by rename (see the module docstring). ``guard``:
+    told right before the final rename (``CommitGuard.commit``)."""
 
     part_size: int | None = None
 
-    def __init__(self, path: str, fmt: str, gz: bool = False, row_group_rows: int = 4096):
+    def __init__(self, path: str, fmt: str, gz: bool = False, row_group_rows: int = 4096,
+                 guard: CommitGuard | None = None):
         self.path, self.fmt, self.gz, self.rgr = path, fmt, gz, row_group_rows
+        self.guard = guard
         self._part: _Part | None = None
+
+    def _before_rename(self) -> None:
+        if self.guard is not None:
+            self.guard.commit()
 
     def is_done(self, k: int) -> bool:
         """Never: a single file is always written whole."""
@@ -176,7 +220,7 @@ class SingleFileSink:
 
     def open_part(self, k: int):
         """The writer of the (only) part."""
-        self._part = _Part(self.path, self.fmt, self.gz, self.rgr)
+        self._part = _Part(self.path, self.fmt, self.gz, self.rgr, self._before_rename)
         return self._part.writer
 
     def commit_part(self, k: int, stats: dict[str, Any]) -> None:
@@ -240,8 +284,9 @@ class PartSink(SingleFileSink):
     cleared first. ``keep_parts``: leave the parts folder after assembly."""
 
     def __init__(self, path: str, fmt: str, part_size: int, fingerprint: dict[str, Any], resume: bool,
-                 gz: bool = False, row_group_rows: int = 4096, keep_parts: bool = False):
-        super().__init__(path, fmt, gz, row_group_rows)
+                 gz: bool = False, row_group_rows: int = 4096, keep_parts: bool = False,
+                 guard: CommitGuard | None = None):
+        super().__init__(path, fmt, gz, row_group_rows, guard)
         if part_size < 1:
             raise ValueError(f"--part-size must be >= 1 (got {part_size})")
         self.part_size = part_size
@@ -323,7 +368,7 @@ class PartSink(SingleFileSink):
         missing = [k for k in range(n_parts) if not os.path.isfile(self.part_path(k))]
         if missing:
             raise RuntimeError(f"parts {missing[:5]} missing in {self.dir}")
-        with atomic_file(self.path) as out:
+        with atomic_file(self.path, self._before_rename) as out:
             if self.fmt == "parquet":
                 self._assemble_parquet(out, n_parts)
             else:
@@ -347,4 +392,4 @@ class PartSink(SingleFileSink):
         w.close()
 
 
-__all__ = ["atomic_file", "temp_path", "remove_stale_temps", "check_output_path", "SingleFileSink", "PartSink", "StdoutSink", "part_ext"]
+__all__ = ["CommitGuard", "atomic_file", "temp_path", "remove_stale_temps", "check_output_path", "SingleFileSink", "PartSink", "StdoutSink", "part_ext"]

@@ -34,6 +34,9 @@ input was.
 from __future__ import annotations
 
 import gzip
+import io
+import os
+import select
 import sys
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -66,14 +69,55 @@ def is_parquet_name(path: str) -> bool:
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def open_input(path: str) -> tuple[IO[bytes], IO[bytes] | None]:
+class AbortableFd(io.RawIOBase):
+    """A readable raw stream over file descriptor ``fd`` (not closed with it) whose reads wait in
+    ``poll`` on ``fd`` and on ``abort_fd`` together: once ``abort_fd`` is readable (a byte written to
+    the other end of a pipe), a read returns end of input at once, even when a pipe's writer keeps
+    ``fd`` open without writing. A signal interrupts the wait as it does ``read``."""
+
+    def __init__(self, fd: int, abort_fd: int):
+        super().__init__()
+        self._fd, self._abort_fd = fd, abort_fd
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+        self._poll.register(abort_fd, select.POLLIN)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while True:
+            ready = {fd for fd, _ in self._poll.poll()}
+            if self._abort_fd in ready:
+                return 0
+            try:
+                return os.readv(self._fd, [b])
+            except BlockingIOError:  # a descriptor shared non-blocking, drained by another reader
+                continue
+
+
+def _stdin(abort_fd: int | None) -> IO[bytes]:
+    """Standard input's bytes: read from descriptor 0 through ``AbortableFd`` when ``abort_fd`` is
+    given and ``sys.stdin`` is the process's (else ``sys.stdin.buffer``, e.g. replaced by a test)."""
+    stdin = sys.stdin.buffer
+    if abort_fd is None:
+        return stdin
+    try:
+        fd = stdin.fileno()
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return stdin
+    return io.BufferedReader(AbortableFd(fd, abort_fd), 1 << 16)
+
+
+def open_input(path: str, abort_fd: int | None = None) -> tuple[IO[bytes], IO[bytes] | None]:
     """(reader, raw file) of a JSONL input: gzip-decoded when it starts with the gzip magic bytes
     (RFC 1952), whatever its name (so ``-`` fed by ``cat log.jsonl.gz`` works too; a ``.gz`` file
     that is not gzip is refused by ``gzip`` with ``BadGzipFile``, an ``OSError``); ``-`` is
-    standard input. ``raw`` is the underlying file (its ``tell()`` gives the compressed bytes read,
-    for progress), None for standard input. Raises ``OSError`` when the file cannot be opened."""
+    standard input, which reads as ended once ``abort_fd`` is readable (``AbortableFd``). ``raw``
+    is the underlying file (its ``tell()`` gives the compressed bytes read, for progress), None
+    for standard input. Raises ``OSError`` when the file cannot be opened."""
     if path == "-":
-        stdin = sys.stdin.buffer
+        stdin = _stdin(abort_fd)
         head = stdin.peek(2)[:2] if hasattr(stdin, "peek") else b""
         if head == GZIP_MAGIC:
             return gzip.GzipFile(fileobj=stdin, mode="rb"), None  # type: ignore[return-value]
@@ -672,7 +716,7 @@ def make_writer(fmt: str, f: IO[bytes], gz: bool = False, row_group_rows: int = 
     raise ValueError(f"unknown output format {fmt!r} (one of {', '.join(OUTPUT_FORMATS)})")
 
 
-__all__ = ["INPUT_FORMATS", "OUTPUT_FORMATS", "detect_input_format", "output_format_for", "open_input",
+__all__ = ["INPUT_FORMATS", "OUTPUT_FORMATS", "detect_input_format", "output_format_for", "open_input", "AbortableFd",
            "read_jsonl", "read_openai_batch", "read_parquet", "parquet_rows", "parquet_num_rows", "make_writer",
            "JsonlWriter", "OpenAIBatchWriter", "ParquetWriter", "flat_row", "error_message",
            "parquet_output_schema", "PARQUET_OUTPUT_COLUMNS"]

@@ -45,7 +45,7 @@ from tqdm import tqdm
 from worker.config import ServedModelConfig, load_config_file
 from worker.core.service import DerenderService, error_body
 from worker.offline import formats
-from worker.offline.commit import SingleFileSink, StdoutSink
+from worker.offline.commit import CommitGuard, SingleFileSink, StdoutSink
 from worker.offline.runner import Tally
 from worker.offline.streams import stream_list, stream_request_id
 
@@ -143,7 +143,8 @@ def _input_paths_format(path: str, input_format: str | None) -> str:
 def run_ray(service: DerenderService, input_path: str, output_path: str, *, workers: int = 0,
             batch_size: int = 256, address: str | None = None, progress: bool | None = None,
             input_format: str | None = None, output_format: str | None = None, row_group_rows: int = 4096,
-            actor_cpus: float = 1.0, models: list[ServedModelConfig] | None = None) -> dict[str, Any]:
+            actor_cpus: float = 1.0, models: list[ServedModelConfig] | None = None,
+            guard: CommitGuard | None = None) -> dict[str, Any]:
     """``batch --engine ray``: derender ``input_path`` (a file or a folder of files) on Ray Data
     actors and write ``output_path`` in input order (atomic commit). ``workers``: actors (default:
     this machine's cores on a local Ray, the cluster's CPUs minus one otherwise, leaving room for
@@ -152,7 +153,7 @@ def run_ray(service: DerenderService, input_path: str, output_path: str, *, work
     actors use, stopped at the end). An already initialised Ray (``ray.init`` in the caller) is
     used as it is. Returns the same summary as ``runner.run_batch`` (``seconds`` include the
     actors' start-up: loading the tokenizers) plus ``engine``, ``actors`` and ``startup_s``
-    (seconds until the first batch came back). Raises
+    (seconds until the first batch came back). ``guard``: as ``runner.run_batch``'s. Raises
     ``ImportError`` without Ray, ``ValueError``/``OSError`` for bad input or settings."""
     try:
         # deferred: Ray is an optional extra ([ray]), loaded only for --engine ray
@@ -179,14 +180,14 @@ def run_ray(service: DerenderService, input_path: str, output_path: str, *, work
         started = True
     try:
         return _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_size, progress,
-                    row_group_rows, actor_cpus)
+                    row_group_rows, actor_cpus, guard)
     finally:
         if started:
             ray.shutdown()
 
 
 def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_size, progress,
-         row_group_rows, actor_cpus) -> dict[str, Any]:
+         row_group_rows, actor_cpus, guard=None) -> dict[str, Any]:
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
@@ -215,7 +216,7 @@ def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_siz
                          compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=actor_cpus)
     gz = output_path.endswith(".gz") and out_fmt != "parquet"
     sink = StdoutSink(out_fmt, gz, row_group_rows) if output_path == "-" else \
-        SingleFileSink(output_path, out_fmt, gz, row_group_rows)
+        SingleFileSink(output_path, out_fmt, gz, row_group_rows, guard)
     if progress is None:
         progress = sys.stderr.isatty()
     bar = None
@@ -242,6 +243,8 @@ def _run(ray, cfgs, input_path, output_path, in_fmt, out_fmt, workers, batch_siz
                 bar.update(batch.num_rows)
         sink.finish(1)
     except BaseException as e:
+        if guard is not None:
+            guard.hold()  # a signal from here on is recorded, not raised: the cleanup completes
         sink.abort(e)
         raise
     finally:

@@ -9,6 +9,7 @@ that many results wait to be written.
 from __future__ import annotations
 
 import collections
+import itertools
 import multiprocessing as mp
 import os
 import signal
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from worker.core.service import DerenderService
 from worker.offline import formats
-from worker.offline.commit import PartSink, SingleFileSink, StdoutSink, remove_stale_temps
+from worker.offline.commit import CommitGuard, PartSink, SingleFileSink, StdoutSink, remove_stale_temps
 from worker.offline.streams import StreamLines
 from worker.transport.lifetime import die_with_parent
 
@@ -99,8 +100,10 @@ def _fingerprint(input_path: str, input_format: str) -> dict[str, Any]:
 
 
 def make_sink(output_path: str, output_format: str, *, part_size: int | None, resume: bool,
-              input_path: str, input_format: str, row_group_rows: int, keep_parts: bool = False):
-    """The committing sink for an output path (see ``worker.offline.commit``). Raises
+              input_path: str, input_format: str, row_group_rows: int, keep_parts: bool = False,
+              guard: CommitGuard | None = None):
+    """The committing sink for an output path (see ``worker.offline.commit``; ``guard`` is told
+    right before the final rename). Raises
     ``ValueError`` for ``--resume`` with standard input/output or a mismatching parts folder."""
     gz = output_path.endswith(".gz") and output_format != "parquet"
     if output_path == "-":
@@ -112,8 +115,9 @@ def make_sink(output_path: str, output_format: str, *, part_size: int | None, re
         if input_path == "-":
             raise ValueError("--resume/--part-size need a file input, not -")
         return PartSink(output_path, output_format, part_size or DEFAULT_PART_SIZE,
-                        _fingerprint(input_path, input_format), resume, gz, row_group_rows, keep_parts)
-    return SingleFileSink(output_path, output_format, gz, row_group_rows)
+                        _fingerprint(input_path, input_format), resume, gz, row_group_rows, keep_parts,
+                        guard)
+    return SingleFileSink(output_path, output_format, gz, row_group_rows, guard)
 
 
 DEFAULT_PART_SIZE = 100_000
@@ -149,14 +153,14 @@ class _Progress:
             self.bar.close()
 
 
-def _records(input_path: str, input_format: str, prog: _Progress,
-             batch_rows: int) -> Iterator[tuple[bytes | tuple[bytes, int], str | None]]:
+def _records(input_path: str, input_format: str, prog: _Progress, batch_rows: int,
+             abort_fd: int | None = None) -> Iterator[tuple[bytes | tuple[bytes, int], str | None]]:
     if input_format == "parquet":
         def on_batch(n: int) -> None:
             prog.pos += n
         yield from formats.read_parquet(input_path, batch_rows, on_batch)
         return
-    f, raw = formats.open_input(input_path)
+    f, raw = formats.open_input(input_path, abort_fd)
     reader = formats.read_openai_batch(f) if input_format == "openai-batch" else formats.read_jsonl(f)
     try:
         for i, rec in enumerate(reader):
@@ -171,17 +175,85 @@ def _records(input_path: str, input_format: str, prog: _Progress,
             raw.close()
 
 
+#: seconds a wait for the pool's next result lasts before a deferred signal is looked at
+POLL_S = 0.2
+
+
+def _work_chunk(items: list[bytes | tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+    return [_work(item) for item in items]
+
+
+def _chunks(items: Iterator[Any], n: int) -> Iterator[list[Any]]:
+    """Lists of ``n`` items (the last one shorter), as ``Pool.imap``'s ``chunksize`` makes them."""
+    while chunk := list(itertools.islice(items, n)):
+        yield chunk
+
+
+def _polled(results: Any, guard: CommitGuard | None) -> Iterator[tuple[bytes, int]]:
+    """The results of ``Pool.imap`` over chunks (its ``IMapIterator``, whose ``next`` takes a
+    timeout: with ``chunksize`` > 1 ``imap`` returns a plain generator), flattened; each wait lasts
+    ``POLL_S`` at most and is preceded by ``CommitGuard.raise_pending``."""
+    while True:
+        if guard is not None:
+            guard.raise_pending()
+        try:
+            chunk = results.next(POLL_S)
+        except mp.TimeoutError:  # (multiprocessing's own, not the built-in TimeoutError)
+            continue
+        except StopIteration:
+            return
+        yield from chunk
+
+
+#: seconds an aborted run waits for ``Pool.terminate``, which can block for ever when a worker it
+#: killed held a queue lock (cpython#96995); the pool's handler threads are daemons and its
+#: workers die with this process (``die_with_parent``), so the run goes on without it
+TERMINATE_WAIT_S = 10.0
+
+
+def _terminate(pool: Any, wait_s: float = TERMINATE_WAIT_S) -> bool:
+    """``pool.terminate()`` in a daemon thread, waited for at most ``wait_s`` seconds; returns
+    whether it finished (False: stuck, cpython#96995, and said so on standard error)."""
+    t = threading.Thread(target=pool.terminate, name="batch-pool-terminate", daemon=True)
+    t.start()
+    t.join(wait_s)
+    if t.is_alive():
+        print(f"derender-worker batch: the worker pool did not stop within {wait_s:g} s "
+              "(a worker died holding a queue lock, cpython#96995); exiting without it", file=sys.stderr)
+        return False
+    return True
+
+
+def _abort(exc: BaseException, guard: CommitGuard | None, sink: SingleFileSink, pool: Any,
+           aborted: threading.Event, abort_w: int, window: threading.Semaphore, max_in_flight: int) -> None:
+    """Clean up an aborted run: stop the reader (``feed`` in the pool's task thread or in this
+    one, waiting on the window or on standard input), terminate the pool, remove the temporary
+    output. ``guard`` is held first, so a signal during the cleanup does not cut it short."""
+    if guard is not None:
+        guard.hold()
+    aborted.set()
+    os.write(abort_w, b"x")  # a read of standard input returns end of input (formats.AbortableFd)
+    try:
+        if pool is not None:
+            window.release(max_in_flight + 1)  # wake a task thread waiting on the full window
+            _terminate(pool)  # joins the task thread: it returns once woken
+    finally:
+        sink.abort(exc)
+
+
 def run_batch(service: DerenderService, input_path: str, output_path: str, workers: int = 0,
               chunksize: int = 16, progress: bool | None = None, *, input_format: str | None = None,
               output_format: str | None = None, part_size: int | None = None, resume: bool = False,
               row_group_rows: int = 4096, max_in_flight: int | None = None,
-              keep_parts: bool = False) -> dict[str, Any]:
+              keep_parts: bool = False, guard: CommitGuard | None = None) -> dict[str, Any]:
     """Derender every record of ``input_path`` into ``output_path``, in input order.
 
     Formats default to ``formats.detect_input_format`` / ``formats.output_format_for``; gzip
     output when a JSONL name ends in ``.gz``. ``part_size``/``resume``: numbered part files
     (``worker.offline.commit.PartSink``); a resumed run skips completed parts (their stream-chunk
-    records are replayed for state only). ``progress``: None = on a terminal only.
+    records are replayed for state only). ``progress``: None = on a terminal only. ``guard``:
+    told right before the final rename and when the cleanup of an aborted run starts (the
+    signal handlers of ``worker.cli.batch`` read it).
 
     Returns the summary: ``lines``, ``ok``, ``errors`` (count by status), ``failures`` (up to
     ``MAX_FAILURE_KINDS`` of ``{"status", "message", "count", "first_index"}``), ``skipped``
@@ -204,7 +276,7 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
     if progress is None:
         progress = sys.stderr.isatty()
     sink = make_sink(output_path, out_fmt, part_size=part_size, resume=resume, input_path=input_path,
-                     input_format=in_fmt, row_group_rows=row_group_rows, keep_parts=keep_parts)
+                     input_format=in_fmt, row_group_rows=row_group_rows, keep_parts=keep_parts, guard=guard)
     psize = sink.part_size
     tally = Tally()
     part_tally = Tally()
@@ -217,11 +289,14 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
     #: set when the run is aborted (Ctrl-C, SIGTERM, an error): the pool's task thread, which runs
     #: ``feed`` and may wait on a full window, stops instead, so ``pool.terminate()`` can join it
     aborted = threading.Event()
+    #: written to when the run is aborted: wakes a read of standard input waiting for data (in the
+    #: task thread, which ``pool.terminate()`` joins, or in this one), whatever the writer does
+    abort_r, abort_w = os.pipe()
     n_read = 0
 
     def feed() -> Iterator[bytes | tuple[bytes, int]]:
         nonlocal n_read, skipped
-        for idx, (item, cid) in enumerate(_records(input_path, in_fmt, prog, min(1024, max_in_flight))):
+        for idx, (item, cid) in enumerate(_records(input_path, in_fmt, prog, min(1024, max_in_flight), abort_r)):
             n_read = idx + 1
             if psize and sink.is_done(idx // psize):
                 streams.replay(item)
@@ -245,8 +320,10 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
             results: Iterator[tuple[bytes, int]] = map(_work, feed())
         else:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            if guard is not None:
+                guard.deferred = True  # signals are raised at safe points of _polled (CommitGuard)
             pool = mp.get_context("fork").Pool(workers, initializer=_pool_init, initargs=(os.getpid(),))
-            results = pool.imap(_work, feed(), chunksize=chunksize)
+            results = _polled(pool.imap(_work_chunk, _chunks(feed(), chunksize)), guard)
         for body, status in results:
             idx, cid = pending.popleft()
             if workers > 1:
@@ -267,6 +344,9 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
             pool.close()
             pool.join()
             pool = None
+            if guard is not None:
+                guard.deferred = False
+                guard.raise_pending()
         prog.tick(n_read)
         if writer is not None:
             sink.commit_part(cur_part, part_tally.as_stats())
@@ -277,12 +357,10 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
                 tally.merge(sink.done_stats(k))
         sink.finish(n_parts)
     except BaseException as e:
-        if pool is not None:
-            aborted.set()
-            window.release(max_in_flight + 1)  # wake a task thread waiting on the full window
-            pool.terminate()
-        sink.abort(e)
+        _abort(e, guard, sink, pool, aborted, abort_w, window, max_in_flight)
         raise
     finally:
         prog.close()
+        os.close(abort_r)
+        os.close(abort_w)
     return tally.summary(time.perf_counter() - t0, done_here, skipped, in_fmt, out_fmt)
