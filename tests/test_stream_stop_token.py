@@ -172,3 +172,36 @@ def test_responses_and_messages_stop_token_before_empty_finish_chunk(svc, tok, k
         log += r.log_append
         events.extend(json.loads(r.body))
     assert _events_text(events, kind) == "Hello there"
+
+
+@pytest.mark.parametrize("sizes", CUTS)
+def test_responses_stop_token_logprobs(svc, tok, sizes):
+    """The stop token's logprob entry (vLLM: in the final part's ``logprobs``) streams as it
+    does without the hold: the events' entries equal the non-streaming output's."""
+    model = "longcat-whole"
+    ids = tok.encode("Hello there") + [IM_END]
+    prompt = tok.encode("hi")
+    req = {"model": model, "input": "hi", "tools": [dict(TOOL, type="function")], "skip_special_tokens": False,
+           "include": ["message.output_text.logprobs"], "top_logprobs": 0}
+    body = {"model": model, "prompt_tokens": len(prompt), "prompt_token_ids": prompt, "responses_request": req,
+            "generate_response": {"request_id": "r", "choices": [
+                {"index": 0, "token_ids": ids, "finish_reason": "stop", "stop_reason": None, "logprobs": _lp(tok, ids)}]}}
+    res = svc.derender(msgspec.json.encode(body))
+    assert res.status == 200, res.body
+    parts = [p for o in json.loads(res.body)["output"] if o["type"] == "message" for p in o["content"]]
+    want = [e["token"] for p in parts for e in p["logprobs"]]
+    assert want[-1] == "<|im_end|>"
+    state, log, events = None, bytearray(), []
+    for c in _chunks(ids, sizes, "stop"):
+        c = dict(c, logprobs=_lp(tok, c["token_ids"]) if c["token_ids"] else None)
+        b = {"stream": True, "model": model, "prompt_tokens": len(prompt), "prompt_token_ids": prompt,
+             "responses_request": dict(req, stream=True), "generate_chunk": {"request_id": "s", "choices": [c]}}
+        r = svc.derender_responses_stream(msgspec.json.encode(b), state, memory_reader(log))
+        assert r.status == 200, r.body
+        state = r.state
+        log += r.log_append
+        events.extend(json.loads(r.body))
+    assert _events_text(events, "responses") == "Hello there"
+    done = [e for e in events if e.get("type") == "response.completed"][0]["response"]
+    got = [e["token"] for o in done["output"] if o["type"] == "message" for p in o["content"] for e in p["logprobs"]]
+    assert got == want

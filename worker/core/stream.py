@@ -84,7 +84,8 @@ Output rules (same answer as non-streaming for the same tokens, whatever the chu
   streamed text length), ``echo`` prefix on the choice's first chunk;
 * the final stop token (EOS or int ``stop_reason``) of the chunk carrying ``finish_reason`` is
   not detokenized unless ``include_stop_str_in_output`` (``stop_token_trimmed``); it is still
-  counted in usage and present in logprobs;
+  counted in usage and present in logprobs; an EOS id ending a chunk without ``finish_reason``
+  starts the next chunk (``ChoiceState.held_stop_id``, docs/streaming.md);
 * stop strings (the request's ``stop``, applied here as vLLM's detokenizer applies them: the
   engine behind a derender never sees them): per choice the last ``max(len(s)) - 1`` characters
   of new text are held back (``ChoiceState.held``), each token that adds text is checked with
@@ -337,11 +338,9 @@ def _choice_state(rt: ModelRuntime, st: StreamState, index: int) -> ChoiceState:
 
 def _step_ids(rt: ModelRuntime, st: StreamState, cs: ChoiceState,
               c: GenerateTokensStreamChoice) -> tuple[list[int], int, list[int]]:
-    """``(ids to detokenize, lead, trimmed)`` for one chunk choice: ``lead`` (0 or 1) ids of
-    ``ids`` come before the chunk's own (``ChoiceState.held_stop_id``); ``trimmed``: the final
-    stop token left out on a finish (``stop_token_trimmed``), or ``[]``. An EOS id ending a
-    chunk without finish is held back for the next chunk: vLLM's detokenizer never decodes a
-    stop-terminated sequence's last id, and the finish may come in a later, empty chunk."""
+    """``(ids to detokenize, lead, trimmed)``: ``lead`` (0/1) held ids before the chunk's own,
+    ``trimmed`` the stop token left out on a finish (``stop_token_trimmed``); an EOS id ending a
+    chunk without finish is held back (``ChoiceState.held_stop_id``; docs/streaming.md)."""
     ids = list(c.token_ids or [])
     lead = 0
     if cs.held_stop_id >= 0:
@@ -378,8 +377,7 @@ def _detok(rt: ModelRuntime, st: StreamState, cs: ChoiceState, ids: list[int],
            final: bool, lead: int = 0) -> tuple[str, int, str | None]:
     """Detokenize a chunk's ids with the request's stop strings applied (module docstring):
     ``(text to release, ids used, matched stop string or None)``. ``ids used`` is ``len(ids)``
-    unless a stop string matched (then up to and including the matching id). ``lead``: ids of
-    ``ids`` already counted in ``cs.completion_tokens`` (a held stop id, ``_step_ids``)."""
+    unless a stop string matched (then up to and including the matching id). ``lead``: held ids."""
     opts = st.settings.opts
     stop = opts.stop
     if not stop:
