@@ -84,7 +84,8 @@ Output rules (same answer as non-streaming for the same tokens, whatever the chu
   streamed text length), ``echo`` prefix on the choice's first chunk;
 * the final stop token (EOS or int ``stop_reason``) of the chunk carrying ``finish_reason`` is
   not detokenized unless ``include_stop_str_in_output`` (``stop_token_trimmed``); it is still
-  counted in usage and present in logprobs;
+  counted in usage and present in logprobs; an EOS id ending a chunk without ``finish_reason``
+  starts the next chunk (``ChoiceState.held_stop_id``, docs/streaming.md);
 * stop strings (the request's ``stop``, applied here as vLLM's detokenizer applies them: the
   engine behind a derender never sees them): per choice the last ``max(len(s)) - 1`` characters
   of new text are held back (``ChoiceState.held``), each token that adds text is checked with
@@ -335,13 +336,24 @@ def _choice_state(rt: ModelRuntime, st: StreamState, index: int) -> ChoiceState:
     return cs
 
 
-def _step_ids(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice) -> list[int]:
-    """The ids of one chunk choice to detokenize (the final stop token trimmed)."""
+def _step_ids(rt: ModelRuntime, st: StreamState, cs: ChoiceState,
+              c: GenerateTokensStreamChoice) -> tuple[list[int], int, list[int]]:
+    """``(ids to detokenize, lead, trimmed)``: ``lead`` (0/1) held ids before the chunk's own,
+    ``trimmed`` the stop token left out on a finish (``stop_token_trimmed``); an EOS id ending a
+    chunk without finish is held back (``ChoiceState.held_stop_id``; docs/streaming.md)."""
     ids = list(c.token_ids or [])
+    lead = 0
+    if cs.held_stop_id >= 0:
+        ids.insert(0, cs.held_stop_id)
+        cs.held_stop_id = -1
+        lead = 1
     if c.finish_reason is not None:
-        ids = stop_token_trimmed(ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids,
-                                 st.opts.include_stop)
-    return ids
+        kept = stop_token_trimmed(ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids,
+                                  st.opts.include_stop)
+        return kept, lead, ids[len(kept):]
+    if ids and not st.opts.include_stop and ids[-1] in rt.tokenizer.eos_token_ids:
+        cs.held_stop_id = ids.pop()
+    return ids, lead, []
 
 
 def _parser_ids(rt: ModelRuntime, st: StreamState, ids: list[int]) -> list[int]:
@@ -353,19 +365,19 @@ def _parser_ids(rt: ModelRuntime, st: StreamState, ids: list[int]) -> list[int]:
     return ids
 
 
-def _stop_token_ids(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice, ids: list[int]) -> list[int]:
-    """The final stop token trimmed from ``ids`` (``_step_ids``), as parser ids, for parsers
-    that read it (``ParserStack.wants_stop_token``); else ``[]``."""
-    if rt.stack.wants_stop_token and len(ids) < len(c.token_ids or []):
-        return _parser_ids(rt, st, [c.token_ids[-1]])
+def _stop_token_ids(rt: ModelRuntime, st: StreamState, trimmed: list[int]) -> list[int]:
+    """The final stop token trimmed by ``_step_ids``, as parser ids, for parsers that read it
+    (``ParserStack.wants_stop_token``); else ``[]``."""
+    if rt.stack.wants_stop_token and trimmed:
+        return _parser_ids(rt, st, trimmed)
     return []
 
 
 def _detok(rt: ModelRuntime, st: StreamState, cs: ChoiceState, ids: list[int],
-           final: bool) -> tuple[str, int, str | None]:
+           final: bool, lead: int = 0) -> tuple[str, int, str | None]:
     """Detokenize a chunk's ids with the request's stop strings applied (module docstring):
     ``(text to release, ids used, matched stop string or None)``. ``ids used`` is ``len(ids)``
-    unless a stop string matched (then up to and including the matching id)."""
+    unless a stop string matched (then up to and including the matching id). ``lead``: held ids."""
     opts = st.settings.opts
     stop = opts.stop
     if not stop:
@@ -382,7 +394,7 @@ def _detok(rt: ModelRuntime, st: StreamState, cs: ChoiceState, ids: list[int],
     if ids:
         d = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.opts.skip_special,
                                    spaces_between_special_tokens=st.opts.spaces, state=cs.detok)
-        base = cs.completion_tokens
+        base = cs.completion_tokens - lead
         min_tokens = st.opts.min_tokens
         include = st.opts.include_stop
         for j, t in enumerate(ids):
@@ -425,6 +437,7 @@ def _end_choice(cs: ChoiceState, c: GenerateTokensStreamChoice) -> bool:
     cs.parser = None
     cs.lp_ctx = []
     cs.held = ""
+    cs.held_stop_id = -1
     _clear_spills(cs)
     if c.finish_reason is None:
         cs.stopped = True
@@ -603,19 +616,19 @@ def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoic
         cs.role_sent = True
         out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
             index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
-    ids = _step_ids(rt, st, c)
+    ids, lead, trimmed = _step_ids(rt, st, cs, c)
     if opts.stop:  # stop strings apply to the answer (worker.core.answer)
         detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=opts.skip_special,
                                        spaces_between_special_tokens=opts.spaces, state=cs.detok)
         d, used, matched, cs.held = step_answer(
             stack if cs.parser is not None else None, cs.parser, detok, ids,
             rt.tokenizer.special_ids if opts.skip_special else None, opts.stop,
-            opts.include_stop, opts.min_tokens, cs.completion_tokens, cs.held,
-            c.finish_reason is not None, _stop_token_ids(rt, st, c, ids))
+            opts.include_stop, opts.min_tokens, cs.completion_tokens - lead, cs.held,
+            c.finish_reason is not None, _stop_token_ids(rt, st, trimmed))
         cs.detok = detok.state()
     else:
-        text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
-        pids = _parser_ids(rt, st, ids) + _stop_token_ids(rt, st, c, ids)
+        text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None, lead)
+        pids = _parser_ids(rt, st, ids) + _stop_token_ids(rt, st, trimmed)
         d = None
         if cs.parser is not None:
             d = stack.feed(cs.parser, text, pids) if (text or pids) else None
@@ -624,6 +637,7 @@ def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoic
                 d = f if d is None else d.extend(f)
         else:
             d = Delta(content=text)
+    used -= lead  # (a stop string match is at or after the held id: ``used >= lead``)
     final = c.finish_reason is not None or matched is not None
     content = d.content if d is not None else ""
     reasoning = d.reasoning if d is not None else ""
@@ -771,8 +785,9 @@ def derender_completion_chunk(rt: ModelRuntime, body: DerenderCompletionStreamRe
         prefix = ""
         if fresh and st.opts.echo and pids_prompt:
             prefix = tok.decode(pids_prompt, skip_special_tokens=st.opts.skip_special)
-        ids = _step_ids(rt, st, c)
-        text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None)
+        ids, lead, _ = _step_ids(rt, st, cs, c)
+        text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None, lead)
+        used -= lead
         text = prefix + text
         cs.completion_tokens += len(c.token_ids or [])
         lp = None

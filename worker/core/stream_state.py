@@ -104,6 +104,10 @@ class ChoiceState(msgspec.Struct, kw_only=True, array_like=True):
     spill_crc: int = 0
     spill_args_crc: int = 0
     spill_held_crc: int = 0
+    #: an EOS id that ended a chunk without ``finish_reason``, not yet detokenized: the next chunk
+    #: of the choice starts with it (trimmed as the stop token on a ``stop`` finish, vLLM's
+    #: ``stop_terminated``; -1: none)
+    held_stop_id: int = -1
 
 
 class StreamSeed(msgspec.Struct, kw_only=True, array_like=True):

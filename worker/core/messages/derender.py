@@ -30,7 +30,7 @@ from worker.core.derender import (
     check_prompt_ids,
     effective_skip_special_tokens,
 )
-from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, stop_token_trimmed
+from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop
 from worker.core.errors import BadRequest, Conflict
 from worker.core.messages import bare_array, rules
 from worker.core.messages.bare_array import ArrayScan
@@ -43,6 +43,7 @@ from worker.core.responses.derender import (
     check_tokens,
     first_chunk_request,
     request_digest,
+    step_ids,
     stream_request,
 )
 from worker.core.responses.derender import decode_state as decode_rs
@@ -280,11 +281,10 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
     (non-streaming, no stop strings): detokenize the whole output in one shot."""
     ids = list(c.token_ids or [])
     final = c.finish_reason is not None
-    text_ids = stop_token_trimmed(ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids, False) \
-        if final else ids
+    seq, text_ids, lead = step_ids(rt, st, c)
     stack = rt.stack
     special = rt.tokenizer.special_ids if st.skip_special else None
-    stop_ids = ids[len(text_ids):] if stack.wants_stop_token else []
+    stop_ids = seq[len(text_ids):] if stack.wants_stop_token and final else []
     if st.hold_ids and not st.holding and not set(st.hold_ids).isdisjoint(text_ids + stop_ids):
         st.holding = True  # argshape.ENGINE_PARSERS, tool_choice none: text held from here
     flushed = False
@@ -293,7 +293,7 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
         detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special, state=st.detok)
         d, _used, matched, ms.held = step_answer(
             stack if st.parser is not None else None, st.parser, detok, text_ids,
-            frozenset(special) if special is not None else None, ms.stop, False, 0, st.completion_tokens,
+            frozenset(special) if special is not None else None, ms.stop, False, 0, st.completion_tokens - lead,
             ms.held, final, stop_ids)
         st.detok = detok.state()
         flushed = final or matched is not None  # step_answer flushed the parsers

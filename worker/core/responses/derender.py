@@ -152,6 +152,26 @@ def _entries(rt: ModelRuntime, st: ResponsesStreamState, c) -> list[ResponseLogp
     return out
 
 
+def step_ids(rt: ModelRuntime, st: ResponsesStreamState, c) -> tuple[list[int], list[int], int]:
+    """``(seq, text_ids, lead)`` of one chunk choice: ``seq`` its ids after ``lead`` (0 or 1)
+    held ones (``ResponsesStreamState.held_stop_id``), ``text_ids`` those to detokenize. On a
+    finish the stop token is left out (``stop_token_trimmed``); an EOS id ending a chunk
+    without finish is held back for the next chunk (vLLM's detokenizer never decodes a
+    stop-terminated sequence's last id; the finish may come in a later, empty chunk)."""
+    seq = list(c.token_ids or [])
+    lead = 0
+    if st.held_stop_id >= 0:
+        seq.insert(0, st.held_stop_id)
+        st.held_stop_id = -1
+        lead = 1
+    if c.finish_reason is not None:
+        return seq, stop_token_trimmed(seq, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids, False), lead
+    if seq and seq[-1] in rt.tokenizer.eos_token_ids:
+        st.held_stop_id = seq[-1]
+        return seq, seq[:-1], lead
+    return seq, seq, lead
+
+
 def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
           prompt_ids: list[int] | None = None) -> ResponseObject | None:
     """Feed one choice's tokens (``c``: a generate choice or chunk choice) to the builder;
@@ -160,11 +180,10 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
     (``detokenize_with_stop``: equal to stepping, no per-token loop) instead of from the state."""
     ids = list(c.token_ids or [])
     final = c.finish_reason is not None
-    text_ids = stop_token_trimmed(ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids, False) \
-        if final else ids
+    seq, text_ids, lead = step_ids(rt, st, c)
     stack = rt.stack
     special = rt.tokenizer.special_ids if st.skip_special else None
-    stop_ids = ids[len(text_ids):] if stack.wants_stop_token else []
+    stop_ids = seq[len(text_ids):] if stack.wants_stop_token and final else []
     entries = _entries(rt, st, c)
     whole = entries is None and prompt_ids is not None
     detok = None if whole else IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special,
@@ -190,16 +209,16 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
         st.reasoning_tokens += d.reasoning_tokens
         b.feed(d, None)
     else:  # one step per token: each token's entry rides with the text it produced
-        for j, t in enumerate(text_ids):
+        for j, t in enumerate(text_ids):  # (a held id's entry went with its own chunk)
             d = parse(detok.add([t]), [t])
             st.reasoning_tokens += d.reasoning_tokens
-            b.feed(d, entries[j:j + 1])
+            b.feed(d, entries[j - lead:j - lead + 1] if j >= lead else None)
         if stop_ids:
             d = parse("", stop_ids)
             st.reasoning_tokens += d.reasoning_tokens
             b.feed(d, None)
-        if len(text_ids) < len(ids):  # the stop token's entry: final part only
-            b.feed(Delta(), entries[len(text_ids):])
+        if len(text_ids) < len(seq):  # the stop token's (or held id's) entry: final part only
+            b.feed(Delta(), entries[max(len(text_ids) - lead, 0):])
     if detok is not None:
         st.detok = detok.state()
     if ids:  # (token ids are ints: the context is the last ``MAX_CONTEXT`` of them)

@@ -139,6 +139,9 @@ class ResponsesStreamState(msgspec.Struct, kw_only=True, array_like=True):
     hold_ids: list[int] = msgspec.field(default_factory=list)
     holding: bool = False
     pend_at: int = -1
+    #: an EOS id that ended a chunk without ``finish_reason``, not yet detokenized (-1: none):
+    #: the next chunk starts with it (``worker.core.responses.derender.step_ids``)
+    held_stop_id: int = -1
 
 
 def delta_form(entries: list[ResponseLogprob]) -> list[DeltaLogprob]:
