@@ -29,7 +29,6 @@ from pathlib import Path
 import pytest
 
 from worker.config import ServedModelConfig
-from worker.core import stream as core_stream
 from worker.core.service import DerenderService
 from worker.core.tiktoken_vocab import HARMONY_SPECIAL_TOKENS, _packaged_ranks
 
@@ -345,7 +344,7 @@ def _random_output(rng: random.Random, enc) -> tuple[list[int], str]:
 def test_random_outputs_agree_with_openai_harmony(svc, enc, seed, monkeypatch) -> None:
     """Also with append-only pieces and a spill threshold of a few characters (random chunks):
     every call body spills and comes back."""
-    monkeypatch.setattr(core_stream, "SPILL_CHARS", 4)
+    monkeypatch.setattr("worker.core.stream_spill.SPILL_CHARS", 4)
     rng = random.Random(1000 + seed)
     for _ in range(2):
         ids, finish = _random_output(rng, enc)

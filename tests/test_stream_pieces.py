@@ -31,7 +31,7 @@ SPLIT = [c for c in nonstream_cases() if not (c.get("expected") or {}).get("erro
 
 @pytest.fixture
 def tiny_spill(monkeypatch):
-    monkeypatch.setattr(core_stream, "SPILL_CHARS", 4)
+    monkeypatch.setattr("worker.core.stream_spill.SPILL_CHARS", 4)
 
 
 @pytest.mark.parametrize("case", STREAM_CASES, ids=[c["id"] for c in STREAM_CASES])

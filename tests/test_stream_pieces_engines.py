@@ -24,7 +24,6 @@ import pytest
 
 from tests.harness.streams import run_stream
 from worker.config import ServedModelConfig
-from worker.core import stream as core_stream
 from worker.core.service import DerenderService
 
 _QWEN3 = Path(__file__).resolve().parent / "data" / "tokenizers" / "qwen3"
@@ -133,7 +132,7 @@ def test_a_huge_call_keeps_the_state_under_4_kib(case, mode, closed):
 
 @pytest.fixture
 def tiny_spill(monkeypatch):
-    monkeypatch.setattr(core_stream, "SPILL_CHARS", 4)
+    monkeypatch.setattr("worker.core.stream_spill.SPILL_CHARS", 4)
 
 
 def _view(chunks: list) -> tuple[str, dict, list]:

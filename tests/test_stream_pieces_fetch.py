@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import pytest
 
 from worker.config import ServedModelConfig
-from worker.core import stream as core_stream
 from worker.core.service import DerenderService
 from worker.transport.jobs import StreamOutcome, derender_stream_job
 from worker.transport.outage import OutageClock
@@ -29,7 +28,7 @@ _TOOL = [{"type": "function", "function": {"name": "write_file", "parameters": {
 
 @pytest.fixture
 def tiny_spill(monkeypatch):
-    monkeypatch.setattr(core_stream, "SPILL_CHARS", 4)
+    monkeypatch.setattr("worker.core.stream_spill.SPILL_CHARS", 4)
 
 
 def _bodies(tok, together: bool, lengths: tuple[int, int]) -> list[bytes]:

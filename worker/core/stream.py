@@ -120,7 +120,6 @@ first chunk's (compared by ``request_digest``; later chunks' requests are never 
 """
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import msgspec
@@ -161,7 +160,11 @@ from worker.core.detokenize import (
 )
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
-from worker.core.responses.log import PieceLog, PiecesLost
+from worker.core.responses.log import PieceLog
+from worker.core.stream_spill import clear_spills as _clear_spills
+from worker.core.stream_spill import need_every_spill as _need_every_spill
+from worker.core.stream_spill import spill as _spill
+from worker.core.stream_spill import unspill as _unspill
 from worker.core.stream_state import (
     STATE_VERSION,
     ChoiceState,
@@ -481,11 +484,6 @@ def _want_usage(st: StreamState, force: bool, any_finished: bool) -> bool:
 
 
 # ------------------------------------------------------------------------ bounded state ---
-#: an open call's body is spilled once this many characters of it are held in the state; what
-#: stays is what the parser still reads (from its end-marker search / lexer / streamer offsets)
-SPILL_CHARS = 1024
-
-
 def _snapshot(cs: ChoiceState) -> bytes:
     """A choice state as bytes, to run a step again from it (``_restore``)."""
     return _state_encoder.encode(cs)
@@ -493,110 +491,6 @@ def _snapshot(cs: ChoiceState) -> bytes:
 
 def _restore(rt: ModelRuntime, snap: bytes) -> ChoiceState:
     return _typed(rt.stack).choice.decode(snap)
-
-
-def _clear_spills(cs: ChoiceState) -> None:
-    """No spilled ranges (and their CRCs) left in ``cs``."""
-    cs.spill = []
-    cs.spill_args = []
-    cs.spill_held = []
-    cs.spill_crc = cs.spill_args_crc = cs.spill_held_crc = 0
-
-
-def _read_ranges(pieces: PieceLog, ranges: list[int], crc: int) -> str:
-    """The text spilled to ``ranges`` of ``pieces``, whose bytes had CRC-32 ``crc`` when written
-    (``_append``). Raises ``PiecesLost`` when the bytes read are not those (another CRC, or not
-    UTF-8): the pieces were overwritten, and no reply is built from them."""
-    data = b"".join(pieces.read(ranges[i], ranges[i] + ranges[i + 1]) for i in range(0, len(ranges), 2))
-    if zlib.crc32(data) != crc:
-        raise PiecesLost(f"the stream's pieces are corrupted ({len(data)} bytes read, not the ones written: "
-                         "another CRC-32): they were lost or expired, or overwritten")
-    try:
-        return data.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError as e:  # bytes the store holds are not what was spilled
-        raise PiecesLost(f"the stream's pieces are corrupted ({e.reason} at byte {e.start} of "
-                         f"{len(data)} read): they were lost or expired, or overwritten") from None
-
-
-def _need_every_spill(st: StreamState, pieces: PieceLog) -> None:
-    """Without a reader, ask for the stored bytes of every spilled body of the stream at once:
-    ``PiecesNeeded`` over the span from the first range of any choice to the end of the last
-    (``PieceLog.read``). A caller that then reads only that span (the Kafka worker reads what
-    ``needs_pieces`` names) has the bytes of every choice that closes in this chunk and of each
-    of their ranges, however the choices' spills interleave; one range at a time, a second range
-    or choice read past the fetched bytes and a live stream got the 409 "lost or expired"."""
-    if pieces.reader is not None:
-        return
-    lo = hi = -1
-    for c in st.choices.values():
-        for r in (c.spill, c.spill_args, c.spill_held):
-            if r:
-                lo = r[0] if lo < 0 else min(lo, r[0])
-                hi = max(hi, r[-2] + r[-1])
-    if lo >= 0:
-        pieces.read(lo, hi)
-
-
-def _unspill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
-    """Bring the open call's spilled start (and its spilled sent XML entries, and the
-    required/named content held for JSON parsing) back from ``pieces`` into its parser state.
-    Raises ``PiecesLost`` (the 409 "lost or expired") when the stored bytes are too few, not
-    the ones written (CRC-32), not UTF-8, or not as many characters as were spilled: the pieces were lost, truncated or
-    overwritten (a wrong reply is never built from them)."""
-    stack = rt.stack
-    tool = stack.tool
-    ps = cs.parser
-    try:
-        if cs.spill:
-            tool.unspill(ps.tool, _read_ranges(pieces, cs.spill, cs.spill_crc))
-        if cs.spill_args or (ps.tool is not None and tool.args_spilled(ps.tool)):
-            tool.unspill_args(ps.tool, _read_ranges(pieces, cs.spill_args, cs.spill_args_crc))
-        if cs.spill_held or ps.held_spilled:
-            stack.unspill_held(ps, _read_ranges(pieces, cs.spill_held, cs.spill_held_crc))
-    except ValueError as e:  # (the unspill character count checks)
-        raise PiecesLost(f"the stream's pieces are corrupted ({e}): they were lost or expired, or overwritten") from None
-    _clear_spills(cs)
-
-
-def _append(pieces: PieceLog, ranges: list[int], text: str, crc: int) -> int:
-    """Append ``text`` to ``pieces``, its byte range added to ``ranges`` (joined to the last one
-    when they touch); returns the running CRC-32 ``crc`` of the ranges' bytes with it
-    (``_read_ranges`` checks it)."""
-    data = text.encode("utf-8", "surrogatepass")
-    at = len(pieces)
-    pieces.new += data
-    if ranges and ranges[-2] + ranges[-1] == at:
-        ranges[-1] += len(data)
-    else:
-        ranges += [at, len(data)]
-    return zlib.crc32(data, crc)
-
-
-def _spill(rt: ModelRuntime, cs: ChoiceState, pieces: PieceLog) -> None:
-    """Move what the choice's parsers no longer read before a call closes or the output ends
-    out of the choice state, appended to ``pieces``: the start of an open tool call's body
-    (once ``SPILL_CHARS`` are held; ``ToolParser.body_held`` / ``spill_point`` / ``spill``),
-    the open XML call's sent entries (``ToolParser.spill_args``) and the required/named
-    content held for JSON parsing (``ParserStack.spill_held``)."""
-    ps = cs.parser
-    if ps is None:
-        return
-    if len(ps.held) >= SPILL_CHARS:
-        cs.spill_held_crc = _append(pieces, cs.spill_held, rt.stack.spill_held(ps), cs.spill_held_crc)
-    if ps.tool is None:
-        return
-    tool = rt.stack.tool
-    if tool.body_held(ps.tool) >= SPILL_CHARS:
-        k = tool.spill_point(ps.tool)
-        if k >= SPILL_CHARS // 2:
-            cs.spill_crc = _append(pieces, cs.spill, tool.spill(ps.tool, k), cs.spill_crc)
-    if tool.spill_args_due(ps.tool, SPILL_CHARS):
-        text, fresh = tool.spill_args(ps.tool, max(1, SPILL_CHARS // 4))
-        if fresh:
-            cs.spill_args = []
-            cs.spill_args_crc = 0
-        if text:
-            cs.spill_args_crc = _append(pieces, cs.spill_args, text, cs.spill_args_crc)
 
 
 def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoice,

@@ -241,6 +241,21 @@ def _abort(exc: BaseException, guard: CommitGuard | None, sink: SingleFileSink, 
         sink.abort(exc)
 
 
+def _formats(input_path: str, output_path: str, input_format: str | None,
+             output_format: str | None) -> tuple[str, str]:
+    """``(input format, output format)`` of a run, detected where not given. Raises
+    ``ValueError`` for an unknown format, ``FileNotFoundError`` for a missing input file."""
+    in_fmt = input_format or formats.detect_input_format(input_path)
+    if in_fmt not in formats.INPUT_FORMATS:
+        raise ValueError(f"unknown input format {in_fmt!r} (one of {', '.join(formats.INPUT_FORMATS)})")
+    out_fmt = output_format or formats.output_format_for(output_path, in_fmt)
+    if out_fmt not in formats.OUTPUT_FORMATS:
+        raise ValueError(f"unknown output format {out_fmt!r} (one of {', '.join(formats.OUTPUT_FORMATS)})")
+    if in_fmt != "parquet" and input_path != "-" and not os.path.isfile(input_path):
+        raise FileNotFoundError(f"input {input_path!r} not found")
+    return in_fmt, out_fmt
+
+
 def run_batch(service: DerenderService, input_path: str, output_path: str, workers: int = 0,
               chunksize: int = 16, progress: bool | None = None, *, input_format: str | None = None,
               output_format: str | None = None, part_size: int | None = None, resume: bool = False,
@@ -262,14 +277,7 @@ def run_batch(service: DerenderService, input_path: str, output_path: str, worke
     or the output written, ``ValueError`` for bad settings; the output is then left as it was."""
     global _service
     _service = service
-    in_fmt = input_format or formats.detect_input_format(input_path)
-    if in_fmt not in formats.INPUT_FORMATS:
-        raise ValueError(f"unknown input format {in_fmt!r} (one of {', '.join(formats.INPUT_FORMATS)})")
-    out_fmt = output_format or formats.output_format_for(output_path, in_fmt)
-    if out_fmt not in formats.OUTPUT_FORMATS:
-        raise ValueError(f"unknown output format {out_fmt!r} (one of {', '.join(formats.OUTPUT_FORMATS)})")
-    if in_fmt != "parquet" and input_path != "-" and not os.path.isfile(input_path):
-        raise FileNotFoundError(f"input {input_path!r} not found")
+    in_fmt, out_fmt = _formats(input_path, output_path, input_format, output_format)
     service.preload()
     workers = workers or (os.cpu_count() or 1)
     max_in_flight = max(max_in_flight or max(64, workers * chunksize * 4), 2 * chunksize)

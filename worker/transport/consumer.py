@@ -183,6 +183,12 @@ def state_store_outage_clock(settings: WorkerSettings, health: HealthState | Non
                             f"{HDR_SEQ} header)")
 
 
+def _client_kwargs(s: WorkerSettings) -> dict[str, Any]:
+    """The aiokafka client settings the producer and the consumer share."""
+    return dict(bootstrap_servers=s.bootstrap_servers, client_id=s.client_id,
+                request_timeout_ms=s.request_timeout_ms, **s.security)
+
+
 class KafkaDerenderWorker:
     """One consumer-group member: fetch, derender off the event loop, publish replies in
     partition order, commit after acknowledgement (record format: ``worker.transport.records``).
@@ -250,11 +256,6 @@ class KafkaDerenderWorker:
             self.on_stopping(self._fatal)
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def _client_kwargs(self) -> dict[str, Any]:
-        s = self.settings
-        return dict(bootstrap_servers=s.bootstrap_servers, client_id=s.client_id,
-                    request_timeout_ms=s.request_timeout_ms, **s.security)
-
     async def start(self) -> None:
         """Serve the health/metrics port (``--metrics-port``), create the pool, producer and
         consumer and join the group. Raises ``EndpointError`` when the port cannot be served (nothing
@@ -312,12 +313,12 @@ class KafkaDerenderWorker:
         self._router = StreamRouter(ctx, store, s.stream_gap_timeout_s, s.stream_replay_window,
                                     outage=self.store_outage, memory=memory)
         self._router.start()
-        self._producer = AIOKafkaProducer(**self._client_kwargs(), **producer_config(s))
+        self._producer = AIOKafkaProducer(**_client_kwargs(s), **producer_config(s))
         await self._producer.start()
         self.publisher.producer = self._producer
         self.publisher.stopping = self._stopping
         self._consumer = AIOKafkaConsumer(
-            **self._client_kwargs(), group_id=s.group_id, enable_auto_commit=False,
+            **_client_kwargs(s), group_id=s.group_id, enable_auto_commit=False,
             auto_offset_reset=s.auto_offset_reset, session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=s.max_in_flight,
             fetch_max_wait_ms=s.fetch_max_wait_ms)
