@@ -15,7 +15,7 @@ import sys
 import pytest
 from tqdm import tqdm
 
-from tests.harness.batch import QWEN3, ROOT, qwen3_bodies, run_cli, write_jsonl
+from tests.harness.batch import QWEN3, ROOT, TERMINATED, qwen3_bodies, run_cli, terminated_lines, write_jsonl
 from tests.harness.batch import spawn as _spawn
 from tests.harness.batch import wait_for as _wait_for
 from tests.parity import corpus, missing_parser
@@ -154,7 +154,7 @@ def test_sigterm_removes_the_temporary_output_and_exits_143(tmp_path, workers):
     _, err = proc.communicate(timeout=60)  # (a hang is a failure, never a stuck suite)
     err = err.decode()
     assert proc.returncode == 143, err
-    assert err.strip().splitlines() == ["derender-worker batch: terminated (SIGTERM); no output written"]
+    assert terminated_lines(err) == [TERMINATED]
     assert out.read_text() == "earlier output\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
 

@@ -14,12 +14,19 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from tests.harness.batch import QWEN3, ROOT, qwen3_bodies, run_cli, table_json_columns, write_jsonl
+from tests.harness.batch import (
+    QWEN3,
+    ROOT,
+    TERMINATED,
+    qwen3_bodies,
+    run_cli,
+    table_json_columns,
+    terminated_lines,
+    write_jsonl,
+)
 from tests.harness.batch import wait_for as _wait_for
 from worker.cli import batch as cli_batch
 from worker.offline import commit
-
-TERMINATED = "derender-worker batch: terminated (SIGTERM); no output written"
 
 
 def _writing(d) -> bool:
@@ -55,7 +62,7 @@ def test_sigterm_ends_a_run_whose_stdin_stays_open(tmp_path, mode):
         proc.stdin.close()
         proc.wait()
     assert rc == 143, err
-    assert err.strip().splitlines() == [TERMINATED]
+    assert terminated_lines(err) == [TERMINATED]
     assert out.read_text() == "earlier output\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
 
@@ -163,7 +170,7 @@ def test_sigterm_inside_a_lock_shared_with_the_pool_threads(tmp_path, lock):
                           capture_output=True, timeout=120)  # generous: a hang (the bug) is a failure
     err = proc.stderr.decode()
     assert proc.returncode == 143, err
-    assert err.strip().splitlines() == [TERMINATED]
+    assert terminated_lines(err) == [TERMINATED]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 

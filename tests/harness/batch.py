@@ -70,3 +70,11 @@ def wait_for(pred, proc: subprocess.Popen, timeout: float = 120.0) -> None:
         time.sleep(0.02)
 
 
+#: what a run ended by SIGTERM before its output was written says
+TERMINATED = "derender-worker batch: terminated (SIGTERM); no output written"
+
+
+def terminated_lines(err: str) -> list[str]:
+    """Standard error of a run ended by SIGTERM, without the one line an aborted run may add when
+    ``Pool.terminate`` is stuck (``runner._terminate``: the run then goes on without it)."""
+    return [ln for ln in err.strip().splitlines() if "cpython#96995" not in ln]
