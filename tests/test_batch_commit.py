@@ -82,10 +82,11 @@ def test_exit_status_and_summary_when_records_fail(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "6 records, 0 ok, 6 failed (404: 6)" in err
     assert "6 x 404 'The model `forgotten` does not exist." in err and "(first at line 1)" in err
-    assert f"grep -n '{{\"error\":{{' {out}" in err
+    pattern = '\\{"(type":"error",")?error":\\{'  # OpenAI's error object, or Anthropic's
+    assert f"grep -n -E '{pattern}' {out}" in err
     assert "serve it with --served-model-name" in err  # what to do about a 404
     # the hint lists exactly the failed lines
-    listed = subprocess.run(["grep", "-n", '{"error":{', str(out)], capture_output=True, text=True).stdout
+    listed = subprocess.run(["grep", "-n", "-E", pattern, str(out)], capture_output=True, text=True).stdout
     assert len(listed.splitlines()) == 6
 
     mixed = write_jsonl(tmp_path / "mixed.jsonl", bodies[:3] + [dict(bodies[0], model="forgotten")])

@@ -28,6 +28,6 @@ def test_bench_logprobs_prints_one_line_per_api_and_top(capsys, tmp_path):
     out = capsys.readouterr().out
     lines = [x for x in out.splitlines() if x.startswith("  round 1 ")]
     assert [x.split()[2] for x in lines] == ["chat", "completion", "responses"]
-    for x in lines:
-        assert re.search(r"product +-?[\d.]+ us/record +floor +[\d.]+ us +-?[\d.]+x", x), x
+    for x in lines:  # 3 records cost less CPU than start-up: no figure then, never a negative one
+        assert re.search(r"product +[\d.]+ us/record +floor +[\d.]+ us +[\d.]+x", x) or "too few records" in x, x
     assert main(["--apis", "messages"]) == 2

@@ -207,6 +207,27 @@ def test_model_flag_is_the_tokenizer_and_the_default_served_name():
     assert (m.name, m.tokenizer) == (QWEN3, QWEN3 + "/")
 
 
+def test_model_flags_beside_config_are_named_in_a_warning(caplog, tmp_path):
+    """``--config`` names the served models: a per-model flag given too is not read, and says so."""
+    import logging
+
+    from worker.config import models_from_args
+    cfg = tmp_path / "models.json"
+    cfg.write_text(json.dumps({"q": {"tokenizer": QWEN3, "tool_parser": "hermes"}}))
+    args, _ = parse_args(["batch", "-", "-o", "-", "--config", str(cfg)])
+    with caplog.at_level(logging.WARNING, logger="worker.config"):
+        (m,) = models_from_args(args)
+    assert m.tool_call_streaming == "whole" and not caplog.records
+    args, _ = parse_args(["batch", "-", "-o", "-", "--config", str(cfg), "--tool-call-streaming", "incremental",
+                          "--reasoning-parser", "qwen3"])
+    with caplog.at_level(logging.WARNING, logger="worker.config"):
+        (m,) = models_from_args(args)
+    assert (m.tool_call_streaming, m.reasoning_parser) == ("whole", None)  # the file's settings
+    (rec,) = caplog.records
+    assert "--tool-call-streaming incremental" in rec.getMessage()
+    assert "--reasoning-parser qwen3" in rec.getMessage()
+
+
 def _logprob_body(top: int) -> dict:
     body = json.loads(json.dumps(_bodies(1)[0]))
     body["model"] = "q"

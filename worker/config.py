@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from worker.core.tokenizers import TOKENIZER_MODES
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_N = 16384
 DEFAULT_MAX_LOGPROBS = 20
@@ -201,13 +204,28 @@ def load_config_file(path: str | os.PathLike, tokenizer_root: str | os.PathLike 
     return out
 
 
+#: the per-model flags of ``add_model_args`` and their defaults: with ``--config`` they are not
+#: read, and one given anyway is named in a warning
+MODEL_FLAG_DEFAULTS: dict[str, Any] = {
+    "tokenizer": None, "tokenizer_mode": "auto", "reasoning_parser": None, "tool_parser": None,
+    "enable_auto_tool_choice": False, "tool_call_streaming": "whole", "max_model_len": None,
+    "max_logprobs": DEFAULT_MAX_LOGPROBS, "max_n": DEFAULT_MAX_N, "return_tokens_as_token_ids": False,
+}
+
+
 def models_from_args(args: argparse.Namespace) -> list[ServedModelConfig]:
     """Served models from parsed flags: ``--config`` or the single-model flags (vLLM's rules:
     the tokenizer is ``--tokenizer``, else ``--model`` / the positional model tag; the served
     names are ``--served-model-name`` (first = main, others = aliases), else the model path).
-    Raises ``ValueError`` when neither names a tokenizer, or on a bad config file."""
+    With ``--config``, per-model flags given too are not read (a warning names them). Raises
+    ``ValueError`` when neither names a tokenizer, or on a bad config file."""
     model = getattr(args, "model_tag", None) or getattr(args, "model", None)
     if args.config:
+        ignored = [f"--{k.replace('_', '-')} {getattr(args, k)}" for k, d in MODEL_FLAG_DEFAULTS.items()
+                   if getattr(args, k, d) != d]
+        if ignored or model:
+            log.warning("--config %s names the served models: %s ignored (set them per model in the file)",
+                        args.config, ", ".join(ignored + ([f"model {model}"] if model else [])))
         models = load_config_file(args.config, getattr(args, "tokenizer_root", None))
         if args.served_model_name:  # pick the served models to use (bench), by any of their names
             want = set(args.served_model_name)

@@ -171,6 +171,11 @@ def _measure(args: argparse.Namespace, apis: list[str], tops: list[int | None], 
                     if len(replies) != len(lines) or b'"error"' in replies[0][:40]:
                         print(f"  {api} top {top}: bad output: {replies[0][:300]!r}", file=sys.stderr)
                         return 1
+                    if cpu - base < base:  # start-up's own swing (~0.1-0.3 s) would be the figure
+                        print(f"  round {rnd + 1} {api:10s} top {str(top):4s}: too few records: the run took "
+                              f"{cpu:.2f} s of CPU against {base:.2f} s of start-up; raise --records "
+                              f"(figures are read once the records cost more than start-up)", flush=True)
+                        continue
                     prod = (cpu - base) / len(lines) * 1e6
                     if fl is None:
                         fl = io_floor_us(lines, replies, args.floor_repeats)

@@ -20,9 +20,10 @@ def failed_records_hint(output: str, output_format: str) -> str:
     grep = "zgrep" if output.endswith(".gz") else "grep"
     if output_format == "openai-batch":
         return f"{grep} -n -v '\"error\":null}}$' {q}"
-    # a refused record is an error object; a stream list record holds one where a chunk was refused
-    # (quotes inside JSON strings are escaped, so response text never matches)
-    return f"{grep} -n '{{\"error\":{{' {q}"
+    # a refused record is an error object (OpenAI's, or Anthropic's ``{"type":"error","error":{..}}``);
+    # a stream list record holds one where a chunk was refused (quotes inside JSON strings are
+    # escaped, so response text never matches)
+    return f"{grep} -n -E '\\{{\"(type\":\"error\",\")?error\":\\{{' {q}"
 
 
 def summary_lines(summary: dict, output: str) -> list[str]:
@@ -47,7 +48,7 @@ def summary_lines(summary: dict, output: str) -> list[str]:
         if shown < errs:
             out.append(f"batch:   {errs - shown} more failures of other kinds")
         if output != "-":
-            out.append(f"batch: failed records hold an OpenAI error object in {output}; list them: "
+            out.append(f"batch: failed records hold an error object (OpenAI's, or Anthropic's for Messages) in {output}; list them: "
                        + failed_records_hint(output, summary["output_format"]))
     return out
 
