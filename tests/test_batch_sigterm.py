@@ -211,3 +211,34 @@ def test_a_stuck_pool_teardown_does_not_hold_the_aborted_run(capsys):
             return None
 
     assert runner._terminate(Quick(), wait_s=5) is True
+
+
+def test_ctrl_c_to_the_process_group_exits_130_without_a_pool_traceback(tmp_path):
+    """Ctrl-C in a terminal sends SIGINT to the whole foreground process group, the pool
+    processes included: the batch process ends the run (status 130, the temporary output removed,
+    an earlier output untouched) and no pool process prints a ``KeyboardInterrupt`` traceback."""
+    out = tmp_path / "out.jsonl"
+    out.write_text("earlier output\n")
+    data = "".join(json.dumps(b) + "\n" for b in qwen3_bodies()).encode()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "batch", "-", "-o", str(out), "--config", QWEN3,
+                             "--no-progress", "--workers", "2", "--chunksize", "1"], cwd=tmp_path, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True,  # its own group, as a terminal's foreground job
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        proc.stdin.write(data)
+        proc.stdin.flush()  # kept open: the run is still going when the signal comes
+        _wait_for(lambda: _writing(tmp_path), proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.stdin.close()
+        proc.wait()
+    assert rc == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "PoolWorker" not in err, err
+    assert "interrupted" in err, err
+    assert out.read_text() == "earlier output\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]

@@ -71,7 +71,8 @@ def test_registry_matches_table():
         dyn = [k for k, v in row["labels"].items() if v is None]
         if dyn:
             assert dyn == list(row["labels"]), name
-            getattr(m, {"derender_consumer_lag": "lag"}[name]).labels(*["0"] * len(dyn)).set(1)
+            if name != "derender_build_info":  # (set by the constructor: its one series)
+                getattr(m, {"derender_consumer_lag": "lag"}[name]).labels(*["0"] * len(dyn)).set(1)
     _check_against_table(m.registry.collect())
     # every bounded label combination exists from the start, at 0
     samples = _samples(m.registry)
@@ -383,3 +384,17 @@ def test_run_with_a_taken_metrics_port_is_one_line_exit_2(tmp_path):
     assert "Traceback" not in out, out
     errors = [ln for ln in out.splitlines() if "ERROR" in ln]
     assert len(errors) == 1 and f"--metrics-port {port}: cannot listen" in errors[0], out
+
+
+def test_build_info_names_this_release_and_version_flag_prints_the_same():
+    from worker.buildinfo import version
+    from worker.state.formats import CURRENT, FORMATS
+    series = {k: v for k, v in _samples(PromMetrics().registry).items() if k[0] == "derender_build_info"}
+    want = (("state_format", str(CURRENT)), ("state_formats_read", ",".join(map(str, sorted(FORMATS)))),
+            ("version", version()))
+    assert series == {("derender_build_info", want): 1.0}
+    assert version() not in ("", "unknown")  # the tests run an installed (editable) package
+    out = subprocess.run([sys.executable, "-m", "worker.cli", "--version"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"derender-worker {version()} (stream state format {CURRENT}; reads {want[1][1]})"

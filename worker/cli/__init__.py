@@ -13,6 +13,7 @@ import argparse
 import logging
 import sys
 
+from worker.buildinfo import version_line
 from worker.cli import batch, bench, broker, demo, run, schemas
 from worker.flags import (
     OneLineParser,
@@ -44,6 +45,8 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     ap = OneLineParser(prog="derender-worker", description=__doc__.splitlines()[0],
                        epilog="Every flag FOO-BAR of every subcommand also reads DERENDER_FOO_BAR; a flag wins.")
     add_log_args(ap, top=True)
+    ap.add_argument("--version", action="version", version=version_line(),
+                    help="print the version and the stream-state formats this release reads and writes, then exit")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser, metavar="COMMAND",
                             help="one of:")
     subs: dict[str, argparse.ArgumentParser] = {}

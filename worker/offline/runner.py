@@ -34,12 +34,16 @@ _service: DerenderService | None = None
 
 
 def _pool_init(parent_pid: int) -> None:
-    """Initializer of a batch pool process: die (SIGKILL, silently) with the batch process. When
-    the parent is killed hard, pool processes would otherwise fail writing results to the gone
-    parent and each print a ``BrokenPipeError`` traceback."""
+    """Initializer of a batch pool process: die (SIGKILL, silently) with the batch process, and
+    ignore SIGINT (the batch process handles Ctrl-C). When the parent is killed hard, pool
+    processes would otherwise fail writing results to the gone parent and each print a
+    ``BrokenPipeError`` traceback."""
     die_with_parent(signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before the prctl call
         os._exit(0)
+    # Ctrl-C reaches the whole process group: the batch process handles it (exit 130, pool
+    # terminated); a pool process would print a ``KeyboardInterrupt`` traceback instead
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _work(item: bytes | tuple[bytes, int]) -> tuple[bytes, int]:
