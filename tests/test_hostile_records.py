@@ -249,11 +249,11 @@ async def test_unpublishable_dead_letter_pauses_the_partition_until_it_can_be_pu
     real_send, refused = worker.publisher.send, []
     dlq_exists = False
 
-    async def send(out):
+    async def send(out, **kw):  # (kw: the publisher's spans/note flags)
         if out.topic == n.dlq and not dlq_exists:
             refused.append(out.key)
             raise UnknownTopicOrPartitionError(f"{out.topic} (injected)")
-        return await real_send(out)
+        return await real_send(out, **kw)
 
     worker.publisher.send = send
     async with worker:
@@ -614,13 +614,13 @@ async def test_reply_resent_while_its_topic_is_being_created(kafka_bootstrap, ka
     worker = KafkaDerenderWorker(settings, qwen3_models)
     real_send, failed = worker.publisher.send, []
 
-    async def send(out):
+    async def send(out, **kw):  # (kw: the publisher's spans/note flags)
         if out.topic == n.reply and len(failed) < 3:  # the first three deliveries fail as during auto-create
             failed.append(out.key)
             fut = asyncio.get_running_loop().create_future()
             fut.set_exception(UnknownError("[Error -1] UnknownError (injected)"))
             return fut
-        return await real_send(out)
+        return await real_send(out, **kw)
 
     worker.publisher.send = send
     async with worker:

@@ -255,7 +255,7 @@ async def test_undeliverable_stream_reply_retries_not_ready_and_stops_without_th
     w = KafkaDerenderWorker(settings, qwen3_models)
     await w.start()
 
-    async def lost(plan):
+    async def lost(plan, **kw):  # (kw: the publisher's spans/note flags)
         fut = asyncio.get_running_loop().create_future()
         fut.set_exception(KafkaError("simulated NotLeaderForPartitionError"))
         return fut

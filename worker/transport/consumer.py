@@ -47,6 +47,7 @@ from worker.transport.jobs import JobOutcome
 from worker.transport.metrics import PromMetrics, WorkerStats
 from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.pauses import PartitionPauses
+from worker.transport.permits import Permits
 from worker.transport.planning import ReplyPlanner
 from worker.transport.pool import DerenderPool
 from worker.transport.publisher import UNKNOWN_TOPIC_MEMORY_S, ReplyPublisher, producer_config
@@ -214,7 +215,7 @@ class KafkaDerenderWorker:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._parts: dict[TopicPartition, _Partition] = {}
-        self._sem: asyncio.Semaphore | None = None
+        self._sem: Permits | None = None  # --max-in-flight
         self._stopping: asyncio.Event | None = None
         self._fatal: BaseException | None = None
         #: called once when stopping starts: with the fatal error, or None for ``stop()``
@@ -280,7 +281,7 @@ class KafkaDerenderWorker:
 
     async def _start(self) -> None:
         s = self.settings
-        self._sem = asyncio.Semaphore(max(1, s.max_in_flight))
+        self._sem = Permits(max(1, s.max_in_flight))
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()
         self.health.set_reason("consumer-group", f"not a member of group {s.group_id} yet")
@@ -478,34 +479,37 @@ class KafkaDerenderWorker:
             queued: list[tuple[_Partition, _Job]] = []  # jobs for the sequencers, in fetch order
             streamed: list[tuple[_Partition, Any]] = []
             stopped = False
+            permits = self._sem
             unary = 0  # non-streaming records taken (``derender_received_total``, counted once per fetch)
             for tp, msgs in batches.items():
                 if stopped:
                     break
                 for msg in msgs:
-                    if self._sem.locked() and queued:
-                        self._flush(chunk, queued)  # never hold unsubmitted work while waiting for capacity
-                        chunk, queued = [], []
-                    if not await self._permit():
-                        stopped = True  # stopping while waiting for capacity: the rest is refetched later
-                        break
+                    if not permits.take():
+                        if queued:
+                            self._flush(chunk, queued)  # never hold unsubmitted work while waiting for capacity
+                            chunk, queued = [], []
+                        if not await self._permit():
+                            stopped = True  # stopping while waiting for capacity: the rest is refetched later
+                            break
                     st = self._parts.get(tp)
                     if st is None:
                         if tp not in consumer.assignment():
-                            self._sem.release()
+                            permits.release()
                             continue  # revoked meanwhile: the new owner refetches it
                         st = self._open_partition(tp)
                     if st.closed:
-                        self._sem.release()
+                        permits.release()
                         continue
                     st.inflight.add(msg.offset)
                     st.active.add(msg.offset)
                     st.hi = max(st.hi or 0, msg.offset + 1)
-                    self._pauses.window(st)
-                    if self._header(msg, HDR_SEQ) is not None:  # a stream chunk
+                    if st.stream_inflight or st.store_wait or st.gap_wait:  # (else no bound can be reached)
+                        self._pauses.window(st)
+                    if msg.headers and self._header(msg, HDR_SEQ) is not None:  # a stream chunk
                         self._prom.received_stream.inc()
                         st.stream_inflight.add(msg.offset)
-                        self._sem.release()  # bounded by the partition window, not by permits
+                        permits.release()  # bounded by the partition window, not by permits
                         streamed.append((st, msg))
                         continue
                     unary += 1
@@ -530,8 +534,7 @@ class KafkaDerenderWorker:
     async def _permit(self) -> bool:
         """Take a ``--max-in-flight`` permit; False (none taken) when the worker starts stopping
         meanwhile: a fetch loop waiting for capacity never keeps a stop or a give-up waiting."""
-        if not self._sem.locked():
-            await self._sem.acquire()
+        if self._sem.take():
             return True
         got = asyncio.ensure_future(self._sem.acquire())
         stop = asyncio.ensure_future(self._stopping.wait())
@@ -563,8 +566,8 @@ class KafkaDerenderWorker:
         ``queued`` (``chunk`` and the records with nothing to derender, in fetch order) to their
         partitions' sequencers: one queue item per partition, a list of jobs in offset order."""
         if chunk:
-            call = self.pool.submit_batch([(j.msg.value, self._kind_header(j.msg), record_created(j.msg))
-                                           for j in chunk])
+            call = self.pool.submit_batch([(j.msg.value, self._kind_header(j.msg) if j.msg.headers else None,
+                                            record_created(j.msg)) for j in chunk])
             call.add_done_callback(_retrieved)  # a failure is every job's (each awaits it): never "not retrieved"
             for j in chunk:
                 j.call = call

@@ -11,6 +11,7 @@ complete, anything else is folded into ``unknown``/``other`` — never a request
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -18,7 +19,11 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-__all__ = ["WorkerStats", "PromMetrics", "InstrumentedStore", "MODES", "KIND_VALUES", "OUTCOMES", "DLQ_REASONS",
+from worker.buildinfo import state_formats_read, version
+from worker.state.formats import CURRENT
+
+__all__ = ["WorkerStats", "observe_many", "PromMetrics", "InstrumentedStore", "MODES", "KIND_VALUES", "OUTCOMES",
+           "DLQ_REASONS",
            "STATE_OPS", "BUCKETS", "dlq_reason_label"]
 
 MODES = ("unary", "stream")  # stream = a record with a derender-seq header
@@ -31,6 +36,31 @@ DLQ_REASONS = ("invalid-reply-topic", "reply-topic-not-allowed", "unparseable-no
 STATE_OPS = ("read", "write", "delete", "ping")
 #: seconds; from a fast derender (~1 ms) to a record that waited a minute in the topic
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def observe_many(hist: Any, values: list[float]) -> None:
+    """``hist.observe(v)`` for each of ``values`` (a ``Histogram`` or a labelled child of one) in
+    one pass: each bucket hit and the sum incremented once. prometheus_client takes a lock and
+    scans the bounds per ``observe``: most of a record's metric cost on the worker's hot path
+    (docs/performance.md, issue 23 item 5). Falls back to ``observe`` per value when the
+    histogram's internals (``_upper_bounds``, ``_buckets``, ``_sum``) are not the expected ones."""
+    if not values:
+        return
+    bounds, buckets, total = (getattr(hist, "_upper_bounds", None), getattr(hist, "_buckets", None),
+                              getattr(hist, "_sum", None))
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for v in values:
+            hist.observe(v)
+        return
+    hist._raise_if_not_observable()
+    hits: dict[int, int] = {}
+    for v in values:
+        if v == v:  # (NaN: no bucket, as observe)
+            i = bisect_left(bounds, v)  # the first bound >= v (the last one is +Inf)
+            hits[i] = hits.get(i, 0) + 1
+    total.inc(sum(values))
+    for i, n in hits.items():
+        buckets[i].inc(n)
 
 
 def dlq_reason_label(reason: str | None) -> str:
@@ -103,6 +133,9 @@ class PromMetrics:
                                        ["op"], buckets=BUCKETS, registry=r)
         self.pool_restarts = Counter("derender_pool_restarts", "Derender pool rebuilt after a process died",
                                      registry=r)
+        self.build_info = Gauge("derender_build_info", "1, labelled with this build's version and stream-state formats",
+                                ["version", "state_format", "state_formats_read"], registry=r)
+        self.build_info.labels(version(), str(CURRENT), state_formats_read()).set(1)
         for m in MODES:
             self.received.labels(m)
             self.processing.labels(m)
@@ -143,6 +176,28 @@ class PromMetrics:
         self._processed[mode, kind if kind in KIND_VALUES else "unknown", outcome].inc()
         if timestamp_ms is not None and timestamp_ms >= 0:
             self._e2e[mode].observe(max(0.0, time.time() - timestamp_ms / 1000.0))
+
+    def finished_many(self, mode: str, rows: list[tuple[str | None, str | None, int | None, int | None]]) -> None:
+        """``finished(mode, kind, dlq_reason, status, timestamp_ms)`` for each row of ``rows``
+        (records finished together: one executor call's records of a partition), with each
+        counter and histogram bucket incremented once (``observe_many``)."""
+        now = time.time()
+        counts: dict[tuple[str, str, str], int] = {}
+        ages: list[float] = []
+        for kind, dlq_reason, status, timestamp_ms in rows:
+            if dlq_reason is not None:
+                outcome = "dead_letter"
+                self.dead_letters.labels(dlq_reason_label(dlq_reason)).inc()
+            else:
+                outcome = "ok" if status == 200 else "error"
+            kind = kind.removesuffix("-stream") if isinstance(kind, str) else "unknown"
+            key = (mode, kind if kind in KIND_VALUES else "unknown", outcome)
+            counts[key] = counts.get(key, 0) + 1
+            if timestamp_ms is not None and timestamp_ms >= 0:
+                ages.append(max(0.0, now - timestamp_ms / 1000.0))
+        for key, n in counts.items():
+            self._processed[key].inc(n)
+        observe_many(self._e2e[mode], ages)
 
     # -- sampled by the worker (commit loop) ---------------------------------------------------
     def observe_consumer(self, consumer: Any, parts: dict, topic: str) -> None:

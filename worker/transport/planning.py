@@ -43,8 +43,9 @@ class ReplyPlanner:
         rules of ``worker.transport.records``)."""
         if isinstance(msg, UnreadableRecord):
             return self.dead_letter(msg, msg.reason)
-        reply_hdr = header(msg, HDR_REPLY_TOPIC)
-        corr = header(msg, HDR_CORRELATION_ID)
+        hdrs = msg.headers  # (a record without headers: nothing to look for)
+        reply_hdr = header(msg, HDR_REPLY_TOPIC) if hdrs else None
+        corr = header(msg, HDR_CORRELATION_ID) if hdrs else None
         if out.crash == "derender-crashed":
             return self.dead_letter(msg, "derender-crashed")
         reply_topic = self.settings.reply_topic
@@ -68,7 +69,8 @@ class ReplyPlanner:
                    (HDR_STATUS, str(out.status).encode())]
         if out.kind:
             headers.append((HDR_KIND, out.kind.encode()))
-        headers.extend(trace_headers(msg.headers))  # W3C trace context: the reply continues the trace
+        if hdrs:
+            headers.extend(trace_headers(hdrs))  # W3C trace context: the reply continues the trace
         return Outgoing(reply_topic, key, out.body, headers)
 
     def dead_letter(self, msg: Any, reason: str) -> Outgoing:

@@ -161,30 +161,57 @@ class ReplyPublisher:
         return Outgoing(out.topic, out.key, error_body_for(api, err.message, err.status, request_id), headers)
 
     # -- sending --------------------------------------------------------------------------------
-    async def send(self, out: Outgoing) -> asyncio.Future:
+    async def send(self, out: Outgoing, spans: bool | None = None, note: bool = True) -> asyncio.Future:
         """Produce ``out`` (in a ``derender.publish`` span child of the record's trace context;
         with a recording span the record's ``traceparent`` becomes the span's). Returns the
         delivery future; raises ``KafkaError`` when the producer refuses it at once. Its offset,
-        once acknowledged, goes through ``acks``."""
-        fut = await self._send(out)
-        fut.add_done_callback(self._acked)
+        once acknowledged, goes through ``acks`` (``note=False``: the caller hands it to
+        ``note_acks`` with the records sent after it). ``spans``: ``tracer.enabled`` when the caller read
+        it already (None: read it here)."""
+        fut = await self._send(out, spans)
+        if note:
+            fut.add_done_callback(self._acked)
         return fut
+
+    def note_acks(self, sent: list[tuple[str, asyncio.Future]]) -> None:
+        """Put the deliveries of records sent in a row with ``note=False`` (``(topic, delivery)``
+        in send order) through ``acks`` once acked: for a topic of one partition only its last
+        pending one (acknowledged last, at the highest offset of them: the producer completes a
+        partition's batches in order), for any other topic each pending one (their partitions
+        are known only from the acknowledgement). Deliveries done already are skipped."""
+        last: dict[str, asyncio.Future] = {}
+        single: dict[str, bool] = {}
+        cluster = self.producer.client.cluster
+        for topic, fut in sent:
+            if fut.done():
+                continue
+            one = single.get(topic)
+            if one is None:
+                one = single[topic] = len(cluster.partitions_for_topic(topic) or ()) == 1
+            if one:
+                last[topic] = fut
+            else:
+                fut.add_done_callback(self._acked)
+        for fut in last.values():
+            fut.add_done_callback(self._acked)
 
     def _acked(self, fut: asyncio.Future) -> None:
         """Done-callback of a delivery: its offset to ``acks`` (in acknowledgement order)."""
         if fut.cancelled() or fut.exception() is not None:
             return
         md = fut.result()
+        if md is None:  # (no metadata: nothing to check)
+            return
         problem = self.acks.note(md.topic, md.partition, md.offset)
         if problem is not None:
             self.on_broker_lost(problem)
 
-    async def _send(self, out: Outgoing) -> asyncio.Future:
+    async def _send(self, out: Outgoing, spans: bool | None = None) -> asyncio.Future:
         headers = out.headers
         if not self.tracer.installed:
             return await self.producer.send(out.topic, value=out.value, key=out.key, headers=headers)
         carrier = [(k, v) for k, v in headers if k in (TRACEPARENT, TRACESTATE)]
-        if not self.tracer.enabled:  # the API without a provider: the headers a no-op span leaves (trace ones last)
+        if not (self.tracer.enabled if spans is None else spans):  # the API without a provider: the headers a no-op span leaves (trace ones last)
             if carrier:
                 headers = [h for h in headers if h[0] not in (TRACEPARENT, TRACESTATE)] + carrier
             return await self.producer.send(out.topic, value=out.value, key=out.key, headers=headers)
@@ -196,22 +223,23 @@ class ReplyPublisher:
                 headers += self.tracer.reply_headers(carrier, sp)
             return await self.producer.send(out.topic, value=out.value, key=out.key, headers=headers)
 
-    async def publish(self, st: Any, msg: Any, out: Outgoing, request_id: str | None = None,
-                      ) -> tuple[Outgoing, asyncio.Future]:
+    async def publish(self, st: Any, msg: Any, out: Outgoing, request_id: str | None = None, *,
+                      spans: bool | None = None, note: bool = True) -> tuple[Outgoing, asyncio.Future]:
         """Send ``out`` for record ``msg`` of partition ``st`` -> ``(record actually sent, delivery
         future)`` (rules 1-4 of the module docstring; rule 2 needs ``request_id`` for the error
-        object). Raises ``DeadLetterError`` when a dead letter's retries stop."""
-        if not out.is_dead_letter and not await self.reply_topic_known(out.topic):
+        object; ``spans``, ``note``: as for ``send``, for the record sent here). Raises
+        ``DeadLetterError`` when a dead letter's retries stop."""
+        if out.dlq_reason is None and not await self.reply_topic_known(out.topic):
             out = self.dead_letter(msg, f"reply-publish-failed: unknown topic {out.topic!r}")
-        if not out.is_dead_letter:
+        if out.dlq_reason is None:
             err = self.too_large(out)
             if err is not None:
                 out = await self.replace_too_large(st, msg, out, err, request_id)
                 if out.is_dead_letter:  # even the 413 was too big: the dead letter (acked) is all
                     return out, _done_future()
-        if not out.is_dead_letter:
+        if out.dlq_reason is None:
             try:
-                return out, await self.send(out)
+                return out, await self.send(out, spans=spans, note=note)
             except BROKER_TIMEOUT_ERRORS as e:  # the broker does not answer: settle() sends it again
                 failed = asyncio.get_running_loop().create_future()
                 failed.set_exception(e)
@@ -225,7 +253,7 @@ class ReplyPublisher:
             log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, out.dlq_reason,
                         extra=log_fields(msg))
         try:
-            return out, await self.send(out)
+            return out, await self.send(out, spans=spans, note=note)
         except KafkaError:
             pass
         await self.dead_letter_until_acked(st, msg, out)

@@ -3,6 +3,9 @@ its jobs in offset order, awaits each derender, hands the planned reply to the p
 order) and an *acker* (awaits the deliveries in that order, then the record is finished:
 committable). Commit order of a non-streaming record: derender -> produce reply (or dead letter)
 -> broker ack -> finished (then ``commits.OffsetCommitter`` commits up to the lowest unfinished).
+Both work per executor call: a sequencer queue item is one call's records of the partition, and
+so is an acker queue item (their deliveries in offset order); permits and metrics are given back
+and counted once per item (docs/performance.md, issue 23 item 5).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from worker.tracing import Tracer, kafka_span_attrs, trace_headers
 from worker.transport.deadletter import DeadLetterError
 from worker.transport.health import HealthState
 from worker.transport.jobs import JobOutcome
-from worker.transport.metrics import PromMetrics, WorkerStats, dlq_reason_label
+from worker.transport.metrics import PromMetrics, WorkerStats, dlq_reason_label, observe_many
 from worker.transport.planning import ReplyPlanner
 from worker.transport.pool import DerenderPool
 from worker.transport.publisher import ReplyPublisher
@@ -30,12 +33,12 @@ class UnaryPipeline:
     """Runs the sequencer and acker of each partition (``sequencer(st)``/``acker(st)`` tasks; a
     partition state has ``jobs``/``acks`` queues, ``failed``, ``finish(offset)``). ``pool``:
     derenders; ``planner``/``publisher``: the reply; ``permits()``: the worker's
-    ``--max-in-flight`` semaphore (one released per record acked); ``fatal(err)``: stop the
-    worker; ``count(...)`` is also the stream path's record counter."""
+    ``--max-in-flight`` permits (``permits.Permits``: one per record, an acker item's given back together);
+    ``fatal(err)``: stop the worker; ``count(...)`` is also the stream path's record counter."""
 
     def __init__(self, pool: DerenderPool, planner: ReplyPlanner, publisher: ReplyPublisher, tracer: Tracer,
                  stats: WorkerStats, metrics: PromMetrics, health: HealthState, *,
-                 permits: Callable[[], asyncio.Semaphore], fatal: Callable[[BaseException], None]):
+                 permits: Callable[[], Any], fatal: Callable[[BaseException], None]):
         self.pool = pool
         self.planner = planner
         self.publisher = publisher
@@ -63,9 +66,11 @@ class UnaryPipeline:
     async def sequencer(self, st: Any) -> None:
         """Take the partition's jobs in offset order (a queue item: the list of one executor call's
         records of this partition), await each derender, hand its record to the producer (in
-        order) and pass the delivery future to the acker."""
+        order) and pass the item's deliveries to the acker as one list, in the same order."""
         while True:
             jobs = await st.jobs.get()
+            acks: list[tuple[Any, Outgoing | None, JobOutcome | None, asyncio.Future]] = []
+            seconds: list[float] = []
             try:
                 spans = self.tracer.enabled  # (read once per executor call's records)
                 for job in jobs:
@@ -77,42 +82,63 @@ class UnaryPipeline:
                             log.error("derender raised on %s[%d]@%d key=%r:\n%s", msg.topic, msg.partition,
                                       msg.offset, msg.key[:256] if msg.key else msg.key,  # (a key can be MBs)
                                       out.crash, extra=log_fields(msg, out.request_id))
-                        self.metrics.processing_unary.observe(out.seconds)
+                        seconds.append(out.seconds)
                         plan, delivery = await self.publisher.publish(st, msg, self.planner.safe_plan(msg, out),
-                                                                      out.request_id)
-                        st.acks.put_nowait((job, plan, out, delivery))
+                                                                      out.request_id, spans=spans, note=False)
+                        acks.append((job, plan, out, delivery))
                     except Exception as e:
                         log.exception("cannot publish result of %s[%d]@%d", msg.topic, msg.partition, msg.offset,
                                       extra=log_fields(msg))
                         fut = asyncio.get_running_loop().create_future()
                         fut.set_exception(e)
-                        st.acks.put_nowait((job, None, None, fut))
+                        acks.append((job, None, None, fut))
             finally:
+                if acks:
+                    sent = [(plan.topic, d) for _, plan, _, d in acks if plan is not None and not d.done()]
+                    if sent:
+                        self.publisher.note_acks(sent)  # (the broker-loss check)
+                    st.acks.put_nowait(acks)
+                observe_many(self.metrics.processing_unary, seconds)
                 st.jobs.task_done()
 
     async def acker(self, st: Any) -> None:
-        """Await deliveries in offset order; advance the partition's committable offset."""
+        """Await deliveries in offset order (a queue item: one executor call's, as the sequencer
+        listed them); advance the partition's committable offset; give the item's permits back
+        and count its records once the item is done."""
         while True:
-            job, plan, out, delivery = await st.acks.get()
-            msg = job.msg
+            entries = await st.acks.get()
+            finished: list[tuple[Outgoing, JobOutcome | None, Any]] = []
+            taken = 0
             try:
-                if plan is None:  # publishing raised: a bug, or a dead letter given up
-                    await delivery
-                plan = await self.publisher.settle(st, msg, plan, delivery, out.request_id if out else None)
-                self.count(plan, out, msg)
-                if not st.failed:
-                    st.finish(msg.offset)
-            except DeadLetterError as e:  # revoked / drain given up while retrying: redelivered later
-                st.failed = True  # never commit past an undelivered message
-                log.warning("%s; %s[%d]@%d left uncommitted", e, msg.topic, msg.partition, msg.offset,
-                            extra=log_fields(msg))
-            except Exception as e:
-                st.failed = True  # never commit past an undelivered message
-                log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
-                              msg.partition, msg.offset, extra=log_fields(msg))
-                self.fatal(e)
+                for job, plan, out, delivery in entries:
+                    msg = job.msg
+                    taken += 1
+                    try:
+                        if plan is None:  # publishing raised: a bug, or a dead letter given up
+                            await delivery
+                        if not (delivery.done() and not delivery.cancelled() and delivery.exception() is None):
+                            plan = await self.publisher.settle(st, msg, plan, delivery,
+                                                               out.request_id if out else None)
+                        finished.append((plan, out, msg))
+                        if not st.failed:
+                            st.finish(msg.offset)
+                    except DeadLetterError as e:  # revoked / drain given up while retrying: redelivered later
+                        st.failed = True  # never commit past an undelivered message
+                        log.warning("%s; %s[%d]@%d left uncommitted", e, msg.topic, msg.partition, msg.offset,
+                                    extra=log_fields(msg))
+                    except Exception as e:
+                        st.failed = True  # never commit past an undelivered message
+                        log.exception("delivery of %s[%d]@%d failed; stopping (it will be redelivered)", msg.topic,
+                                      msg.partition, msg.offset, extra=log_fields(msg))
+                        self.fatal(e)
             finally:
-                self.permits().release()
+                self.permits().release(taken)
+                if finished:
+                    try:
+                        self.count_many(finished)
+                    except Exception as e:  # a bug: stop, as for a record that cannot be delivered
+                        log.exception("counting %d finished records failed", len(finished))
+                        self.fatal(e)
                 st.acks.task_done()
 
     def dead_letter_beside_reply(self, reason: str) -> None:
@@ -120,6 +146,22 @@ class UnaryPipeline:
         letter (``derender_dead_letters_total{reason}``); the record's outcome is its reply."""
         self.stats.dead_lettered += 1
         self.metrics.dead_letters.labels(dlq_reason_label(reason)).inc()
+
+    def count_many(self, rows: list[tuple[Outgoing, Any, Any]]) -> None:
+        """``count(plan, out, msg)`` of non-streaming records for each row, with one metrics
+        update per counter and histogram bucket (``PromMetrics.finished_many``)."""
+        self.health.progress()  # (``/livez``: a fetch loop waiting for capacity still advances)
+        stats = self.stats
+        stats.processed += len(rows)
+        for plan, out, _msg in rows:
+            if plan.dlq_reason is not None:
+                stats.dead_lettered += 1
+            elif out.status == 200:
+                stats.replied_ok += 1
+            else:
+                stats.errors += 1
+        self.metrics.finished_many("unary", [(out.kind, plan.dlq_reason, out.status, getattr(msg, "timestamp", None))
+                                             for plan, out, msg in rows])
 
     def count(self, plan: Outgoing, out: JobOutcome, msg, mode: str = "unary") -> None:
         """A record finished (its reply or dead letter acked): stats and metrics. ``out``: needs
