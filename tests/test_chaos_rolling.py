@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.chaos.harness import CORR, END, REPO, SEQ, STATUS, Single, Stream
+from tests.chaos.harness import CORR, END, REPO, SEQ, STATUS, Ledger, Single, Stream
 from tests.chaos.releases import (
     EARLIER_RELEASES,
     NEW_KIND_FIELDS_SINCE,
@@ -16,6 +16,7 @@ from tests.chaos.releases import (
     previous_serves,
     resolve,
 )
+from tests.chaos.replies import Owners, partition_of
 from tests.chaos.rolling import MIN_READY_S, _check, min_ready_seconds, roll_figures
 
 T0 = 1_000.0
@@ -125,3 +126,62 @@ def test_a_rolls_load_leaves_out_only_the_kinds_its_earlier_release_lacks():
     assert not previous_serves(msg, e8) and previous_serves(chat, e8)
     assert previous_serves(msg, r638) and previous_serves(chat, r638)
     assert set(NEW_KIND_FIELDS_SINCE) == set(EARLIER_RELEASES) and PREVIOUS_RELEASE in EARLIER_RELEASES
+
+
+def _world_alt():
+    """``_world`` where the other release answers q1 and chunk 1 with other bytes (``alt``)."""
+    singles, streams, sent = _world()
+    singles[1].alt = (b"A1", 200)
+    streams[0].alt = [(b"w0", 200), (b"x1", 200), (b"w2", 200)]
+    return singles, streams, sent
+
+
+def test_the_other_releases_answer_is_right_and_bytes_neither_gives_are_wrong_with_their_detail():
+    singles, streams, sent = _world_alt()
+    recs = [_rec("q0", b"a0", 200, T0 + 0.2), _rec("q1", b"A1", 200, T0 + 1.2), _rec("q2", b"a2", 200, T0 + 2.2),
+            _rec("q3", b"a3", 200, T0 + 3.2)]
+    recs += [_rec("s", b"w0", 200, T0 + 0.1, seq=0), _rec("s", b"x1", 200, T0 + 1.1, seq=1),
+             _rec("s", b"w2", 200, T0 + 2.1, seq=2)]
+    f = roll_figures(recs, singles, streams, sent, T0, 4.0)
+    assert (f["wrong_replies"], f["streams_lost"], f["other_release_bytes"]) == (0, 0, 0)
+    assert f["replies_by_bytes"] == {"current": 3, "both": 2, "previous": 2}  # (w0, w2: both releases')
+    assert [(d["id"], d["seq"], d["bytes_of"], d["answered_by"]) for d in f["detail"]] == [
+        ("q1", None, "previous", None), ("s", 1, "previous", None)]
+    assert Ledger(singles=singles, streams=streams).check(recs, "dlq")["singles"] == 4
+    # bytes that neither release gives: a wrong reply, a lost stream, a failed ledger
+    recs[5] = _rec("s", b"y1", 200, T0 + 1.1, seq=1)
+    f = roll_figures(recs, singles, streams, sent, T0, 4.0)
+    assert (f["wrong_replies"], f["streams_lost"], f["replies_by_bytes"]["neither"]) == (1, 1, 1)
+    d = f["detail"][-1]
+    assert (d["id"], d["seq"], d["bytes_of"], d["diff_at"], d["got"], d["want"], d["want_previous"]) == \
+        ("s", 1, "neither", 0, "y1", "w1", "x1")
+    with pytest.raises(AssertionError, match="reply differs"):
+        Ledger(singles=singles, streams=streams).check(recs, "dlq")
+
+
+def test_the_bytes_of_the_release_that_did_not_answer_are_a_defect():
+    singles, streams, sent = _world_alt()
+    recs = [_rec(f"q{i}", b"A1" if i == 1 else b"a%d" % i, 200, T0 + i + 0.2) for i in range(4)]
+    recs += [_rec("s", b"w0", 200, T0 + 0.1, seq=0), _rec("s", b"x1", 200, T0 + 1.1, seq=1),
+             _rec("s", b"w2", 200, T0 + 2.1, seq=2)]
+    owned = {b"q1": ("w-current0", "current"), b"s": ("w-previous0", "previous")}
+    f = roll_figures(recs, singles, streams, sent, T0, 4.0, lambda key, t: owned.get(key))
+    assert f["other_release_bytes"] == 1 and f["wrong_replies"] == 0
+    assert [(d["id"], d["owner_mismatch"]) for d in f["detail"]] == [("q1", True), ("s", False)]
+    with pytest.raises(AssertionError, match="bytes of the release that did not answer"):
+        _check(dict(f, release_a="a", release_b="b", exit_status={"w": 0}, exited_unbidden=[], dead_letters=0,
+                    steps=[{"step": 0, "ready_s": 5.0}]))
+
+
+def test_the_owner_of_a_partition_comes_from_the_workers_assignment_lines():
+    keys = {partition_of(b"k%d" % i, 4): b"k%d" % i for i in range(64)}
+    k0, k1 = keys[0], keys[1]
+    line = "2026-12-07 INFO worker.transport.consumer assigned partitions: {}"
+    workers = [("w-previous0", "previous", [(10.0, line.format([("in", 0), ("in", 1)]))], 30.0),
+               ("w-current0", "current", [(20.0, line.format([("in", 1)])), (20.1, "other line")], None)]
+    o = Owners(workers, "in", 4, t0_mono=10.0, t0_wall=T0)  # wall T0 is monotonic 10.0
+    assert o.at(k0, T0 + 5) == ("w-previous0", "previous") and o.at(k1, T0 + 5) == ("w-previous0", "previous")
+    assert o.at(k1, T0 + 9.5) is None and o.at(k1, T0 + 10.5) is None  # within PAD_S of the move
+    assert o.at(k1, T0 + 15) == ("w-current0", "current")
+    assert o.at(k0, T0 + 19.5) is None and o.at(k0, T0 - 1) is None  # its owner exits at 30; before any
+    assert o.at(keys[2], T0 + 5) is None  # never assigned

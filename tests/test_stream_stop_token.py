@@ -205,3 +205,18 @@ def test_responses_stop_token_logprobs(svc, tok, sizes):
     done = [e for e in events if e.get("type") == "response.completed"][0]["response"]
     got = [e["token"] for o in done["output"] if o["type"] == "message" for p in o["content"] for e in p["logprobs"]]
     assert got == want
+
+
+def test_one_held_stop_step_for_every_api():
+    """``held_stop_step``, the shape chat (``_step_ids``) and Responses / Messages (``step_ids``)
+    share: an EOS id ending a chunk without finish is held for the next one, not with
+    ``include_stop`` (chat only); a held id leads the next chunk; a finish trims it."""
+    from worker.core.detokenize import held_stop_step
+    eos = {IM_END, ENDOFTEXT}
+    assert held_stop_step([1, 2, IM_END], -1, None, None, eos) == ([1, 2, IM_END], [1, 2], 0, IM_END)
+    assert held_stop_step([1, 2, IM_END], -1, None, None, eos, include_stop=True) == ([1, 2, IM_END],) * 2 + (0, -1)
+    assert held_stop_step([], IM_END, "stop", None, eos) == ([IM_END], [], 1, -1)
+    assert held_stop_step([], IM_END, "stop", None, eos, include_stop=True) == ([IM_END], [IM_END], 1, -1)
+    assert held_stop_step([3], IM_END, None, None, eos) == ([IM_END, 3], [IM_END, 3], 1, -1)
+    assert held_stop_step([3, 9], -1, "stop", 9, eos) == ([3, 9], [3], 0, -1)  # an int stop_reason
+    assert held_stop_step(None, -1, "length", None, eos) == ([], [], 0, -1)

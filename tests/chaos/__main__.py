@@ -11,9 +11,9 @@ import traceback
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.chaos.rolling import MANUAL, ROLLING
+    from tests.chaos.rolling import ROLLING
     from tests.chaos.scenarios import SCENARIOS
-    scenarios = {**SCENARIOS, **ROLLING, **MANUAL}
+    scenarios = {**SCENARIOS, **ROLLING}
     ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="full sizes (docs/delivery.md figures) instead of the reduced ones")
     ap.add_argument("-k", action="append", default=[], help="run only scenarios whose name contains this")

@@ -18,7 +18,14 @@ the time it was published), streams lost and streams ended by a 409, each worker
 and its ERROR / traceback lines, the group's rebalances. Asserted (issue 23's "Done when"): 0
 lost, 0 streams lost, 0 error replies, no pause of ``MAX_REPLY_GAP_S`` without a non-streaming
 reply while load was offered, slowest reply < 5 s, every SIGTERM'd worker exits 0, none exits on
-its own, no rollout stalled; then the suite's ledger (every reply the core's bytes)."""
+its own, no rollout stalled; then the suite's ledger (every reply the core's bytes).
+
+Expected replies per release (``tests/chaos/replies.py``): a reply is right when it is this
+release's answer or the earlier release's (its own code runs the same records uninterrupted),
+from the worker of the release whose bytes it carries (partition owners from the workers' logs);
+every reply that is not this release's answer is recorded (``detail``: record, seq, API, who
+answered, got / expected bytes around the first difference), the first ones in the figures and
+all in a JSON file (``detail_file``, ``$CHAOS_DETAIL_DIR``)."""
 from __future__ import annotations
 
 import asyncio
@@ -28,6 +35,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +55,15 @@ from tests.chaos.harness import (
 )
 from tests.chaos.load import mixed_load
 from tests.chaos.releases import previous_release, previous_serves, release_tree
+from tests.chaos.replies import (
+    DETAIL_IN_FIGURES,
+    Owners,
+    clip,
+    first_difference,
+    kind_of,
+    previous_answers,
+    save_detail,
+)
 from tests.chaos.scenarios import Rig, free_port
 
 LIVE_STREAMS = 40
@@ -186,10 +203,14 @@ def _first(recs: list) -> float:
 
 
 def roll_figures(records: list, singles: list, streams: list[Stream], sent_at: dict, t0_wall: float,
-                 load_s: float) -> dict[str, Any]:
+                 load_s: float, owner: Callable[[bytes, float], tuple[str, str] | None] | None = None
+                 ) -> dict[str, Any]:
     """The roll's figures from the collected reply ``records`` (reply topic), the published
-    ``singles`` and ``streams`` (chunks published only), ``sent_at`` ((id, seq or None) ->
-    publish time, s) and the load window (``t0_wall`` .. + ``load_s``, s). Pure: no assertion."""
+    ``singles`` and ``streams`` (chunks published only; their ``alt``: the other release's
+    answers, ``tests/chaos/replies.py``), ``sent_at`` ((id, seq or None) -> publish time, s) and
+    the load window (``t0_wall`` .. + ``load_s``, s). ``owner(key, t)``: (worker, release label)
+    that owned the key's partition at wall time ``t``, None when unknown. ``detail``: one entry
+    per reply that is not this release's answer (``_detail``). Pure: no assertion."""
     got: dict[tuple[bytes, int | None], list] = defaultdict(list)
     for r in records:
         hh = h(r)
@@ -201,16 +222,20 @@ def roll_figures(records: list, singles: list, streams: list[Stream], sent_at: d
             got[(c, int(seq) if seq is not None else None)].append(r)
         except ValueError:
             got[(c, -1)].append(r)
-    want: dict[tuple[bytes, int | None], tuple[bytes, int]] = {(s.id.encode(), None): (s.want, s.status) for s in singles}
+    # key -> (this release's (body, status), the other's or None, the record's body)
+    want: dict[tuple[bytes, int | None], tuple[tuple[bytes, int], tuple[bytes, int] | None, bytes]] = {
+        (s.id.encode(), None): ((s.want, s.status), s.alt, s.value) for s in singles}
     for st in streams:
         for k in range(len(st.chunks)):
-            want[(st.id.encode(), k)] = (st.want[k], st.status[k])
+            want[(st.id.encode(), k)] = ((st.want[k], st.status[k]), st.alt[k] if st.alt else None, st.chunks[0])
     lost_singles = lost_chunks = identical = differing = 0
     errors: Counter = Counter()
     examples: dict[str, str] = {}  # status -> the first error reply's message (truncated)
-    wrong = 0
+    wrong = other_release = 0
+    by_bytes: Counter = Counter()  # whose answer each reply is: current, previous, both, neither
+    detail: list[dict] = []
     bad_keys: set = set()
-    for key, (body, status) in want.items():
+    for key, (cur, alt, body0) in want.items():
         recs = got.get(key, [])
         if not recs:
             lost_singles += key[1] is None
@@ -222,15 +247,27 @@ def roll_figures(records: list, singles: list, streams: list[Stream], sent_at: d
             same = (r.value, h(r).get(STATUS), h(r).get(END)) == first
             identical += same
             differing += not same
+        t_first = _first(recs)
         for r in recs:
-            if r.value != body or h(r).get(STATUS) != str(status).encode():
+            st_ = h(r).get(STATUS, b"?").decode(errors="replace")
+            is_cur = (r.value, st_) == (cur[0], str(cur[1]))
+            is_alt = alt is not None and (r.value, st_) == (alt[0], str(alt[1]))
+            whose = "both" if is_cur and is_alt else "current" if is_cur else "previous" if is_alt else "neither"
+            by_bytes[whose] += 1
+            who = owner(key[0], r.timestamp / 1000) if owner is not None else None
+            # the first copy only: a redelivered chunk's replay carries the stored reply's bytes
+            mismatch = who is not None and whose in ("current", "previous") and who[1] != whose \
+                and r.timestamp / 1000 == t_first
+            other_release += mismatch
+            if whose == "neither":
                 bad_keys.add(key)
-                st_ = h(r).get(STATUS, b"?").decode(errors="replace")
                 if st_.isdigit() and int(st_) >= 400:
                     errors[st_] += 1
                     examples.setdefault(st_, r.value[:200].decode(errors="replace"))
                 else:
                     wrong += 1
+            if whose in ("previous", "neither") or mismatch:
+                detail.append(_detail(key, r, st_, whose, who, cur, alt, body0, t0_wall, mismatch))
     unexpected = sum(len(v) for k, v in got.items() if k not in want)
     streams_lost = sum(1 for st in streams if any((st.id.encode(), k) in bad_keys for k in range(len(st.chunks))))
     ended_409 = sum(1 for st in streams if any(
@@ -257,6 +294,7 @@ def roll_figures(records: list, singles: list, streams: list[Stream], sent_at: d
         "singles": len(singles), "streams": len(streams), "chunks": sum(len(st.chunks) for st in streams),
         "lost": lost_singles + lost_chunks, "lost_singles": lost_singles, "lost_chunks": lost_chunks,
         "error_replies": dict(errors), "error_examples": examples, "wrong_replies": wrong, "unexpected_replies": unexpected,
+        "replies_by_bytes": dict(by_bytes), "other_release_bytes": other_release, "detail": detail,
         "duplicates_identical": identical, "duplicates_differing": differing,
         "streams_lost": streams_lost, "streams_ended_409": ended_409,
         "replies_per_s": per_s, "singles_replies_per_s": per_s_singles,
@@ -269,6 +307,21 @@ def roll_figures(records: list, singles: list, streams: list[Stream], sent_at: d
         "singles_over_5s": sum(1 for x, _ in single_lat if x >= SLOWEST_LIMIT_S),
         "chunks_over_5s": sum(1 for x, _ in chunk_lat if x >= SLOWEST_LIMIT_S),
     }
+
+
+def _detail(key: tuple[bytes, int | None], r, status: str, whose: str, who: tuple[str, str] | None,
+            cur: tuple[bytes, int], alt: tuple[bytes, int] | None, body0: bytes, t0_wall: float,
+            mismatch: bool) -> dict[str, Any]:
+    """One reply that is not this release's answer: the record (id, seq or None, API), when
+    (s since the load started), who answered (worker and release, or None: unknown), whose bytes
+    it carries (``previous``: the other release's, ``neither``), and got / this release's /
+    the other release's bytes from a little before the first difference."""
+    at = first_difference(r.value, cur[0])
+    return {"id": key[0].decode(errors="replace"), "seq": key[1], "api": kind_of(body0),
+            "at_s": round(r.timestamp / 1000 - t0_wall, 2), "status": status,
+            "answered_by": list(who) if who else None, "bytes_of": whose, "owner_mismatch": mismatch,
+            "diff_at": at, "got": clip(r.value, at), "want": clip(cur[0], at), "want_status": cur[1],
+            "want_previous": clip(alt[0], at) if alt else None, "want_previous_status": alt[1] if alt else None}
 
 
 def _collect(rig: Rig, n_want: int) -> float:
@@ -341,22 +394,27 @@ def rolling(size: str = "reduced", direction: str = "upgrade", release: str | No
             assert not load.is_alive(), "the load generator did not finish"
             load_s = time.time() - marks["t0_wall"]
             sent = singles[:int(marks["sent_singles"])]
-            published = [Stream(st.id, st.chunks[:n], st.want[:n], st.status[:n])
-                         for st in streams if (n := marks["chunks"].get(st.id, 0))]
+            published = [st.head(n) for st in streams if (n := marks["chunks"].get(st.id, 0))]
             n_want = len(sent) + sum(len(st.chunks) for st in published)
             collect_s = _collect(rig, n_want)
             for w in rig.workers:  # the pool left at the end (a stalled rollout: A workers too)
                 if not w.killed:
                     pool.terminate(w)
             records = [r for _, r in rig.collector.records]
+            previous_s = previous_answers(old, sent, published)  # (its answers are right too)
+            owners = Owners([(w.name, pool.release[w.name], w.lines, w.exit_t) for w in rig.workers], rig.inp,
+                            rig.partitions, marks["t0"], marks["t0_wall"])
             figs = rig.figures(release_a=a, release_b=b, previous_release=prev, steps=steps,
-                               load_s=round(load_s, 1), collect_s=collect_s,
+                               load_s=round(load_s, 1), collect_s=collect_s, previous_answers_s=previous_s,
                                **roll_figures([r for r in records if r.topic == rig.rep], sent, published,
-                                              marks["sent_at"], marks["t0_wall"], load_s),
+                                              marks["sent_at"], marks["t0_wall"], load_s, owners.at),
                                dead_letters=sum(1 for r in records if r.topic == rig.dlq),
                                exit_status=pool.exits, exited_unbidden=pool.unbidden,
                                group_events=pool.group_events(marks["t0"]),
                                error_log_lines=pool.log_errors())
+            detail = figs.pop("detail")
+            figs["detail_file"] = save_detail(rig.name, detail, figs)
+            figs["detail"] = detail[:DETAIL_IN_FIGURES]
             _check(figs)
             assert rig.collector.error is None, f"collector failed: {rig.collector.error!r}"
             counts = Ledger(singles=sent, streams=published).check(records, rig.dlq)
@@ -373,6 +431,7 @@ def _check(figs: dict[str, Any]) -> None:
         ("records lost", figs["lost"] == 0),
         ("streams lost", figs["streams_lost"] == 0),
         ("error replies", not figs["error_replies"] and figs["wrong_replies"] == 0),
+        ("replies with the bytes of the release that did not answer", figs.get("other_release_bytes", 0) == 0),
         ("differing duplicates", figs["duplicates_differing"] == 0),
         (f"a pause of {MAX_REPLY_GAP_S:g} s or more without a non-streaming reply",
          figs["longest_single_reply_gap_s"] < MAX_REPLY_GAP_S),
@@ -387,18 +446,13 @@ def _check(figs: dict[str, Any]) -> None:
 
 
 #: 638fca1 (stop 27's main, with the Anthropic Messages kinds): an upgrade from it too, its load
-#: with Messages records (``releases.NEW_KIND_FIELDS_SINCE``)
+#: with Messages records (``releases.NEW_KIND_FIELDS_SINCE``); its chunks may carry 638fca1's bytes
+#: where this release changed them on purpose (issue 26's whitespace delta), its answers are right
+#: too (``tests/chaos/replies.py``)
 R638FCA1 = "638fca13a0d23db739545eea87908847f1729dc6"
 
 ROLLING = {
     "rolling-upgrade": lambda size="reduced": rolling(size, "upgrade"),
     "rolling-rollback": lambda size="reduced": rolling(size, "rollback"),
-}
-
-#: run by name only (``python -m tests.chaos rolling-upgrade-638fca1``), not in the pytest suite:
-#: its expected replies are this release's alone, while a chunk 638fca1 answers may carry that
-#: release's bytes where this one changed them on purpose (e.g. issue 26's whitespace delta in a
-#: Messages stream); 1 of 3 runs counted one such reply as wrong (docs/delivery.md)
-MANUAL = {
     "rolling-upgrade-638fca1": lambda size="reduced": rolling(size, "upgrade", R638FCA1),
 }

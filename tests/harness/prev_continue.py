@@ -2,7 +2,8 @@
 the working directory set to a worktree of that release, ``tests/chaos/releases.py``; MODELS: the
 served models file, default that release's ``tests/data/models.json``): continue
 streams from stored values another release wrote, with the previous release's decoder and core
-(``tests/test_state_golden.py``). Imports only what that release has (its ``worker`` package,
+(``tests/test_state_golden.py``), or answer streams and non-streaming records from the start
+(that release's expected replies in a rolling scenario, ``tests/chaos/replies.py``). Imports only what that release has (its ``worker`` package,
 msgspec): never this release's modules.
 
 IN (msgpack): a list of jobs ``{name, chunks: [bytes], start, created, model, checkpoint, state,
@@ -10,8 +11,9 @@ settings, pieces}``: ``checkpoint`` (a stored checkpoint value, seq digits first
 (the state bytes) or neither (a new stream), ``settings`` / ``pieces`` (the stored side keys'
 values, or None). Each job's chunks ``[start, n)`` go through the release's
 ``derender_stream_job`` with seqs ``start..n-1``, the stream's pieces read back as its worker
-does. OUT (msgpack): ``{name: {bodies: [bytes], norm: bytes | None, norm_settings: bytes | None}}``:
-the reply bodies, and the start state and settings decoded by that release and encoded again
+does; a job ``{name, single: bytes, created}`` is one non-streaming record (``derender``). OUT
+(msgpack): ``{name: {bodies: [bytes], statuses: [int], norm: bytes | None, norm_settings: bytes | None}}``:
+the reply bodies and statuses, and the start state and settings decoded by that release and encoded again
 (None for none): its reading of them in its own bytes."""
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ def _norm(svc, model: str, state: bytes | None, settings: bytes | None) -> tuple
 
 def _run(svc, job: dict) -> dict:
     from worker.transport.checkpoints import decode_checkpoint
+    if job.get("single") is not None:
+        r = svc.derender(job["single"], created=job["created"])
+        return {"bodies": [r.body], "statuses": [int(r.status)], "norm": None, "norm_settings": None}
     from worker.transport.jobs import derender_stream_job
     state = job.get("state")
     if job.get("checkpoint") is not None:
@@ -52,7 +57,7 @@ def _run(svc, job: dict) -> dict:
     settings = job.get("settings")
     norm, norm_settings = _norm(svc, job["model"], state, settings)
     pieces = bytearray(job.get("pieces") or b"")
-    bodies = []
+    bodies, statuses = [], []
     for seq in range(job["start"], len(job["chunks"])):
         give = None
         for _ in range(3):
@@ -72,7 +77,8 @@ def _run(svc, job: dict) -> dict:
             pieces[at:] = out.append
         state = out.state
         bodies.append(out.body)
-    return {"bodies": bodies, "norm": norm, "norm_settings": norm_settings}
+        statuses.append(int(out.status))
+    return {"bodies": bodies, "statuses": statuses, "norm": norm, "norm_settings": norm_settings}
 
 
 def main() -> None:

@@ -296,6 +296,26 @@ def stop_token_trimmed(token_ids: list[int], finish_reason: str | None, stop_rea
     return ids[:-1] if is_stop_tok else list(ids)
 
 
+
+def held_stop_step(token_ids: list[int] | None, held: int, finish_reason: str | None, stop_reason: int | str | None,
+                   eos_token_ids, include_stop: bool = False) -> tuple[list[int], list[int], int, int]:
+    """One stream chunk's ids with the held-back EOS id: ``(seq, kept, lead, held)``: ``seq`` the
+    chunk's ids after ``lead`` (0 or 1) held ones (``held`` in, -1: none), ``kept`` those to
+    detokenize (on a finish ``stop_token_trimmed``; else all but an EOS id ending ``seq``, unless
+    ``include_stop``), ``held`` out the id the next chunk starts with (-1: none). vLLM never
+    decodes a stop-terminated sequence's last id, and the finish may come in a later, empty chunk
+    (docs/streaming.md)."""
+    seq = list(token_ids or [])
+    lead = 0
+    if held >= 0:
+        seq.insert(0, held)
+        lead = 1
+    if finish_reason is not None:
+        return seq, stop_token_trimmed(seq, finish_reason, stop_reason, eos_token_ids, include_stop), lead, -1
+    if seq and not include_stop and seq[-1] in eos_token_ids:
+        return seq, seq[:-1], lead, seq[-1]
+    return seq, seq, lead, -1
+
 def detokenize_output(tok: Tokenizer, token_ids: list[int], *, skip_special_tokens: bool = True,
                       spaces_between_special_tokens: bool = True, prompt_token_ids: list[int] | None = None,
                       finish_reason: str | None = None, stop_reason: int | str | None = None,

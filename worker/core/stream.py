@@ -155,8 +155,8 @@ from worker.core.detokenize import (
     DetokState,
     IncrementalDetokenizer,
     check_stop_strings,
+    held_stop_step,
     stop_strings,
-    stop_token_trimmed,
 )
 from worker.core.errors import BadRequest
 from worker.core.logprobs import chat_logprobs, completion_logprobs, next_context
@@ -341,22 +341,12 @@ def _choice_state(rt: ModelRuntime, st: StreamState, index: int) -> ChoiceState:
 
 def _step_ids(rt: ModelRuntime, st: StreamState, cs: ChoiceState,
               c: GenerateTokensStreamChoice) -> tuple[list[int], int, list[int]]:
-    """``(ids to detokenize, lead, trimmed)``: ``lead`` (0/1) held ids before the chunk's own,
-    ``trimmed`` the stop token left out on a finish (``stop_token_trimmed``); an EOS id ending a
-    chunk without finish is held back (``ChoiceState.held_stop_id``; docs/streaming.md)."""
-    ids = list(c.token_ids or [])
-    lead = 0
-    if cs.held_stop_id >= 0:
-        ids.insert(0, cs.held_stop_id)
-        cs.held_stop_id = -1
-        lead = 1
-    if c.finish_reason is not None:
-        kept = stop_token_trimmed(ids, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids,
-                                  st.opts.include_stop)
-        return kept, lead, ids[len(kept):]
-    if ids and not st.opts.include_stop and ids[-1] in rt.tokenizer.eos_token_ids:
-        cs.held_stop_id = ids.pop()
-    return ids, lead, []
+    """``(ids to detokenize, lead, trimmed)`` (``held_stop_step``, with the request's
+    ``include_stop``; the held id: ``ChoiceState.held_stop_id``): ``trimmed`` the stop token
+    left out on a finish."""
+    seq, kept, lead, cs.held_stop_id = held_stop_step(c.token_ids, cs.held_stop_id, c.finish_reason, c.stop_reason,
+                                                       rt.tokenizer.eos_token_ids, st.opts.include_stop)
+    return kept, lead, seq[len(kept):] if c.finish_reason is not None else []
 
 
 def _parser_ids(rt: ModelRuntime, st: StreamState, ids: list[int]) -> list[int]:
