@@ -83,10 +83,25 @@ def _bodies(vocab: int) -> list[dict]:
                                                                                "choices": [{"token_ids": ok}]}]},
             {"model": "m", "generate_responses": [{"request_id": "g", "prompt_token_ids": [bad],
                                                    "choices": [{"token_ids": ok}]}]},
+            # Responses bodies (issue 25: bounded in their one decode too)
+            {"model": "m", "generate_response": {"request_id": "r1", "choices": [{"token_ids": [*ok, bad]}]},
+             "responses_request": {}},
+            {"model": "m", "prompt_token_ids": [1, bad], "prompt_tokens": 2,
+             "generate_response": {"request_id": "r2", "choices": [{"token_ids": ok}]}, "responses_request": {}},
+            {"model": "m", "generate_response": {"request_id": "r3", "prompt_token_ids": [bad],
+                                                 "choices": [{"token_ids": ok}]}, "responses_request": {}},
+            {"model": "m", "generate_response": {"request_id": "r4", "choices": [{"token_ids": ok, "logprobs": {
+                "content": [{"token_id": t, "logprob": -1.0, "top_logprobs": [
+                    {"token_id": bad if t == ok[1] else t, "logprob": -2.0}]} for t in ok]}}]},
+             "responses_request": {"include": ["message.output_text.logprobs"], "top_logprobs": 1}},
         ]
     out.append({"model": "m", "generate_response": {"request_id": "h", "choices": [{"token_ids": ok}]},
                 "chat_request": {}})
     out.append({"model": "m", "generate_responses": [{"request_id": "i", "choices": [{"token_ids": ok}]}]})
+    out.append({"model": "m", "generate_response": {"request_id": "j", "choices": [{"token_ids": ok, "logprobs": {
+        "content": [{"token_id": t, "logprob": -1.0, "top_logprobs": [{"token_id": t, "logprob": -1.0}]}
+                    for t in ok]}}]},
+                "responses_request": {"include": ["message.output_text.logprobs"], "top_logprobs": 1}})
     return out
 
 
@@ -128,6 +143,13 @@ def test_bounded_decode_with_two_vocabularies():
     assert f"token id {small} in choice 0 is outside the vocabulary [0, {small})" in res.body.decode()
     body["model"] = "big"
     assert svc.derender(json.dumps(body).encode()).status == 200
+    rbody = {"model": "small", "generate_response": {"request_id": "r", "choices": [{"token_ids": [1, small]}]},
+             "responses_request": {}}
+    res = svc.derender(json.dumps(rbody).encode(), "responses")
+    assert res.status == 400
+    assert f"token id {small} in choice 0 is outside the vocabulary [0, {small})" in res.body.decode()
+    rbody["model"] = "big"
+    assert svc.derender(json.dumps(rbody).encode(), "responses").status == 200
 
 
 def _reference_tail(special: frozenset[int], prompt: list[int], skip: bool) -> list[int]:
@@ -251,3 +273,42 @@ def test_prompt_mode_by_searches_equals_stepping(name, p):
             assert p.prompt_mode(ids) == want, ids
             modes.add(want)
     assert modes == {None, "content", "reasoning"}
+
+
+def test_bounded_messages_decode_keeps_every_reply(monkeypatch):
+    """Messages bodies: ids bounded in their decode (``messages.service._bounded_decoder``) give
+    the replies of the unbounded decode and its checks (the previous release) for out-of-vocabulary
+    ids in every id field, and for valid bodies."""
+    import msgspec
+
+    import worker.core.messages.service as ms
+
+    svc = _svc()
+    svc.preload()
+    vocab = svc.runtime("m").tokenizer.vocab_size
+    ok = [9707, 11, 1879]
+    req = {"model": "m", "max_tokens": 16, "messages": []}
+    bodies = [{"model": "m", "generate_response": {"request_id": "k", "choices": [{"token_ids": ok}]},
+               "messages_request": req}]
+    for bad in (-1, vocab, vocab + 5, 2**40, -(2**63)):
+        bodies += [
+            {"model": "m", "generate_response": {"request_id": "m1", "choices": [{"token_ids": [*ok, bad]}]},
+             "messages_request": req},
+            {"model": "m", "prompt_token_ids": [1, bad], "prompt_tokens": 2,
+             "generate_response": {"request_id": "m2", "choices": [{"token_ids": ok}]}, "messages_request": req},
+            {"model": "m", "generate_response": {"request_id": "m3", "prompt_token_ids": [bad],
+                                                 "choices": [{"token_ids": ok}]}, "messages_request": req},
+        ]
+    bounded = [svc.derender(json.dumps(b).encode()) for b in bodies]
+
+    class _Refuses:
+        def decode(self, _body):
+            raise msgspec.ValidationError("unbounded")
+
+    monkeypatch.setattr(ms, "_bounded_decoder", lambda _vocab: _Refuses())
+    statuses = set()
+    for body, a in zip(bodies, bounded):
+        b = svc.derender(json.dumps(body).encode())
+        assert (a.status, a.body, a.request_id, a.kind) == (b.status, b.body, b.request_id, b.kind), body
+        statuses.add(a.status)
+    assert statuses == {200, 400}

@@ -25,8 +25,11 @@ What each response field comes from (coupled ``vllm serve`` semantics, vLLM 0.32
 """
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, lru_cache
 from operator import attrgetter
+from typing import Annotated, Any
+
+import msgspec
 
 from schemas import (
     ChatCompletionChoice,
@@ -42,7 +45,11 @@ from schemas import (
     DerenderCompletionRequest,
     FunctionCall,
     GenerateTokensChoice,
+    GenerateTokensResponse,
+    LogprobsIn,
+    TokenLogprobIn,
     ToolCall,
+    TopLogprobIn,
     UsageInfo,
 )
 from worker.config import ServedModelConfig, tokenizer_mode
@@ -98,6 +105,29 @@ def _check_choice(rt: ModelRuntime, c: GenerateTokensChoice, where: str, allow_e
                          param=f"{where}.token_ids")
     if not ids_in_vocab or c.logprobs is not None:  # (ids already bounded: only logprobs to check)
         check_ids_and_logprobs(rt, ids, c.logprobs, where, in_vocab=ids_in_vocab)
+
+
+@lru_cache(maxsize=8)
+def bounded_generate_response(vocab: int) -> tuple[type, Any]:
+    """``(GenerateTokensResponse subtype, id type)``: the engine response whose output and prompt
+    ids, and whose logprob entries' sampled and candidate ids (there required, not null), are
+    ``Annotated[int, Meta(ge=0, lt=vocab)]``, checked inside the body's one msgspec decode (issue
+    13 item 1; ``service._bounded_body_decoders``, ``messages.service``). Built once per size."""
+    tid = Annotated[int, msgspec.Meta(ge=0, lt=vocab)]
+    ids = list[tid] | None
+    top = msgspec.defstruct("BoundedTopLogprobIn", [("token_id", tid)], bases=(TopLogprobIn,), kw_only=True,
+                            gc=False)
+    entry = msgspec.defstruct("BoundedTokenLogprobIn",
+                              [("token_id", tid), ("top_logprobs", list[top], msgspec.field(default_factory=list))],
+                              bases=(TokenLogprobIn,), kw_only=True, gc=False)
+    lps = msgspec.defstruct("BoundedLogprobsIn", [("content", list[entry] | None, None)], bases=(LogprobsIn,),
+                            kw_only=True)
+    choice = msgspec.defstruct("BoundedChoice", [("token_ids", ids, None), ("logprobs", lps | None, None)],
+                               bases=(GenerateTokensChoice,), kw_only=True)
+    resp = msgspec.defstruct("BoundedResponse", [("choices", list[choice], msgspec.field(default_factory=list)),
+                                                 ("prompt_token_ids", ids, None)],
+                             bases=(GenerateTokensResponse,), kw_only=True)
+    return resp, tid
 
 
 def _check_length(lp: list, ids: list[int], where: str) -> None:

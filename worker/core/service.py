@@ -10,7 +10,6 @@ import logging
 import threading
 from collections import OrderedDict
 from functools import lru_cache
-from typing import Annotated
 
 import msgspec
 
@@ -21,16 +20,13 @@ from schemas import (
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
     ErrorResponse,
-    GenerateTokensChoice,
-    GenerateTokensResponse,
-    LogprobsIn,
-    TokenLogprobIn,
-    TopLogprobIn,
 )
+from schemas.responses import DerenderResponsesRequest
 from worker.config import ServedModelConfig
 from worker.core import stream as core_stream
 from worker.core.derender import (
     ModelRuntime,
+    bounded_generate_response,
     derender_chat,
     derender_completion,
     validate_chat,
@@ -84,40 +80,30 @@ class _CompletionBody(DerenderCompletionRequest, kw_only=True):
 
 
 @lru_cache(maxsize=8)
-def _bounded_body_decoders(vocab: int) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
-    """``(chat, completion)`` one-decode decoders whose output and prompt token ids are typed
+def _bounded_body_decoders(vocab: int) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder, msgspec.json.Decoder]:
+    """``(chat, completion, responses)`` one-decode decoders whose output and prompt token ids are typed
     ``Annotated[int, Meta(ge=0, lt=vocab)]`` (issue 13 item 1: the id bounds checked inside the
     one msgspec decode, no per-id Python and no ``min``/``max`` pass), and so are the engine
     logprobs' sampled and candidate ids, there also required (not null). A body with an id
     outside ``[0, vocab)`` (or a null / missing logprob id) fails this decode and takes the probe
     path, whose validation names the id exactly as before (``derender.check_ids_and_logprobs`` /
     ``check_prompt_ids``). Built once per vocabulary size."""
-    tid = Annotated[int, msgspec.Meta(ge=0, lt=vocab)]
+    resp, tid = bounded_generate_response(vocab)
     ids = list[tid] | None
-    top = msgspec.defstruct("BoundedTopLogprobIn", [("token_id", tid)], bases=(TopLogprobIn,), kw_only=True,
-                            gc=False)
-    entry = msgspec.defstruct("BoundedTokenLogprobIn",
-                              [("token_id", tid), ("top_logprobs", list[top], msgspec.field(default_factory=list))],
-                              bases=(TokenLogprobIn,), kw_only=True, gc=False)
-    lps = msgspec.defstruct("BoundedLogprobsIn", [("content", list[entry] | None, None)], bases=(LogprobsIn,),
-                            kw_only=True)
-    choice = msgspec.defstruct("BoundedChoice", [("token_ids", ids, None), ("logprobs", lps | None, None)],
-                               bases=(GenerateTokensChoice,), kw_only=True)
-    resp = msgspec.defstruct("BoundedResponse", [("choices", list[choice], msgspec.field(default_factory=list)),
-                                                 ("prompt_token_ids", ids, None)],
-                             bases=(GenerateTokensResponse,), kw_only=True)
     chat = msgspec.defstruct("BoundedChatBody", [("generate_response", resp), ("prompt_token_ids", ids, None)],
                              bases=(_ChatBody,), kw_only=True)
     completion = msgspec.defstruct("BoundedCompletionBody", [("generate_responses", list[resp]),
                                                              ("prompt_token_ids", list[list[tid]] | None, None)],
                                    bases=(_CompletionBody,), kw_only=True)
-    return msgspec.json.Decoder(chat), msgspec.json.Decoder(completion)
+    responses = msgspec.defstruct("BoundedResponsesBody", [("generate_response", resp), ("prompt_token_ids", ids, None)],
+                                  bases=(DerenderResponsesRequest,), kw_only=True)
+    return msgspec.json.Decoder(chat), msgspec.json.Decoder(completion), msgspec.json.Decoder(responses)
 
 
 _probe_decoder = msgspec.json.Decoder(_Probe)
 _chat_body_decoder = msgspec.json.Decoder(_ChatBody)
 _completion_body_decoder = msgspec.json.Decoder(_CompletionBody)
-_UNBOUNDED = (_chat_body_decoder, _completion_body_decoder)
+_UNBOUNDED = (_chat_body_decoder, _completion_body_decoder, responses_service.body_decoder)
 _rid_decoder = msgspec.json.Decoder(_RidProbe)
 _list_rid_decoder = msgspec.json.Decoder(list[_RidProbe])
 _chat_decoder = msgspec.json.Decoder(DerenderChatRequest)
@@ -363,13 +349,16 @@ class DerenderService:
             return DerenderResult(out, status, rid, messages_service.KIND)
         request_id = None
         try:
-            rq = _responses_decode(body, kind)
+            bound, decoders = self._one
+            rq = _responses_decode(body, kind, decoders[2])
             if rq is not None:  # a Responses body in one typed decode (same outcome as the probe path)
                 request_id = rq.generate_response.request_id
                 rt = self._runtimes.get(rq.model) or self.runtime(rq.model)
-                resp = responses_service.derender(rt, rq, created)
+                # bounded (the decoder's own type) by the largest vocabulary: inside this model's too?
+                in_vocab = type(rq) is not DerenderResponsesRequest and bound is not None \
+                    and bound <= rt.tokenizer.vocab_size
+                resp = responses_service.derender(rt, rq, created, ids_in_vocab=in_vocab)
                 return DerenderResult(_encoder.encode(resp), 200, request_id, responses_service.KIND)
-            bound, decoders = self._one
             one = _one_decode(body, kind, decoders)
             if one is not None:  # the common case: one typed decode, same outcome as the probe path
                 kind, req = one
@@ -710,19 +699,27 @@ def _one_decode(body: bytes, kind: str | None, decoders=_UNBOUNDED):
     return want, req
 
 
-def _responses_decode(body: bytes, kind: str | None):
+def _responses_decode(body: bytes, kind: str | None, decoder: msgspec.json.Decoder = responses_service.body_decoder):
     """The ``DerenderResponsesRequest`` of a body that has the Responses shape in one typed
     decode (``kind`` ``responses``, or None and a non-null ``responses_request``; no
     ``generate_responses`` / ``generate_chunk`` key in its bytes, so ``kind_of`` would say
-    ``responses`` too), else None: the caller takes the probe path, whose error messages stay."""
+    ``responses`` too), else None: the caller takes the probe path, whose error messages stay.
+    ``decoder``: ``_bounded_body_decoders``' third (its own Struct type: ids bounded); a body it
+    refuses (an id outside its bound) is decoded again unbounded (a ``DerenderResponsesRequest``:
+    the derender's checks name the id, the reply as before)."""
     if kind != responses_service.KIND and (kind is not None or b'"responses_request"' not in body):
         return None  # (a chat / completion body: no byte scan beyond the one ``_one_decode`` makes)
     if b'"generate_responses"' in body or b'"generate_chunk"' in body:
         return None
     try:
-        req = responses_service.body_decoder.decode(body)
+        req = decoder.decode(body)
     except _BAD_JSON:
-        return None
+        if decoder is responses_service.body_decoder:
+            return None
+        try:
+            req = responses_service.body_decoder.decode(body)
+        except _BAD_JSON:
+            return None
     return req if kind is not None or req.responses_request is not None else None
 
 

@@ -3,9 +3,10 @@
 (``worker.core.responses.events.EventBuilder``, translated by ``events.translate``). No I/O.
 
 One parse, two views (R3): ``derender_messages`` runs the stream over the whole output as one
-chunk and returns ``events.accumulate`` of its events: what anthropic-sdk-python builds from the
-stream, and, the parser stack being split-independent, what any chunking of the same tokens
-streams.
+chunk and returns what ``events.accumulate`` of its events gives (``events.message_of`` of the
+builder's items, without building the events, except under shaped arguments): what
+anthropic-sdk-python builds from the stream, and, the parser stack being split-independent, what
+any chunking of the same tokens streams.
 
 Rules (issue 26; the reference's facts, ``tests/data/parity/messages_public.jsonl``): the
 parsers run in their streaming form for both views; the final stop token (EOS or an int
@@ -34,7 +35,7 @@ from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop
 from worker.core.errors import BadRequest, Conflict
 from worker.core.messages import bare_array, rules
 from worker.core.messages.bare_array import ArrayScan
-from worker.core.messages.events import Outcome, accumulate, translate
+from worker.core.messages.events import Outcome, accumulate, message_of, translate
 from worker.core.messages.request import DEFAULT_REQUEST, check_messages_request, parser_context, stop_strings
 from worker.core.responses import argshape
 from worker.core.responses.derender import (
@@ -50,7 +51,7 @@ from worker.core.responses.derender import decode_state as decode_rs
 from worker.core.responses.derender import encode_state as encode_rs
 from worker.core.responses.echo import response_head
 from worker.core.responses.events import EventBuilder, ResponsesStreamState
-from worker.core.responses.log import PieceLog, PiecesNeeded, Reader
+from worker.core.responses.log import MemoryLog, PieceLog, PiecesNeeded, Reader
 from worker.parsers.base import Delta
 from worker.parsers.idscan import SMALL, has_special, id_text, runs_pattern
 
@@ -354,9 +355,10 @@ def _one_choice(choices: list, where: str) -> None:
 
 
 # ----------------------------------------------------------------------------- non-streaming ---
-def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest) -> Message:
-    """Derender a non-streaming Messages body: the ``Message`` (module docstring). Raises
-    ``BadRequest`` for an invalid body (``check_messages_request``, one choice, ids)."""
+def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest, ids_in_vocab: bool = False) -> Message:
+    """Derender a non-streaming Messages body: the ``Message`` (module docstring).
+    ``ids_in_vocab``: the decode bounded every id to the vocabulary (those scans are skipped).
+    Raises ``BadRequest`` for an invalid body (``check_messages_request``, one choice, ids)."""
     if body.stream:
         raise BadRequest("stream=true is not valid on a non-streaming derender body (use generate_chunk)",
                          param="stream")
@@ -365,16 +367,20 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest) -> Messag
         raise BadRequest("generate_response.choices must hold exactly one choice", param="generate_response.choices")
     _one_choice(gr.choices, "generate_response.choices")
     check_messages_request(rt, body.messages_request, body.prompt_tokens)
-    check_prompt(rt, body)
-    check_prompt_ids(rt, gr.prompt_token_ids, "generate_response.prompt_token_ids")
+    check_prompt(rt, body, ids_in_vocab)
+    if not ids_in_vocab:
+        check_prompt_ids(rt, gr.prompt_token_ids, "generate_response.prompt_token_ids")
     c = gr.choices[0]
-    check_tokens(rt, c, 0, "choice 0")
+    check_tokens(rt, c, 0, "choice 0", in_vocab=ids_in_vocab)
     req = body.messages_request or DEFAULT_REQUEST
     pids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
     per_token = rt.config.tool_parser in argshape.SHAPED_PARSERS and _stepped(rt, req, pids)
     ms, st = _new_state(rt, req, request_id=gr.request_id or "", model=body.model, prompt_ids=pids,
                         prompt_tokens=body.prompt_tokens, whole=not per_token)
-    b = EventBuilder(st, PieceLog(None, 0))
+    # events only where they are edited after the builder (``_merge_final_arguments``, shaped
+    # arguments); else a quiet builder over a memory log and the Message from its items
+    events = st.arg_shape
+    b = EventBuilder(st, PieceLog(None, 0)) if events else EventBuilder(st, MemoryLog(), quiet=True, item_ids=False)
     b.start()
     ids = list(c.token_ids or [])
     fin = {"finish_reason": c.finish_reason or "stop", "stop_reason": c.stop_reason}
@@ -389,8 +395,10 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest) -> Messag
             last = k == len(segs) - 1
             chunk = GenerateTokensStreamChoice(index=0, token_ids=seg, **(fin if last else {}))
             _step(rt, ms, st, b, chunk, (pids or []) + ids[:start] if start else (pids or []))
-    events = translate(b.events, st.request_id, st.model, st.fmt, st.prompt_tokens, _outcome(ms, st, chunk))
-    return accumulate(events)
+    outcome = _outcome(ms, st, chunk)
+    if not events:
+        return message_of(b.log.items(), st.request_id, st.model, st.fmt, outcome)
+    return accumulate(translate(b.events, st.request_id, st.model, st.fmt, st.prompt_tokens, outcome))
 
 
 # --------------------------------------------------------------------------------- streaming ---

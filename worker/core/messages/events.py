@@ -20,9 +20,13 @@ one (``to_messages``):
 
 ``accumulate`` is anthropic-sdk-python's ``accumulate_event`` (``lib/streaming/_messages.py``):
 the non-streaming Message is the accumulation of the same events (one parse, two views: R3).
+``message_of`` builds that Message from the builder's closed items without the events (a block's
+text is its item's, which is the join of the item's deltas; a tool_use ``input`` the partial
+parse of the call's arguments, the join of its ``input_json_delta``).
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -50,6 +54,7 @@ from schemas.messages import (
 )
 from schemas.responses import (
     FunctionCallArgumentsDelta,
+    FunctionCallItem,
     OutputItemAddedEvent,
     OutputItemDoneEvent,
     OutputMessage,
@@ -62,7 +67,7 @@ from schemas.responses import (
 )
 from worker.core.messages.ids import message_id, signature, tool_use_id
 
-__all__ = ["Outcome", "translate", "stop_reason", "accumulate", "partial_input"]
+__all__ = ["Outcome", "translate", "stop_reason", "accumulate", "partial_input", "message_of"]
 
 
 class Outcome(msgspec.Struct, kw_only=True):
@@ -133,7 +138,15 @@ def partial_input(buf: str) -> Any:
     """The SDK's partial parse of a tool_use block's joined ``input_json_delta`` (jiter
     ``from_json(partial_mode=True)``: an unfinished string, literal or number is dropped with its
     key, open objects and arrays are closed: ``{"city": "Pa`` -> ``{}``). None when the text is
-    not a JSON object prefix (the SDK would raise; the block keeps its ``input``)."""
+    not a JSON object prefix (the SDK would raise; the block keeps its ``input``). A complete
+    JSON object is ``json.loads``'s, as ``partial_json_parser`` gives it (its ``fix_fast`` leaves
+    a text whose brackets balance as it is and parses it with ``json.loads``), without its scan."""
+    try:
+        obj = json.loads(buf)
+    except Exception:  # noqa: BLE001 - not complete JSON: the partial parse below
+        obj = None
+    if isinstance(obj, dict):
+        return obj
     allow = Allow.ARR | Allow.OBJ
     if not _INCOMPLETE_NUMBER.search(buf):
         allow |= Allow.NUM
@@ -181,3 +194,27 @@ def accumulate(events: list[Any]) -> Message:
         if parsed is not None:
             msg.content[i].input = parsed
     return msg
+
+
+def message_of(items: list[Any], request_id: str, model: str, fmt: str, outcome: Outcome) -> Message:
+    """The Message ``accumulate(translate(events, ...))`` gives for a whole stream whose builder
+    closed ``items`` (the terminal Response's ``output``: item ``i`` is block ``i``), without
+    building the events. Not for a stream whose events were edited after the builder
+    (``derender._merge_final_arguments``: shaped arguments)."""
+    content: list[Any] = []
+    for i, it in enumerate(items):
+        if isinstance(it, ReasoningItem):
+            content.append(ThinkingBlock(thinking=it.content[0].text, signature=signature(request_id, i)))
+        elif isinstance(it, OutputMessage):
+            content.append(TextBlock(text=it.content[0].text))
+        else:
+            assert isinstance(it, FunctionCallItem)
+            block = ToolUseBlock(id=tool_use_id(request_id, i, it.call_id, fmt), name=it.name)
+            if it.arguments:
+                parsed = partial_input(it.arguments)
+                if parsed is not None:
+                    block.input = parsed
+            content.append(block)
+    reason, seq = stop_reason(outcome)
+    return Message(id=message_id(request_id), model=model, content=content, stop_reason=reason, stop_sequence=seq,
+                   usage=MessageUsage(input_tokens=outcome.input_tokens, output_tokens=outcome.output_tokens))

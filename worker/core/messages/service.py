@@ -12,11 +12,12 @@ beside the body (``derender-status``).
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 
 import msgspec
 
 from schemas.messages import AnthropicError, AnthropicErrorInfo, DerenderMessagesRequest
-from worker.core.derender import ModelRuntime
+from worker.core.derender import ModelRuntime, bounded_generate_response
 from worker.core.errors import BadRequest, DerenderError, error_from_validation
 from worker.core.messages.derender import StreamBody, derender_messages, derender_messages_chunk
 from worker.core.responses.log import PiecesLost, PiecesNeeded, Reader, memory_reader
@@ -44,6 +45,16 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 
 _encoder = msgspec.json.Encoder()
 _body_decoder = msgspec.json.Decoder(DerenderMessagesRequest)
+
+
+@lru_cache(maxsize=8)
+def _bounded_decoder(vocab: int) -> msgspec.json.Decoder:
+    """A ``DerenderMessagesRequest`` decoder whose output, prompt and logprob ids lie in ``[0,
+    vocab)`` (``derender.bounded_generate_response``); a body it refuses is decoded unbounded."""
+    resp, tid = bounded_generate_response(vocab)
+    return msgspec.json.Decoder(msgspec.defstruct(
+        "BoundedMessagesBody", [("generate_response", resp), ("prompt_token_ids", list[tid] | None, None)],
+        bases=(DerenderMessagesRequest,), kw_only=True))
 _stream_decoder = msgspec.json.Decoder(StreamBody)
 
 
@@ -115,13 +126,18 @@ def derender(runtime, body: bytes) -> tuple[bytes, int, str | None]:
         if p is None or p.model is None:
             raise BadRequest("a Messages body needs model and generate_response", param="model")
         rt: ModelRuntime = runtime(p.model)
+        try:  # ids bounded to this model's vocabulary in the decode; else the unbounded one's checks
+            req, in_vocab = _bounded_decoder(rt.tokenizer.vocab_size).decode(body), True
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            in_vocab = False
         try:
-            req = _body_decoder.decode(body)
+            if not in_vocab:
+                req = _body_decoder.decode(body)
         except RecursionError:
             raise BadRequest("invalid request body: JSON nested too deeply") from None
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise error_from_validation(e) from None
-        return _encoder.encode(derender_messages(rt, req)), 200, rid
+        return _encoder.encode(derender_messages(rt, req, ids_in_vocab=in_vocab)), 200, rid
     except DerenderError as e:
         return error_body(e.message, e.status), e.status, rid
     except Exception as e:  # a core bug: a 500 without losing the worker

@@ -37,7 +37,7 @@ from worker.core.derender import (
     check_prompt_ids,
     effective_skip_special_tokens,
 )
-from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, stop_token_trimmed
+from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, held_stop_step
 from worker.core.errors import BadRequest
 from worker.core.logprobs import MAX_CONTEXT, chat_logprobs, next_context
 from worker.core.responses import argshape
@@ -49,7 +49,7 @@ from worker.core.responses.echo import (
     wants_logprobs,
 )
 from worker.core.responses.events import STATE_VERSION, EventBuilder, ResponsesStreamState
-from worker.core.responses.log import MAX_PIECES_LEN, PieceLog, PiecesNeeded, Reader
+from worker.core.responses.log import MAX_PIECES_LEN, MemoryLog, PieceLog, PiecesNeeded, Reader
 from worker.parsers.base import Delta
 from worker.parsers.idscan import has_special
 
@@ -153,23 +153,11 @@ def _entries(rt: ModelRuntime, st: ResponsesStreamState, c) -> list[ResponseLogp
 
 
 def step_ids(rt: ModelRuntime, st: ResponsesStreamState, c) -> tuple[list[int], list[int], int]:
-    """``(seq, text_ids, lead)`` of one chunk choice: ``seq`` its ids after ``lead`` (0 or 1)
-    held ones (``ResponsesStreamState.held_stop_id``), ``text_ids`` those to detokenize. On a
-    finish the stop token is left out (``stop_token_trimmed``); an EOS id ending a chunk
-    without finish is held back for the next chunk (vLLM's detokenizer never decodes a
-    stop-terminated sequence's last id; the finish may come in a later, empty chunk)."""
-    seq = list(c.token_ids or [])
-    lead = 0
-    if st.held_stop_id >= 0:
-        seq.insert(0, st.held_stop_id)
-        st.held_stop_id = -1
-        lead = 1
-    if c.finish_reason is not None:
-        return seq, stop_token_trimmed(seq, c.finish_reason, c.stop_reason, rt.tokenizer.eos_token_ids, False), lead
-    if seq and seq[-1] in rt.tokenizer.eos_token_ids:
-        st.held_stop_id = seq[-1]
-        return seq, seq[:-1], lead
-    return seq, seq, lead
+    """``(seq, text_ids, lead)`` of one chunk choice (``held_stop_step``, never ``include_stop``;
+    the held id: ``ResponsesStreamState.held_stop_id``)."""
+    seq, text_ids, lead, st.held_stop_id = held_stop_step(c.token_ids, st.held_stop_id, c.finish_reason,
+                                                          c.stop_reason, rt.tokenizer.eos_token_ids)
+    return seq, text_ids, lead
 
 
 def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
@@ -239,10 +227,11 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
     return b.finish(c.finish_reason)
 
 
-def check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = False) -> None:
+def check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = False, in_vocab: bool = False) -> None:
     """A choice's ids within the vocabulary and ``max_model_len`` (with the ``prior`` ids of
-    the stream), logprobs matching them. Null ``token_ids``: 400, except in a stream chunk
-    (no new ids, as chat streams take it)."""
+    the stream), logprobs matching them (``in_vocab``: the decode bounded the ids,
+    ``check_ids_and_logprobs``). Null ``token_ids``: 400, except in a stream chunk (no new ids,
+    as chat streams take it)."""
     ids = c.token_ids
     if ids is None:
         if stream:
@@ -252,7 +241,7 @@ def check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = Fal
     if cfg.max_model_len is not None and prior + len(ids) > cfg.max_model_len:
         raise BadRequest(f"{where}: {prior + len(ids)} output tokens exceed max_model_len ({cfg.max_model_len}).",
                          param=f"{where}.token_ids")
-    check_ids_and_logprobs(rt, ids, c.logprobs, where)
+    check_ids_and_logprobs(rt, ids, c.logprobs, where, in_vocab=in_vocab)
 
 
 def _one_choice(choices: list, where: str) -> None:
@@ -303,21 +292,26 @@ def check_next_chunk(st: ResponsesStreamState, body, raw: bytes, field: str, api
         raise BadRequest(f"{field} differs from the one the stream started with", param=field)
 
 
-def check_prompt(rt: ModelRuntime, body) -> None:
+def check_prompt(rt: ModelRuntime, body, in_vocab: bool = False) -> None:
     """``prompt_tokens`` equal to the length of ``prompt_token_ids`` when both are given, and the
-    prompt ids within the vocabulary (400 ``BadRequest`` naming the field otherwise)."""
+    prompt ids within the vocabulary unless ``in_vocab`` (the decode bounded them) (400
+    ``BadRequest`` naming the field otherwise)."""
     if body.prompt_token_ids is not None and body.prompt_tokens is not None \
             and body.prompt_tokens != len(body.prompt_token_ids):
         raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
                          f"({len(body.prompt_token_ids)})", param="prompt_tokens")
-    check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
+    if not in_vocab:
+        check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
 
 
 # ----------------------------------------------------------------------------- non-streaming ---
-def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created: int | None = None) -> ResponseObject:
+def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created: int | None = None,
+                       ids_in_vocab: bool = False) -> ResponseObject:
     """Derender a non-streaming Responses body: the final ``Response``. ``created``: Unix
-    seconds used when the engine response has no ``created`` (None = 0). Raises
-    ``BadRequest`` for an invalid body (module docstring; ``check_responses_request``)."""
+    seconds used when the engine response has no ``created`` (None = 0). ``ids_in_vocab``: the
+    body's decode bounded every output, prompt and logprob id to the vocabulary
+    (``service._bounded_body_decoders``): those scans are skipped. Raises ``BadRequest`` for an
+    invalid body (module docstring; ``check_responses_request``)."""
     if body.stream:
         raise BadRequest("stream=true is not valid on a non-streaming derender body (use generate_chunk)",
                          param="stream")
@@ -326,17 +320,18 @@ def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created
         raise BadRequest("generate_response.choices must hold exactly one choice", param="generate_response.choices")
     _one_choice(gr.choices, "generate_response.choices")
     check_responses_request(rt, body.responses_request, body.prompt_tokens)
-    check_prompt(rt, body)
-    check_prompt_ids(rt, gr.prompt_token_ids, "generate_response.prompt_token_ids")
+    check_prompt(rt, body, ids_in_vocab)
+    if not ids_in_vocab:
+        check_prompt_ids(rt, gr.prompt_token_ids, "generate_response.prompt_token_ids")
     c = gr.choices[0]
-    check_tokens(rt, c, 0, "choice 0")
+    check_tokens(rt, c, 0, "choice 0", in_vocab=ids_in_vocab)
     req = body.responses_request or DEFAULT_REQUEST
     pids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
     st = _new_state(rt, req, request_id=gr.request_id or "", model=body.model,
                     created=gr.created if gr.created is not None else (created or 0),
                     prompt_ids=pids, prompt_tokens=body.prompt_tokens,
                     kv=gr.kv_transfer_params, ec=gr.ec_transfer_params, whole=True)
-    b = EventBuilder(st, PieceLog(None, 0), quiet=True)  # only the final Response is kept
+    b = EventBuilder(st, MemoryLog(), quiet=True)  # only the final Response is kept, never persisted
     b.start()
     chunk = GenerateTokensStreamChoice(index=0, token_ids=c.token_ids, finish_reason=c.finish_reason or "stop",
                                        stop_reason=c.stop_reason, logprobs=c.logprobs)

@@ -61,7 +61,7 @@ from schemas.responses import (
 from worker.core.detokenize import DetokState
 from worker.core.responses import argshape
 from worker.core.responses.ids import call_id, item_id
-from worker.core.responses.log import PieceLog
+from worker.core.responses.log import MemoryLog, PieceLog
 from worker.parsers.base import Delta
 
 __all__ = ["STATE_VERSION", "OpenItem", "ResponsesStreamState", "EventBuilder", "delta_form"]
@@ -151,31 +151,23 @@ def delta_form(entries: list[ResponseLogprob]) -> list[DeltaLogprob]:
             for e in entries]
 
 
-class _Sink:
-    """A list stand-in that keeps nothing (a quiet builder's ``_close``)."""
-
-    __slots__ = ()
-
-    def append(self, _event: Any) -> None:
-        return None
-
-
-_NO_EVENTS = _Sink()
-
-
 class EventBuilder:
     """Turns one chunk's parser deltas into events, appending what grows to ``log``.
     ``state`` is advanced in place; ``events`` collects the chunk's events in order."""
 
-    __slots__ = ("st", "log", "events", "quiet")
+    __slots__ = ("st", "log", "events", "quiet", "item_ids")
 
-    def __init__(self, state: ResponsesStreamState, log: PieceLog, quiet: bool = False):
+    def __init__(self, state: ResponsesStreamState, log: PieceLog | MemoryLog, quiet: bool = False,
+                 item_ids: bool = True):
         """``quiet``: build no events (``events`` stays empty; the non-streaming view needs only
-        the Response ``finish`` returns: the same items, text and logprobs)."""
+        the Response ``finish`` returns: the same items, text and logprobs; ``log`` then a
+        ``MemoryLog``); ``item_ids`` False: items get ``""`` ids (a view that shows none: the
+        non-streaming Message)."""
         self.st = state
         self.log = log
         self.events: list[Any] = []
         self.quiet = quiet
+        self.item_ids = item_ids
 
     def _seq(self) -> int:
         n = self.st.seq_no
@@ -221,8 +213,10 @@ class EventBuilder:
         st = self.st
         idx = st.n_items
         st.n_items += 1
-        iid = item_id(st.request_id, idx, typ)
+        iid = item_id(st.request_id, idx, typ) if self.item_ids else ""
         st.open = OpenItem(type=typ, output_index=idx, id=iid, log_start=len(self.log), **call)
+        if self.quiet:
+            return
         if typ == "message":
             item: Any = OutputMessage(id=iid)
             part: Any = OutputText(logprobs=[])
@@ -230,8 +224,6 @@ class EventBuilder:
             item, part = ReasoningItem(id=iid), ReasoningText()
         else:
             item, part = FunctionCallItem(id=iid, call_id=call["call_id"], name=call["name"]), None
-        if self.quiet:
-            return
         self.events.append(OutputItemAddedEvent(item=item, output_index=idx, sequence_number=self._seq()))
         if part is not None:
             self.events.append(ContentPartAddedEvent(content_index=0, item_id=iid, output_index=idx, part=part,
@@ -254,6 +246,9 @@ class EventBuilder:
         o = self.st.open
         if o is None or o.held < 0:
             return
+        if self.quiet:  # (the held text is in the item already; only a delta would carry it)
+            o.held = -1
+            return
         text, entries = self.log.open_item(o.held)
         o.held = -1
         if text and not self.quiet:
@@ -267,33 +262,39 @@ class EventBuilder:
         assert it is not None
         text, entries = self.log.open_item(it.log_start)
         idx, iid = it.output_index, it.id
-        ev = _NO_EVENTS if self.quiet else self.events
+        loud = not self.quiet  # a quiet builder builds the closed item only
+        ev = self.events
         if it.type == "function_call" and st.arg_shape:
             rest = argshape.final_rest(it.raw, text)
             if rest:
                 self.log.append_text(rest)
-                ev.append(FunctionCallArgumentsDelta(delta=rest, item_id=iid, output_index=idx,
-                                                     sequence_number=self._seq()))
+                if loud:
+                    ev.append(FunctionCallArgumentsDelta(delta=rest, item_id=iid, output_index=idx,
+                                                         sequence_number=self._seq()))
                 text += rest
         if it.type == "message":
-            ev.append(OutputTextDone(content_index=0, item_id=iid, logprobs=entries, output_index=idx, text=text,
-                                     sequence_number=self._seq()))
             part = OutputText(text=text, logprobs=entries if st.want_lp else None)
-            ev.append(ContentPartDoneEvent(content_index=0, item_id=iid, output_index=idx, part=part,
-                                           sequence_number=self._seq()))
+            if loud:
+                ev.append(OutputTextDone(content_index=0, item_id=iid, logprobs=entries, output_index=idx, text=text,
+                                         sequence_number=self._seq()))
+                ev.append(ContentPartDoneEvent(content_index=0, item_id=iid, output_index=idx, part=part,
+                                               sequence_number=self._seq()))
             item: Any = OutputMessage(id=iid, content=[part], status=status)
         elif it.type == "reasoning":
-            ev.append(ReasoningTextDone(content_index=0, item_id=iid, output_index=idx, text=text,
-                                        sequence_number=self._seq()))
             part = ReasoningText(text=text)
-            ev.append(ContentPartDoneEvent(content_index=0, item_id=iid, output_index=idx, part=part,
-                                           sequence_number=self._seq()))
+            if loud:
+                ev.append(ReasoningTextDone(content_index=0, item_id=iid, output_index=idx, text=text,
+                                            sequence_number=self._seq()))
+                ev.append(ContentPartDoneEvent(content_index=0, item_id=iid, output_index=idx, part=part,
+                                               sequence_number=self._seq()))
             item = ReasoningItem(id=iid, content=[part], status=status)
         else:
-            ev.append(FunctionCallArgumentsDone(arguments=text, item_id=iid, output_index=idx, name=it.name,
-                                                sequence_number=self._seq()))
+            if loud:
+                ev.append(FunctionCallArgumentsDone(arguments=text, item_id=iid, output_index=idx, name=it.name,
+                                                    sequence_number=self._seq()))
             item = FunctionCallItem(id=iid, call_id=it.call_id, name=it.name, arguments=text, status=status)
-        ev.append(OutputItemDoneEvent(item=item, output_index=idx, sequence_number=self._seq()))
+        if loud:
+            ev.append(OutputItemDoneEvent(item=item, output_index=idx, sequence_number=self._seq()))
         self.log.append_item(item)
         st.open = None
 

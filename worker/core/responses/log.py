@@ -31,7 +31,7 @@ import msgspec
 
 from schemas.responses import OutputItem, ResponseLogprob
 
-__all__ = ["PieceLog", "Reader", "memory_reader", "PiecesNeeded", "PiecesLost", "MAX_PIECES_LEN"]
+__all__ = ["PieceLog", "MemoryLog", "Reader", "memory_reader", "PiecesNeeded", "PiecesLost", "MAX_PIECES_LEN"]
 
 Reader = Callable[[int, int], bytes]
 
@@ -175,3 +175,66 @@ class PieceLog:
             return [_item_dec.decode(line[1:]) for line in _records(old) if line[:1] == b"i"] + self._new_items
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise _corrupted(e) from None
+
+
+class MemoryLog:
+    """``PieceLog``'s interface over Python objects, for a view built in one call and never
+    persisted (the non-streaming Responses and Messages views): no JSON round trip of the
+    text, entries and items (the same values: a ``str`` and the floored logprob floats
+    encode and decode to themselves). Offsets count records, not bytes; ``new`` stays empty."""
+
+    __slots__ = ("_tags", "_vals", "new", "base_len")
+
+    def __init__(self) -> None:
+        self._tags: list[str] = []
+        self._vals: list = []
+        self.new = b""
+        self.base_len = 0
+
+    def __len__(self) -> int:
+        return len(self._tags)
+
+    def append_text(self, text: str) -> None:
+        """Record ``text`` as appended to the open item."""
+        self._tags.append("t")
+        self._vals.append(text)
+
+    def append_logprobs(self, entries: list[ResponseLogprob]) -> None:
+        """Record final-form logprob entries of the open message."""
+        if entries:
+            self._tags.append("l")
+            self._vals.append(list(entries))
+
+    def append_pending(self, entries: list[ResponseLogprob]) -> None:
+        """Record logprob entries waiting for text."""
+        if entries:
+            self._tags.append("p")
+            self._vals.append(list(entries))
+
+    def pending(self, start: int) -> list[ResponseLogprob]:
+        """The waiting entries recorded from ``start`` on, in order."""
+        out: list[ResponseLogprob] = []
+        for tag, v in zip(self._tags[start:], self._vals[start:]):
+            if tag == "p":
+                out.extend(v)
+        return out
+
+    def append_item(self, item: OutputItem) -> None:
+        """Record a closed output item."""
+        self._tags.append("i")
+        self._vals.append(item)
+
+    def open_item(self, start: int) -> tuple[str, list[ResponseLogprob]]:
+        """The open item's text and logprob entries (records from ``start`` on)."""
+        texts: list[str] = []
+        entries: list[ResponseLogprob] = []
+        for tag, v in zip(self._tags[start:], self._vals[start:]):
+            if tag == "t":
+                texts.append(v)
+            elif tag == "l":
+                entries.extend(v)
+        return "".join(texts), entries
+
+    def items(self) -> list[OutputItem]:
+        """Every closed item, in output order."""
+        return [v for tag, v in zip(self._tags, self._vals) if tag == "i"]

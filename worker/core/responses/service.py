@@ -47,9 +47,10 @@ _probe_decoder = msgspec.json.Decoder(_Probe)
 _rid_decoder = msgspec.json.Decoder(_Rid)
 
 
-def derender(rt: ModelRuntime, body: DerenderResponsesRequest, created: int | None) -> ResponseObject:
+def derender(rt: ModelRuntime, body: DerenderResponsesRequest, created: int | None,
+             ids_in_vocab: bool = False) -> ResponseObject:
     """The final Response of a decoded non-streaming body (``derender_responses``)."""
-    return derender_responses(rt, body, created)
+    return derender_responses(rt, body, created, ids_in_vocab=ids_in_vocab)
 
 
 class ResponsesStreamResult:
