@@ -207,3 +207,24 @@ def test_concurrent_lazy_fills_decode_alike():
     for t in threads:
         t.join()
     assert got == [want] * 8
+
+
+@pytest.mark.parametrize("make", [_demo, _extra])
+@pytest.mark.parametrize("skip,spaces", [(True, True), (False, True), (False, False)])
+def test_step_text_equals_the_detokenizer(make, skip, spaces):
+    """``detokenize.step_text`` (its one-id shortcut on table-decoding tokenizers) gives the
+    text and the state the incremental detokenizer gives, id by id, from a prompt-primed start
+    (split UTF-8 characters, added and special tokens, ids outside the vocabulary)."""
+    from worker.core.detokenize import IncrementalDetokenizer, step_text
+    tok = make()
+    rng = random.Random(7)
+    for _ in range(20):
+        prompt = _random_ids(tok, rng, 4)
+        ids = _random_ids(tok, rng, 60) + [tok.vocab_size + 3]
+        a = IncrementalDetokenizer(tok, skip_special_tokens=skip, spaces_between_special_tokens=spaces,
+                                   prompt_token_ids=prompt)
+        state = a.state()
+        for i in ids:
+            want = a.add([i])
+            got, state = step_text(tok, state, [i], skip, spaces)
+            assert (got, state) == (want, a.state())

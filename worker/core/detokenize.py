@@ -24,7 +24,7 @@ import msgspec
 
 from .tokenizers import Tokenizer
 
-__all__ = ["DetokState", "IncrementalDetokenizer", "detokenize_output", "stop_token_trimmed",
+__all__ = ["DetokState", "IncrementalDetokenizer", "step_text", "detokenize_output", "stop_token_trimmed",
            "stop_strings", "check_stop_strings", "detokenize_with_stop",
            "INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET"]
 
@@ -281,6 +281,39 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(tokens)
         return out
+
+
+def step_text(tok: Tokenizer, state: DetokState | None, ids: list[int], skip_special_tokens: bool = True,
+              spaces_between_special_tokens: bool = True) -> tuple[str, DetokState]:
+    """``(text, next state)`` of stepping ``ids`` from ``state``: what
+    ``IncrementalDetokenizer(tok, ..., state=state)`` gives by ``add(ids)`` then ``state()``
+    (``state`` itself is never changed).
+
+    A stream's common step, one id after a step that emitted text, takes a shortcut on a
+    tokenizer that decodes by byte tables (``decodes_by_table``): the window then holds only the
+    prefix's ids, whose text ``prefix`` does not end in U+FFFD, so their bytes end on a complete
+    UTF-8 character and the window's decode with the id is ``prefix`` + the decode of the id
+    alone (the UTF-8 decoder restarts at a character boundary): one single-id table decode
+    instead of two window decodes, and the same text and state. Anything else (several ids, a
+    pending id, a U+FFFD prefix, space suppression, an id outside the vocabulary, a slow
+    tokenizer) steps the detokenizer."""
+    if len(ids) == 1 and state is not None:
+        prefix = state.prefix
+        window = state.ids
+        if prefix and state.prefix_index == len(window) and prefix[-1] != _FFFD and \
+                tok.decodes_by_table and \
+                (skip_special_tokens or spaces_between_special_tokens or not tok.added_token_ids):
+            i = ids[0]
+            if type(i) is int and 0 <= i < tok.vocab_size:
+                new = tok.raw_decode(ids, skip_special_tokens)
+                if not new or new[-1] == _FFFD:  # no text yet: the id waits in the window
+                    return "", DetokState(ids=[*window, i], prefix=prefix, prefix_index=len(window),
+                                          last_special=state.last_special)
+                return new, DetokState(ids=[i], prefix=new, prefix_index=1, last_special=state.last_special)
+    d = IncrementalDetokenizer(tok, skip_special_tokens=skip_special_tokens,
+                               spaces_between_special_tokens=spaces_between_special_tokens, state=state)
+    text = d.add(ids)
+    return text, d.state()
 
 
 def stop_token_trimmed(token_ids: list[int], finish_reason: str | None, stop_reason: int | str | None,

@@ -156,6 +156,7 @@ from worker.core.detokenize import (
     IncrementalDetokenizer,
     check_stop_strings,
     held_stop_step,
+    step_text,
     stop_strings,
 )
 from worker.core.errors import BadRequest
@@ -376,10 +377,7 @@ def _detok(rt: ModelRuntime, st: StreamState, cs: ChoiceState, ids: list[int],
     if not stop:
         if not ids:
             return "", 0, None
-        d = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=opts.skip_special,
-                                   spaces_between_special_tokens=opts.spaces, state=cs.detok)
-        text = d.add(ids)
-        cs.detok = d.state()
+        text, cs.detok = step_text(rt.tokenizer, cs.detok, ids, opts.skip_special, opts.spaces)
         return text, len(ids), None
     keep = max(len(s) for s in stop) - 1
     held = cs.held

@@ -31,7 +31,7 @@ from worker.core.derender import (
     check_prompt_ids,
     effective_skip_special_tokens,
 )
-from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop
+from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, step_text
 from worker.core.errors import BadRequest, Conflict
 from worker.core.messages import bare_array, rules
 from worker.core.messages.bare_array import ArrayScan
@@ -310,9 +310,9 @@ def _step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, b
             text = detokenize_with_stop(rt.tokenizer, text_ids, (), skip_special_tokens=st.skip_special,
                                         prompt_token_ids=prompt_ids)[0] if text_ids else ""
         else:
-            detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special, state=st.detok)
-            text = detok.add(text_ids) if text_ids else ""
-            st.detok = detok.state()
+            text = ""
+            if text_ids:
+                text, st.detok = step_text(rt.tokenizer, st.detok, text_ids, st.skip_special)
         if ms.plain_pending:
             _plain_first(ms, st, text)
         if ms.scan is not None:

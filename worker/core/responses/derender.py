@@ -37,7 +37,7 @@ from worker.core.derender import (
     check_prompt_ids,
     effective_skip_special_tokens,
 )
-from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, held_stop_step
+from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, held_stop_step, step_text
 from worker.core.errors import BadRequest
 from worker.core.logprobs import MAX_CONTEXT, chat_logprobs, next_context
 from worker.core.responses import argshape
@@ -174,8 +174,8 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
     stop_ids = seq[len(text_ids):] if stack.wants_stop_token and final else []
     entries = _entries(rt, st, c)
     whole = entries is None and prompt_ids is not None
-    detok = None if whole else IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=st.skip_special,
-                                                      state=st.detok)
+    detok = None if whole or entries is None else IncrementalDetokenizer(
+        rt.tokenizer, skip_special_tokens=st.skip_special, state=st.detok)
 
     def parse(text: str, pids: list[int]) -> Delta:
         if st.hold_ids and not st.holding and not set(st.hold_ids).isdisjoint(pids):
@@ -193,7 +193,10 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
         st.reasoning_tokens += d.reasoning_tokens
         b.feed(d, None)
     elif entries is None:  # one step per chunk
-        d = parse(detok.add(text_ids) if text_ids else "", text_ids + stop_ids)
+        text = ""
+        if text_ids:
+            text, st.detok = step_text(rt.tokenizer, st.detok, text_ids, st.skip_special)
+        d = parse(text, text_ids + stop_ids)
         st.reasoning_tokens += d.reasoning_tokens
         b.feed(d, None)
     else:  # one step per token: each token's entry rides with the text it produced

@@ -210,6 +210,10 @@ class FastTokenizer(Tokenizer):
             self._tables = _decode_tables(fast, added, size)
             if self._tables is not None:  # one Python frame less per decode (as token_bytes)
                 self.raw_decode = self._tables.decode
+        #: True when :meth:`raw_decode` (and :meth:`decode`) decode by byte-table lookups instead
+        #: of calling ``tokenizers``: a ``ByteLevel`` decoder whose construction self-check passed
+        #: (:func:`_decode_tables`); a plain attribute (the stream step reads it per chunk)
+        self.decodes_by_table = self._tables is not None
         self.eos_token_ids = config_eos_token_ids(self, d, [])
 
     @classmethod
@@ -229,13 +233,6 @@ class FastTokenizer(Tokenizer):
         its ``tokenizer.json``; ``path`` is only a label (no config files are read, so no EOS ids
         are known). Not cached."""
         return cls(fast, Path(path), path, mode)
-
-    @property
-    def decodes_by_table(self) -> bool:
-        """True when :meth:`raw_decode` (and :meth:`decode`) decode by byte-table lookups
-        instead of calling ``tokenizers``: a ``ByteLevel`` decoder whose construction
-        self-check passed (:func:`_decode_tables`)."""
-        return self._tables is not None
 
     @property
     def backend_tokenizer(self) -> HFTokenizer:

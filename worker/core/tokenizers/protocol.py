@@ -83,6 +83,9 @@ class Tokenizer(abc.ABC):
     #: the decoder is ``ByteLevel`` (GPT-2 style byte alphabet pieces): :meth:`token_bytes` knows
     #: every token's bytes (a backend that can tell sets it per instance)
     is_byte_level: bool = False
+    #: ``raw_decode`` is the UTF-8 decode (``errors="replace"``) of the ids' table bytes joined
+    #: (the fast backend on a ``ByteLevel`` decoder, ``fast._DecodeTables``)
+    decodes_by_table: bool = False
     path: str
     mode: str
     vocab_size: int
