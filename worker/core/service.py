@@ -588,9 +588,10 @@ class DerenderService:
                 if kind not in KINDS:
                     raise BadRequest(f"unknown kind {kind!r}")
             if state is not None:
-                if kind is not None and kind != state.kind:
-                    raise BadRequest(f"message kind {kind!r} does not match the stream's kind ({state.kind})")
-                kind = state.kind
+                skind = state.settings.kind
+                if kind is not None and kind != skind:
+                    raise BadRequest(f"message kind {kind!r} does not match the stream's kind ({skind})")
+                kind = skind
             elif kind is None:
                 kind = "completion" if has_completion_request else "chat"
             kind_used = kind + "-stream"
@@ -624,7 +625,8 @@ class DerenderService:
             if pieces:
                 res.append = bytes(log_.new) if log_ is not None else b""
                 res.pieces_len = state.pieces_len
-            self._settings_out(rt, state, res, settings_aside)
+            if not (settings_aside and state.settings_digest):  # (else they stay apart: nothing to do)
+                self._settings_out(rt, state, res, settings_aside)
             return res, core_stream.encode_state(state)
         except _SettingsNeeded:
             return _needing(request_id, kind_used, None), None

@@ -234,28 +234,35 @@ def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: st
         check_prompt_ids(rt, body.prompt_token_ids, "prompt_token_ids")
     if body.generate_chunk.prompt_token_ids:
         check_prompt_ids(rt, body.generate_chunk.prompt_token_ids, "generate_chunk.prompt_token_ids")
-    seen: set[int] = set()
-    n_known = len(state.choices) if state is not None else 0
-    for c in body.generate_chunk.choices:
-        where = f"choice {c.index}"
-        if c.index in seen:
-            raise BadRequest(f"choice index {c.index} appears twice in one chunk", param="generate_chunk.choices")
-        seen.add(c.index)
-        if c.index < 0:
-            raise BadRequest(f"negative choice index {c.index}", param="generate_chunk.choices")
-        if c.index >= rt.config.max_n:
-            raise BadRequest(f"choice index {c.index} is outside [0, {rt.config.max_n})",
-                             param="generate_chunk.choices")
-        cs = state.choices.get(c.index) if state is not None else None
+    choices = body.generate_chunk.choices
+    seen: set[int] | None = set() if len(choices) > 1 else None  # (one choice: no duplicate)
+    known = state.choices if state is not None else {}
+    n_known = len(known)
+    cfg = rt.config
+    max_n = cfg.max_n
+    vocab = rt.tokenizer.vocab_size
+    for c in choices:
+        i = c.index
+        if seen is not None:
+            if i in seen:
+                raise BadRequest(f"choice index {i} appears twice in one chunk", param="generate_chunk.choices")
+            seen.add(i)
+        if i < 0:
+            raise BadRequest(f"negative choice index {i}", param="generate_chunk.choices")
+        if i >= max_n:
+            raise BadRequest(f"choice index {i} is outside [0, {max_n})", param="generate_chunk.choices")
+        cs = known.get(i)
         if cs is not None and cs.finished:
-            raise BadRequest(f"{where} already finished; no chunk may follow its finish_reason",
+            raise BadRequest(f"choice {i} already finished; no chunk may follow its finish_reason",
                              param="generate_chunk.choices")
         if cs is None:
             n_known += 1
-        _check_stream_choice(rt, c, cs.completion_tokens if cs is not None else 0, where)
-    if n_known > rt.config.max_n:
-        raise BadRequest(f"{n_known} choices exceed the maximum n ({rt.config.max_n})",
-                         param="generate_chunk.choices")
+        ids = c.token_ids
+        if ids and c.logprobs is None and cfg.max_model_len is None and min(ids) >= 0 and max(ids) < vocab:
+            continue  # (a plain chunk: what _check_stream_choice checks, in line)
+        _check_stream_choice(rt, c, cs.completion_tokens if cs is not None else 0, f"choice {i}")
+    if n_known > max_n:
+        raise BadRequest(f"{n_known} choices exceed the maximum n ({max_n})", param="generate_chunk.choices")
 
 
 def _prompt_ids(body) -> list[int] | None:
@@ -413,6 +420,9 @@ def _detok(rt: ModelRuntime, st: StreamState, cs: ChoiceState, ids: list[int],
     return "".join(out), len(ids), None
 
 
+_NONE: list[int] = []  # (never mutated: the trimmed ids of a plain step)
+
+
 def _kept(xs, used: int, matched: str | None):
     """A chunk's token ids / logprob entries as sent: up to the matching id after a stop string."""
     if xs is None:
@@ -485,20 +495,28 @@ def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoic
                  out: list[ChatCompletionStreamResponse]) -> bool:
     """One choice of a chat chunk: its OpenAI chunks appended to ``out``; returns whether the
     engine finished the choice with it."""
-    opts = st.settings.opts  # (read once: ``StreamState.opts`` is a property)
-    rid = st.request_id
+    settings = st.settings  # (read once: ``StreamState.opts`` & co. are properties)
+    opts = settings.opts
+    rid = settings.request_id
     stack = rt.stack
     fmt = stack.id_format
     finished = False
-    cs = _choice_state(rt, st, c.index)
+    cs = st.choices.get(c.index)
+    if cs is None:
+        cs = _choice_state(rt, st, c.index)
     if cs.stopped:
         finished |= _count_after_stop(cs, c)
         return finished
     if not cs.role_sent:
         cs.role_sent = True
-        out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
-            index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
-    ids, lead, trimmed = _step_ids(rt, st, cs, c)
+        out.append(ChatCompletionStreamResponse(id=rid, created=settings.created, model=settings.model, choices=[
+            ChatCompletionStreamChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))]))
+    tids = c.token_ids
+    if cs.held_stop_id == -1 and c.finish_reason is None and tids and \
+            (opts.include_stop or tids[-1] not in rt.tokenizer.eos_token_ids):
+        ids, lead, trimmed = tids, 0, _NONE  # (held_stop_step's plain case, in line)
+    else:
+        ids, lead, trimmed = _step_ids(rt, st, cs, c)
     if opts.stop:  # stop strings apply to the answer (worker.core.answer)
         detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=opts.skip_special,
                                        spaces_between_special_tokens=opts.spaces, state=cs.detok)
@@ -509,8 +527,13 @@ def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoic
             c.finish_reason is not None, _stop_token_ids(rt, st, trimmed))
         cs.detok = detok.state()
     else:
-        text, used, matched = _detok(rt, st, cs, ids, c.finish_reason is not None, lead)
-        pids = _parser_ids(rt, st, ids) + _stop_token_ids(rt, st, trimmed)
+        if ids:  # (``_detok`` without stop strings, in line)
+            text, cs.detok = step_text(rt.tokenizer, cs.detok, ids, opts.skip_special, opts.spaces)
+        else:
+            text = ""
+        used, matched = len(ids), None
+        pids = _parser_ids(rt, st, ids) + _stop_token_ids(rt, st, trimmed) if trimmed else \
+            _parser_ids(rt, st, ids)[:]
         d = None
         if cs.parser is not None:
             d = stack.feed(cs.parser, text, pids) if (text or pids) else None
@@ -538,7 +561,7 @@ def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoic
                 type="function" if first else None,
                 function=DeltaFunctionCall(name=tc.name, arguments=tc.arguments)))
     lp = None
-    entries = _kept(c.logprobs.content if c.logprobs is not None else None, used, matched)
+    entries = _kept(c.logprobs.content, used, matched) if c.logprobs is not None else None
     if opts.logprobs and entries:
         lp = ChatLogprobs(content=chat_logprobs(rt.tokenizer, entries, opts.top_logprobs, cs.lp_ctx,
                                                 as_token_ids=rt.config.return_tokens_as_token_ids))
@@ -554,7 +577,7 @@ def _chat_choice(rt: ModelRuntime, st: StreamState, c: GenerateTokensStreamChoic
     # with return_token_ids a chunk is sent for every chunk of ids, text or not (vLLM: the
     # ids must all reach the client, e.g. while text is held back)
     if content or reasoning or tcs or lp is not None or final or kept:
-        out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[ChatCompletionStreamChoice(
+        out.append(ChatCompletionStreamResponse(id=rid, created=settings.created, model=settings.model, choices=[ChatCompletionStreamChoice(
             index=c.index,
             delta=DeltaMessage(content=content or None, reasoning=reasoning or None, tool_calls=tcs),
             logprobs=lp, finish_reason=finish, stop_reason=stop_reason, token_ids=kept)]))
@@ -586,7 +609,7 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
     elif _prompt_ids(body) is not None and any(c.index not in state.choices for c in body.generate_chunk.choices):
         _reseed(rt, state, body)
     st = state
-    rid = st.request_id
+    rid = st.settings.request_id
     out: list[ChatCompletionStreamResponse] = []
     any_finished = False
     for c in body.generate_chunk.choices:
@@ -608,7 +631,9 @@ def derender_chat_chunk(rt: ModelRuntime, body: DerenderChatStreamRequest, state
     st.next_seq += 1
     if pieces is not None:
         st.pieces_len = len(pieces)
-    if _want_usage(st, force_include_usage, any_finished):
+    # (no choice finished with this chunk: usage is not due, or went out with the chunk that
+    # finished the last one, ``usage_sent``)
+    if any_finished and _want_usage(st, force_include_usage, any_finished):
         st.usage_sent = st.done
         out.append(ChatCompletionStreamResponse(id=rid, created=st.created, model=st.model, choices=[],
                                                 usage=_usage(rt, st, rt.stack.reasoning is not None)))

@@ -302,7 +302,12 @@ class _Typed(msgspec.Struct):
 def _typed(stack) -> _Typed:
     """msgpack decoders of ``StreamState`` / ``ChoiceState`` / ``StreamSettings`` whose parser
     sub-states are ``stack``'s own Struct types (``ParserStack.typed_state``): one decode,
-    nothing rebuilt. Built once per stack."""
+    nothing rebuilt. Built once per stack; the last stack's are kept aside (read every chunk:
+    one weak reference call instead of the weak dictionary's lookup)."""
+    global _last_typed
+    ref, dec = _last_typed
+    if ref() is stack:
+        return dec
     dec = _typed_decoders.get(stack)
     if dec is None:
         sst = stack.typed_state
@@ -317,7 +322,16 @@ def _typed(stack) -> _Typed:
                                 bases=(StreamState,), kw_only=True, array_like=True)
         dec = _Typed(msgspec.msgpack.Decoder(tst), msgspec.msgpack.Decoder(cst), msgspec.msgpack.Decoder(sett))
         _typed_decoders[stack] = dec
+    _last_typed = (weakref.ref(stack), dec)
     return dec
+
+
+def _no_stack() -> None:
+    return None
+
+
+#: ``(weak reference to the stack, its decoders)`` of the last ``_typed`` call
+_last_typed: tuple = (_no_stack, None)
 
 
 def _typed_decoder(stack) -> msgspec.msgpack.Decoder:
@@ -382,7 +396,7 @@ def decode_state(rt: ModelRuntime, data: bytes) -> StreamState:
     st = None
     if rt.stack is not None:
         try:
-            st = _typed_decoder(rt.stack).decode(data)
+            st = _typed(rt.stack).state.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
             st = None
     if st is None:

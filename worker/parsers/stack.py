@@ -246,10 +246,16 @@ class ParserStack:
 
     def feed(self, st: StackState, text: str, token_ids: list[int]) -> Delta:
         """Parse one text delta (and its token ids). Returns reasoning/content/tool-call deltas."""
-        carry = self._carries(st)
-        ended = carry and not self.reasoning.answering(st.reasoning)
-        r = self.feed_reasoning(st, text, token_ids)
-        out = self.feed_answer(st, r.content, token_ids)
+        carry = self._carry and st.mode == "auto"  # (``_carries``, in line)
+        reasoning = self.reasoning
+        ended = carry and not reasoning.answering(st.reasoning)
+        if reasoning is None:  # (``feed_reasoning`` and ``feed_answer``, in line)
+            r = Delta(content=text)
+        else:
+            r = reasoning.feed(st.reasoning, text, token_ids)
+            if not st.include_reasoning:
+                r.reasoning = ""
+        out = self._tools(st, r.content, token_ids, final=False)
         if carry and st.ws_carried:  # the previous step's whitespace goes out joined to this one's
             out.content_break, st.ws_carried = 0, False
         if ended and r.content.isspace() and self.reasoning.answering(st.reasoning):
@@ -257,6 +263,11 @@ class ParserStack:
         out.reasoning = r.reasoning
         out.reasoning_tokens = r.reasoning_tokens
         return out
+
+    @cached_property
+    def _carry(self) -> bool:
+        """The stack-level half of ``_carries`` (computed once)."""
+        return self.reasoning is not None and self.tool is not None and self.tool.streams_leading_ws
 
     def _carries(self, st: StackState) -> bool:
         """vLLM 0.32's chat stream (``OpenAIServingChat``, reasoning + tool parser) does not send

@@ -18,6 +18,7 @@ else 400; ``previous_response_id`` is a 400.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -85,11 +86,48 @@ def encode_state(state: ResponsesStreamState) -> bytes:
     return _state_encoder.encode(state)
 
 
+#: per parser stack: a ``ResponsesStreamState`` decoder whose ``parser`` is the stack's typed
+#: state (``ParserStack.typed_state``: same field order, same bytes), so a state decodes typed
+#: in one pass (no ``msgspec.convert`` of the parser sub-states); the last stack's kept aside
+_typed_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _no_stack() -> None:
+    return None
+
+
+_last_typed: tuple = (_no_stack, None)
+
+
+def _typed_decoder(stack) -> msgspec.msgpack.Decoder:
+    """The typed state decoder of ``stack`` (``_typed_decoders``), built once per stack."""
+    global _last_typed
+    ref, dec = _last_typed
+    if ref() is stack:
+        return dec
+    dec = _typed_decoders.get(stack)
+    if dec is None:
+        typed = msgspec.defstruct("TypedResponsesStreamState", [("parser", stack.typed_state | None, None)],
+                                  bases=(ResponsesStreamState,), kw_only=True, array_like=True)
+        dec = _typed_decoders[stack] = msgspec.msgpack.Decoder(typed)
+    _last_typed = (weakref.ref(stack), dec)
+    return dec
+
+
 def decode_state(rt: ModelRuntime, data: bytes) -> ResponsesStreamState:
     """Decode ``encode_state`` bytes, parser sub-state retyped for ``rt``. Raises ``BadRequest``
-    for bytes that are not a Responses state of this version."""
+    for bytes that are not a Responses state of this version. (The typed decode first; bytes it
+    refuses go through the plain decoder and ``load_state``, whose errors name what they
+    always named.)"""
+    st = None
+    if rt.stack is not None:
+        try:
+            st = _typed_decoder(rt.stack).decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            st = None
     try:
-        st = _state_decoder.decode(data)
+        if st is None:
+            st = _state_decoder.decode(data)
         if st.v != STATE_VERSION:
             raise BadRequest(f"stored Responses stream state has version {st.v}, expected {STATE_VERSION}")
         if st.parser is not None:
