@@ -559,9 +559,10 @@ class DerenderService:
         with its state; states then hold only their digest); a later chunk takes them from
         ``settings_cache``, else from ``settings`` (``stream_settings``), else returns
         ``result.needs_settings`` (nothing derendered: call again with ``settings``)."""
-        api = self._api_stream(body, state_bytes, seq, kind, created, pieces, reader)
-        if api is not None:  # a Responses (issue 14) or Messages (issue 26) stream
-            return api
+        if kind not in _CHAT_STREAM_KINDS:  # (the Kafka worker's chat header: no call)
+            api = self._api_stream(body, state_bytes, seq, kind, created, pieces, reader)
+            if api is not None:  # a Responses (issue 14) or Messages (issue 26) stream
+                return api
         request_id = None
         kind_used = None
         later = bool(state_bytes)  # after the first chunk only generate_chunk is decoded

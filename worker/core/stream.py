@@ -219,7 +219,8 @@ def _validate_common(rt: ModelRuntime, body, state: StreamState | None, kind: st
         raise BadRequest(f"prompt_tokens ({body.prompt_tokens}) != len(prompt_token_ids) "
                          f"({len(body.prompt_token_ids)})", param="prompt_tokens")
     if state is not None:  # a later chunk's request: compared with the first one's, never decoded
-        check_request_digest(state, request_raw, kind)
+        if request_raw:  # (none: nothing to compare)
+            check_request_digest(state, request_raw, kind)
         req = None
     else:
         req = body.chat_request if kind == "chat" else body.completion_request

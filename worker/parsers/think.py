@@ -366,10 +366,13 @@ class ThinkReasoningParser(ReasoningParser):
 
     def feed(self, state: ThinkState, text: str, token_ids: list[int]) -> Delta:
         out = Delta(reasoning_tokens=self._count(state, token_ids))
-        held = _unpack(state)
+        # (the held mode unpacked / packed only when it is on)
+        held = _unpack(state) if state.held_len else ""
         s = state.buf + text
         state.buf = ""
-        _pack(state, self._read(state, out, s, held))
+        held = self._read(state, out, s, held)
+        if state.mode == "held":
+            _pack(state, held)
         return out
 
     def _read(self, state: ThinkState, out: Delta, s: str, held: str) -> str:

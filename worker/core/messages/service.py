@@ -170,19 +170,29 @@ def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Rea
     chunk); ``reader(start, end)``: the stream's stored piece log; ``seq``: the chunk's sequence
     number when the transport has one (stale: 409). Never raises for bad input; a reader
     returning fewer bytes than recorded gives a 409 (the log was lost)."""
-    p, rid = _probe(body)
+    try:  # one typed decode: a body it takes passes the probe below with the same answers
+        req = _stream_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        req = None  # the probe path: its errors, in its order
+    if req is not None:
+        p, rid = None, req.generate_chunk.request_id
+    else:
+        p, rid = _probe(body)
     try:
-        if p is None or p.model is None:
-            raise BadRequest("a Messages chunk body needs model and generate_chunk", param="model")
-        if not len(p.generate_chunk) or bytes(p.generate_chunk) == b"null":
-            raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
-        rt = runtime(p.model)
-        try:
-            req = _stream_decoder.decode(body)
-        except RecursionError:
-            raise BadRequest("invalid request body: JSON nested too deeply") from None
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise error_from_validation(e) from None
+        if req is not None:
+            rt = runtime(req.model)
+        else:
+            if p is None or p.model is None:
+                raise BadRequest("a Messages chunk body needs model and generate_chunk", param="model")
+            if not len(p.generate_chunk) or bytes(p.generate_chunk) == b"null":
+                raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
+            rt = runtime(p.model)
+            try:
+                req = _stream_decoder.decode(body)
+            except RecursionError:
+                raise BadRequest("invalid request body: JSON nested too deeply") from None
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                raise error_from_validation(e) from None
         if seq is not None and not 0 <= seq <= 2**63 - 2:
             raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
         events, state, done, append, log_len = derender_messages_chunk(rt, req, state_bytes, reader, seq)

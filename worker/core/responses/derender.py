@@ -40,7 +40,7 @@ from worker.core.derender import (
 )
 from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, held_stop_step, step_text
 from worker.core.errors import BadRequest
-from worker.core.logprobs import MAX_CONTEXT, chat_logprobs, next_context
+from worker.core.logprobs import MAX_CONTEXT, chat_logprobs
 from worker.core.responses import argshape
 from worker.core.responses.echo import (
     DEFAULT_REQUEST,
@@ -250,8 +250,8 @@ def _step(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
             b.feed(Delta(), entries[max(len(text_ids) - lead, 0):])
     if detok is not None:
         st.detok = detok.state()
-    if ids:  # (token ids are ints: the context is the last ``MAX_CONTEXT`` of them)
-        st.lp_ctx = next_context(st.lp_ctx, ids[-MAX_CONTEXT:])
+    if ids:  # (token ids are ints: the context is the last ``MAX_CONTEXT`` of them; ``next_context``)
+        st.lp_ctx = ((st.lp_ctx or []) + ids[-MAX_CONTEXT:])[-MAX_CONTEXT:]
     st.completion_tokens += len(ids)
     if not final:
         return None

@@ -322,13 +322,17 @@ class EventBuilder:
             self._calls(calls[:k])
             calls = calls[k:]
         if d.reasoning:
-            self._ensure("reasoning")
-            self._drop_pending()
             o = st.open
+            if o is None or o.type != "reasoning":  # (``_ensure``'s test, in line)
+                self._ensure("reasoning")
+                o = st.open
+            st.pending_lp, st.pend_at = [], -1  # (``_drop_pending``, in line)
             self.log.append_text(d.reasoning)
             if not self.quiet:
+                n = st.seq_no  # (``_seq``, in line)
+                st.seq_no = n + 1
                 self.events.append(ReasoningTextDelta(content_index=0, delta=d.reasoning, item_id=o.id,
-                                                      output_index=o.output_index, sequence_number=self._seq()))
+                                                      output_index=o.output_index, sequence_number=n))
         if d.content:
             self._ensure("message")
             o = st.open
@@ -346,7 +350,8 @@ class EventBuilder:
                     self.events.append(OutputTextDelta(content_index=0, delta=text, item_id=o.id,
                                                        logprobs=delta_form(part), output_index=o.output_index,
                                                        sequence_number=self._seq()))
-        self._calls(calls)
+        if calls:
+            self._calls(calls)
         if len(st.pending_lp) > PENDING_MAX:  # spill: the state stays bounded (PENDING_MAX)
             if st.pend_at < 0:
                 st.pend_at = len(self.log)

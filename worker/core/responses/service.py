@@ -88,28 +88,39 @@ def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Rea
     reply; a reader that returns fewer bytes than recorded gives a 409 (the log was lost)."""
     request_id = None
     try:
-        try:
-            probe = _probe_decoder.decode(body)
-            request_id = _rid_decoder.decode(probe.generate_chunk).request_id if len(probe.generate_chunk) else None
+        try:  # one typed decode: a body it takes passes the probe below with the same answers
+            req = _stream_decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            probe = None
-        if probe is None or probe.model is None:
-            raise BadRequest("a Responses chunk body needs model and generate_chunk", param="model")
-        if not len(probe.generate_chunk) or bytes(probe.generate_chunk) == b"null":
-            raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
-        rt = runtime(probe.model)
+            req = None  # the probe path: its errors, in its order
+        if req is not None:
+            request_id = req.generate_chunk.request_id
+            model = req.model
+        else:
+            try:
+                probe = _probe_decoder.decode(body)
+                request_id = _rid_decoder.decode(probe.generate_chunk).request_id \
+                    if len(probe.generate_chunk) else None
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                probe = None
+            if probe is None or probe.model is None:
+                raise BadRequest("a Responses chunk body needs model and generate_chunk", param="model")
+            if not len(probe.generate_chunk) or bytes(probe.generate_chunk) == b"null":
+                raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
+            model = probe.model
+        rt = runtime(model)
         state = decode_state(rt, state_bytes) if state_bytes else None
         if seq is not None and not 0 <= seq <= 2**63 - 2:
             raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
         if seq is not None and state is not None and seq < state.next_seq:
             raise DerenderError(f"stale chunk: sequence number {seq} < next expected {state.next_seq}",
                                 param="seq", status=409)
-        try:
-            req = _stream_decoder.decode(body)
-        except RecursionError:
-            raise BadRequest("invalid request body: JSON nested too deeply") from None
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise error_from_validation(e) from None
+        if req is None:
+            try:
+                req = _stream_decoder.decode(body)
+            except RecursionError:
+                raise BadRequest("invalid request body: JSON nested too deeply") from None
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                raise error_from_validation(e) from None
         events, state, append = derender_responses_chunk(rt, req, state, reader, created)
         if seq is not None:
             state.next_seq = seq + 1
