@@ -122,7 +122,8 @@ def decode_state(rt: ModelRuntime, data: bytes) -> ResponsesStreamState:
     st = None
     if rt.stack is not None:
         try:
-            st = _typed_decoder(rt.stack).decode(data)
+            ref, dec = _last_typed  # (``_typed_decoder``'s last stack, in line)
+            st = (dec if ref() is rt.stack else _typed_decoder(rt.stack)).decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
             st = None
     try:
@@ -193,6 +194,10 @@ def _entries(rt: ModelRuntime, st: ResponsesStreamState, c) -> list[ResponseLogp
 def step_ids(rt: ModelRuntime, st: ResponsesStreamState, c) -> tuple[list[int], list[int], int]:
     """``(seq, text_ids, lead)`` of one chunk choice (``held_stop_step``, never ``include_stop``;
     the held id: ``ResponsesStreamState.held_stop_id``)."""
+    ids = c.token_ids
+    if st.held_stop_id == -1 and c.finish_reason is None and ids and ids[-1] not in rt.tokenizer.eos_token_ids:
+        seq = list(ids)  # (``held_stop_step``'s plain case, in line)
+        return seq, seq, 0
     seq, text_ids, lead, st.held_stop_id = held_stop_step(c.token_ids, st.held_stop_id, c.finish_reason,
                                                           c.stop_reason, rt.tokenizer.eos_token_ids)
     return seq, text_ids, lead
@@ -282,6 +287,8 @@ def check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = Fal
     if cfg.max_model_len is not None and prior + len(ids) > cfg.max_model_len:
         raise BadRequest(f"{where}: {prior + len(ids)} output tokens exceed max_model_len ({cfg.max_model_len}).",
                          param=f"{where}.token_ids")
+    if ids and c.logprobs is None and min(ids) >= 0 and max(ids) < rt.tokenizer.vocab_size:
+        return  # (a plain chunk: what check_ids_and_logprobs checks, in line)
     check_ids_and_logprobs(rt, ids, c.logprobs, where, in_vocab=in_vocab)
 
 
