@@ -196,7 +196,7 @@ async def test_note_acks_checks_the_last_reply_of_a_one_partition_topic_and_ever
     """``note_acks``: to a topic of one partition only the last pending delivery is checked (an
     earlier one acknowledged after it at a lower offset raises nothing); to a topic of several
     partitions each pending one is (an offset going backwards there is reported); a delivery done
-    already is skipped."""
+    already only raises its partition's highest known offset (``AckOffsets.note_late``)."""
     from worker.transport.health import HealthState
     from worker.transport.pauses import PartitionPauses
     from worker.transport.publisher import ReplyPublisher

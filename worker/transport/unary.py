@@ -94,9 +94,13 @@ class UnaryPipeline:
                         acks.append((job, None, None, fut))
             finally:
                 if acks:
-                    sent = [(plan.topic, d) for _, plan, _, d in acks if plan is not None and not d.done()]
-                    if sent:
-                        self.publisher.note_acks(sent)  # (the broker-loss check)
+                    try:  # (the broker-loss check; deliveries done already count too: ``note_acks``)
+                        sent = [(plan.topic, d) for _, plan, _, d in acks if plan is not None]
+                        if sent:
+                            self.publisher.note_acks(sent)
+                    except Exception as e:  # a bug: stop, but the item still goes to the acker
+                        log.exception("noting %d deliveries for the broker-loss check failed", len(acks))
+                        self.fatal(e)
                     st.acks.put_nowait(acks)
                 observe_many(self.metrics.processing_unary, seconds)
                 st.jobs.task_done()
