@@ -121,7 +121,7 @@ async def test_the_acker_finishes_one_calls_records_in_order_and_gives_every_per
             return plan
 
     finished: list[int] = []
-    st = SimpleNamespace(acks=asyncio.Queue(), failed=False, finish=finished.append)
+    st = SimpleNamespace(acks=asyncio.Queue(), failed=False, finish=finished.append, permits=3)
     health = SimpleNamespace(progress=lambda: None)
     tracer = tracing.Tracer()
     tracer._tracer = None
@@ -148,7 +148,7 @@ async def test_the_acker_finishes_one_calls_records_in_order_and_gives_every_per
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert finished == [0] and st.failed and len(fatal) == 1
-    assert permits.free == 3
+    assert permits.free == 3 and st.permits == 0
     assert stats.processed == 2 and stats.replied_ok == 2
     assert settled == [0]  # the third was done already: no settle needed
 
