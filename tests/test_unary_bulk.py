@@ -242,3 +242,61 @@ def test_a_delivery_without_metadata_is_not_checked():
     finally:
         loop.close()
     assert len(lost) == 1 and "offset 3 on replies[0] after offset 5" in lost[0]
+
+
+async def test_the_sequencer_notes_a_calls_deliveries_done_already_and_the_acker_starts_on_the_first():
+    """A call's first reply is acked while the sequencer still waits on the second record's
+    publishing (a reply topic lookup, a 413's dead letter): the acker finishes the first record
+    meanwhile (``AckItem``: handed over with the first delivery), and the done delivery still goes
+    to ``note_acks`` with the rest (the broker-loss check counts its offset: ``note_late``)."""
+    from worker.transport.consumer import _Job
+
+    loop = asyncio.get_running_loop()
+    first, second = loop.create_future(), loop.create_future()
+    release = asyncio.Event()
+    noted: list[list] = []
+
+    class Publisher:
+        async def publish(self, st, msg, plan, request_id, spans=None, note=True):
+            if msg.offset == 1:
+                await release.wait()  # the second record's publishing waits
+            return plan, (first, second)[msg.offset]
+
+        def note_acks(self, sent):
+            noted.append(sent)
+
+        async def settle(self, st, msg, plan, delivery, request_id=None):
+            await delivery
+            return plan
+
+    tracer = tracing.Tracer()
+    tracer._tracer = None
+    planner = SimpleNamespace(safe_plan=lambda msg, out: Outgoing("replies", b"k", out.body, []))
+    permits = Permits(2)
+    assert permits.take() and permits.take()
+    finished: list[int] = []
+    unary = UnaryPipeline(None, planner, Publisher(), tracer, WorkerStats(), PromMetrics(),
+                          SimpleNamespace(progress=lambda: None), permits=lambda: permits, fatal=lambda e: None)
+    call = loop.create_future()
+    call.set_result([JobOutcome(b"{}", 200, None, "chat", True) for _ in range(2)])
+    msgs = [SimpleNamespace(topic="in", partition=0, offset=o, key=None, headers=[], timestamp=-1) for o in range(2)]
+    st = SimpleNamespace(jobs=asyncio.Queue(), acks=asyncio.Queue(), failed=False, finish=finished.append, permits=2)
+    st.jobs.put_nowait([_Job(m, call, i) for i, m in enumerate(msgs)])
+    tasks = [asyncio.create_task(unary.sequencer(st)), asyncio.create_task(unary.acker(st))]
+    try:
+        first.set_result(SimpleNamespace(topic="replies", partition=0, offset=0))
+        for _ in range(100):  # (loop turns) the first record is finished while the second is still being published
+            if finished:
+                break
+            await asyncio.sleep(0)
+        assert finished == [0] and noted == [] and permits.free == 0
+        release.set()
+        await asyncio.wait_for(st.jobs.join(), 5)
+        second.set_result(SimpleNamespace(topic="replies", partition=0, offset=1))
+        await asyncio.wait_for(st.acks.join(), 5)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert finished == [0, 1] and permits.free == 2 and st.permits == 0
+    assert noted == [[("replies", first), ("replies", second)]]
