@@ -300,3 +300,34 @@ async def test_the_sequencer_notes_a_calls_deliveries_done_already_and_the_acker
         await asyncio.gather(*tasks, return_exceptions=True)
     assert finished == [0, 1] and permits.free == 2 and st.permits == 0
     assert noted == [[("replies", first), ("replies", second)]]
+
+
+async def test_a_delivery_done_before_it_is_noted_never_reports_a_loss_of_its_own():
+    """Two replies to one reply partition acked by the same produce response: ``y`` (noted when
+    sent, its done-callback queued) at offset 10, then ``x`` at 11, which a sequencer hands to
+    ``note_acks`` before the loop ran ``y``'s callback. ``x`` counts after ``y``: no loss is
+    reported (the broker lost nothing); a later offset at or below 11 is."""
+    from worker.transport.health import HealthState
+    from worker.transport.pauses import PartitionPauses
+    from worker.transport.publisher import ReplyPublisher
+    from worker.transport.settings import WorkerSettings
+
+    loop = asyncio.get_running_loop()
+    pub = ReplyPublisher(WorkerSettings(), HealthState(), PartitionPauses(8), tracing.Tracer())
+    pub.producer = SimpleNamespace(client=SimpleNamespace(cluster=SimpleNamespace(
+        partitions_for_topic=lambda t: {0, 1})))
+    lost: list[str] = []
+    pub.on_broker_lost = lost.append
+    y, x = loop.create_future(), loop.create_future()
+    y.add_done_callback(pub._acked)  # (as ``send`` with ``note=True``)
+    y.set_result(SimpleNamespace(topic="replies", partition=0, offset=10))
+    x.set_result(SimpleNamespace(topic="replies", partition=0, offset=11))
+    pub.note_acks([("replies", x)])  # before the loop ran y's callback
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert lost == []
+    z = loop.create_future()
+    pub.note_acks([("replies", z)])
+    z.set_result(SimpleNamespace(topic="replies", partition=0, offset=11))
+    await asyncio.sleep(0)
+    assert len(lost) == 1 and "offset 11 on replies[0] after offset 11" in lost[0]

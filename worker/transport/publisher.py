@@ -181,15 +181,16 @@ class ReplyPublisher:
         partition's batches in order; should it fail, the ones before it that were acked count,
         ``_acked_last``), for any other topic each pending one (their partitions are known only
         from the acknowledgement). A delivery done already (acked while the caller sent the
-        records after it) counts out of order (``AckOffsets.note_late``): skipping it would
-        leave the offsets it was acked at unknown, and an empty broker handing them out again
-        unreported."""
+        records after it) counts out of order (``AckOffsets.note_late``, from a done-callback:
+        after the notes of deliveries acknowledged with it, whose callbacks are queued already):
+        skipping it would leave the offsets it was acked at unknown, and an empty broker handing
+        them out again unreported."""
         last: dict[str, list[asyncio.Future]] = {}
         single: dict[str, bool] = {}
         cluster = self.producer.client.cluster
         for topic, fut in sent:
-            if fut.done():
-                self._acked_late(fut)
+            if fut.done():  # (its note after those of deliveries acked with it, queued already)
+                fut.add_done_callback(self._acked_late)
                 continue
             one = single.get(topic)
             if one is None:
@@ -213,10 +214,7 @@ class ReplyPublisher:
             self._acked(fut)
             return
         for b in before:
-            if b.done():
-                self._acked_late(b)
-            else:
-                b.add_done_callback(self._acked)
+            b.add_done_callback(self._acked_late if b.done() else self._acked)
 
     def _acked_late(self, fut: asyncio.Future) -> None:
         """A delivery done before it could be noted in acknowledgement order: its offset raises
