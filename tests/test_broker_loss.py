@@ -28,7 +28,7 @@ from worker.transport.health import HealthState
 from worker.transport.metrics import WorkerStats
 from worker.transport.outage import OutageClock
 from worker.transport.pauses import PartitionPauses
-from worker.transport.publisher import ReplyPublisher
+from worker.transport.publisher import BROKER_TIMEOUT_ERRORS, TRANSIENT_ERRORS, ReplyPublisher
 from worker.transport.records import Outgoing
 
 pytestmark = pytest.mark.kafka
@@ -61,6 +61,18 @@ def test_ack_offsets_report_an_offset_handed_out_again():
     acks.note("other", 0, 9)  # a third partition: the least recently used one (r[1]) is forgotten
     assert acks.note("r", 0, 0) is not None  # r[0] is still known
     assert acks.note("r", 1, 0) is None
+
+
+def test_ack_offsets_note_late_raises_the_high_without_reporting():
+    """An acknowledgement seen out of order reports nothing, but the offsets it was acked at
+    count for the next ones noted in order."""
+    acks = AckOffsets()
+    acks.note_late("r", 0, 4)
+    assert acks.note("r", 0, 5) is None
+    acks.note_late("r", 0, 2)  # below what is known: nothing changes, nothing reported
+    assert "offset 5 on r[0] after offset 5" in acks.note("r", 0, 5)
+    acks.note_late("r", 1, 3)
+    assert "offset 0 on r[1] after offset 3" in acks.note("r", 1, 0)
 
 
 def test_stop_with_a_client_connected_ends_the_broker_itself():
@@ -175,3 +187,70 @@ def test_broker_command_warns_of_its_limits_and_stops_on_sigterm():
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "Embedded broker limits" in err and "restart them too" in err
+
+
+def _after_restart(prepare) -> list[str]:
+    """Against a real broker: ``prepare(pub, out)`` sends (``note=False``) and hands deliveries
+    to ``note_acks`` as the sequencer does; then the broker restarts empty and one reply is sent
+    the ordinary way (as ``settle`` sends again): what the acknowledgement check reported."""
+    async def main() -> list[str]:
+        broker = TansuBroker(port=free_port()).start()
+        producer = None
+        try:
+            await _create(broker.bootstrap_servers, "replies", 1)
+            producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, enable_idempotence=False, acks="all",
+                                       request_timeout_ms=5000)  # (a request the restart cut is resent sooner)
+            await producer.start()
+            pub = ReplyPublisher(None, HealthState(), PartitionPauses(8), Tracer())
+            pub.producer = producer
+            lost: list[str] = []
+            pub.on_broker_lost = lost.append
+            out = Outgoing("replies", b"k", b"v", [])
+            await prepare(pub, out)
+            assert lost == []
+            broker = _restart(broker)
+            for _ in range(50):  # sent again while the restarted broker settles (as ``settle`` does)
+                try:
+                    md = await (await pub.send(out))  # the producer's cached metadata still names the topic
+                    break
+                except (*TRANSIENT_ERRORS, *BROKER_TIMEOUT_ERRORS):
+                    await asyncio.sleep(0.2)
+            await asyncio.sleep(0)  # the done-callback runs on the next loop turn
+            assert md.offset == 0
+            return lost
+        finally:
+            if producer is not None:
+                await producer.stop()
+            broker.stop()
+    return asyncio.run(main())
+
+
+def test_replies_acked_before_their_call_was_noted_still_count(caplog):
+    """A call's replies acked while the sequencer still sent the call's later records (a 413's
+    dead letter, a reply topic being looked up) are done when ``note_acks`` gets them: their
+    offsets still count, so an empty broker handing them out again is reported."""
+    async def prepare(pub: ReplyPublisher, out: Outgoing) -> None:
+        sent = [await pub.send(out, note=False) for _ in range(3)]
+        await asyncio.gather(*sent)  # acked (offsets 0..2) before the call's deliveries are noted
+        pub.note_acks([("replies", d) for d in sent])
+    with caplog.at_level(logging.ERROR):
+        lost = _after_restart(prepare)
+    assert len(lost) == 1 and "offset 0 on replies[0] after offset 2" in lost[0]
+
+
+def test_a_calls_acked_replies_count_when_its_last_reply_fails(caplog):
+    """To a one-partition reply topic only a call's last delivery is watched; when that one fails
+    (the broker went away with its batch in flight) the call's earlier replies, acked, still
+    count: the empty broker's offsets handed out again are reported."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    async def prepare(pub: ReplyPublisher, out: Outgoing) -> None:
+        sent = [await pub.send(out, note=False) for _ in range(2)]
+        last = asyncio.get_running_loop().create_future()  # the call's last reply, in flight
+        pub.note_acks([("replies", d) for d in sent] + [("replies", last)])
+        await asyncio.gather(*sent)  # acked at offsets 0 and 1
+        last.set_exception(KafkaTimeoutError())  # its batch expired: the broker did not answer
+        await asyncio.sleep(0)  # (its done-callbacks)
+    with caplog.at_level(logging.ERROR):
+        lost = _after_restart(prepare)
+    assert len(lost) == 1 and "offset 0 on replies[0] after offset 1" in lost[0]

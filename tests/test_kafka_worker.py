@@ -379,3 +379,49 @@ def test_demo_exits_zero(capsys):
     assert main_demo(ap.parse_args(argv)) == 0
     out = capsys.readouterr().out
     assert "examples derendered OK" in out and "status 200" in out
+
+
+@pytest.mark.kafka
+async def test_revoke_while_a_record_of_a_call_hangs_keeps_every_permit_and_commits_what_was_acked(
+        kafka_bootstrap, kafka_broker_kind, qwen3_models):
+    """One executor call's three records of a partition; the second one's reply topic lookup
+    hangs (a topic the broker never lists: the embedded broker auto-creates, so the producer's
+    metadata wait for that one topic is made to hang). A revoke then drains past
+    ``drain_timeout_s`` and drops the partition: every ``--max-in-flight`` permit the three took
+    comes back (none is lost for the rest of the worker's life), and the first record, whose
+    reply the broker acknowledged, is committed (the next owner does not answer it again)."""
+    bs, n = kafka_bootstrap, _names()
+    tok, model = _tokenizer(qwen3_models), _qwen3(qwen3_models).name
+    missing = f"missing-{n.group}"
+    await ensure_topics(bs, {n.inp: 1, n.reply: 1, n.dlq: 1})
+    await _produce(bs, n.inp, [(b"a", chat_body(tok, model, "a", "first"), []),
+                               (b"b", chat_body(tok, model, "b", "x"), [(HDR_REPLY_TOPIC, missing.encode())]),
+                               (b"c", chat_body(tok, model, "c", "third"), [])])
+    settings = _settings(bs, kafka_broker_kind, input_topic=n.inp, reply_topic=n.reply, dead_letter_topic=n.dlq,
+                         group_id=n.group, executor="process", num_workers=1, max_in_flight=8,
+                         drain_timeout_s=1.0, reply_topic_wait_ms=600_000)
+    worker = KafkaDerenderWorker(settings, qwen3_models)
+    await worker.start()
+    real, waits = worker._producer.partitions_for, []
+
+    async def partitions_for(topic):
+        if topic == missing:
+            waits.append(topic)
+            await asyncio.sleep(3600)
+        return await real(topic)
+
+    worker._producer.partitions_for = partitions_for
+    task = asyncio.create_task(worker.run())
+    try:
+        got = await _collect(bs, [n.reply], 1, timeout=60, until=lambda g: bool(g[n.reply]) and bool(waits))
+        assert [r.key for r in got[n.reply]] == [b"a"]
+        parts = list(worker._parts)
+        assert len(parts) == 1 and 1 in worker._parts[parts[0]].inflight  # b hangs
+        await worker._on_revoked(parts)  # (the rebalance listener's callback)
+        assert not worker._parts
+        assert worker._sem.free == 8
+    finally:
+        worker.stop()
+        await task
+    committed, _ = await _committed_and_end(bs, n.group, n.inp, 1)
+    assert committed == {0: 1}

@@ -159,7 +159,11 @@ def test_the_password_file_is_the_one_the_process_holds(redis_with_password, tmp
                              "--metrics-port", "0"],
                             cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        # Popen returns once the exec closed the child's close-on-exec pipe, which the kernel does
+        # before it fills in the new image's argument area: cmdline reads b"" until then.
+        deadline = time.monotonic() + 30
+        while not (cmdline := Path(f"/proc/{proc.pid}/cmdline").read_bytes()) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert b"s3cret" not in cmdline and b"--redis-url" in cmdline, cmdline
         out = proc.communicate(timeout=120)[0]
     finally:

@@ -121,7 +121,7 @@ async def test_the_acker_finishes_one_calls_records_in_order_and_gives_every_per
             return plan
 
     finished: list[int] = []
-    st = SimpleNamespace(acks=asyncio.Queue(), failed=False, finish=finished.append)
+    st = SimpleNamespace(acks=asyncio.Queue(), failed=False, finish=finished.append, permits=3)
     health = SimpleNamespace(progress=lambda: None)
     tracer = tracing.Tracer()
     tracer._tracer = None
@@ -148,7 +148,7 @@ async def test_the_acker_finishes_one_calls_records_in_order_and_gives_every_per
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert finished == [0] and st.failed and len(fatal) == 1
-    assert permits.free == 3
+    assert permits.free == 3 and st.permits == 0
     assert stats.processed == 2 and stats.replied_ok == 2
     assert settled == [0]  # the third was done already: no settle needed
 
@@ -196,7 +196,7 @@ async def test_note_acks_checks_the_last_reply_of_a_one_partition_topic_and_ever
     """``note_acks``: to a topic of one partition only the last pending delivery is checked (an
     earlier one acknowledged after it at a lower offset raises nothing); to a topic of several
     partitions each pending one is (an offset going backwards there is reported); a delivery done
-    already is skipped."""
+    already only raises its partition's highest known offset (``AckOffsets.note_late``)."""
     from worker.transport.health import HealthState
     from worker.transport.pauses import PartitionPauses
     from worker.transport.publisher import ReplyPublisher
@@ -242,3 +242,92 @@ def test_a_delivery_without_metadata_is_not_checked():
     finally:
         loop.close()
     assert len(lost) == 1 and "offset 3 on replies[0] after offset 5" in lost[0]
+
+
+async def test_the_sequencer_notes_a_calls_deliveries_done_already_and_the_acker_starts_on_the_first():
+    """A call's first reply is acked while the sequencer still waits on the second record's
+    publishing (a reply topic lookup, a 413's dead letter): the acker finishes the first record
+    meanwhile (``AckItem``: handed over with the first delivery), and the done delivery still goes
+    to ``note_acks`` with the rest (the broker-loss check counts its offset: ``note_late``)."""
+    from worker.transport.consumer import _Job
+
+    loop = asyncio.get_running_loop()
+    first, second = loop.create_future(), loop.create_future()
+    release = asyncio.Event()
+    noted: list[list] = []
+
+    class Publisher:
+        async def publish(self, st, msg, plan, request_id, spans=None, note=True):
+            if msg.offset == 1:
+                await release.wait()  # the second record's publishing waits
+            return plan, (first, second)[msg.offset]
+
+        def note_acks(self, sent):
+            noted.append(sent)
+
+        async def settle(self, st, msg, plan, delivery, request_id=None):
+            await delivery
+            return plan
+
+    tracer = tracing.Tracer()
+    tracer._tracer = None
+    planner = SimpleNamespace(safe_plan=lambda msg, out: Outgoing("replies", b"k", out.body, []))
+    permits = Permits(2)
+    assert permits.take() and permits.take()
+    finished: list[int] = []
+    unary = UnaryPipeline(None, planner, Publisher(), tracer, WorkerStats(), PromMetrics(),
+                          SimpleNamespace(progress=lambda: None), permits=lambda: permits, fatal=lambda e: None)
+    call = loop.create_future()
+    call.set_result([JobOutcome(b"{}", 200, None, "chat", True) for _ in range(2)])
+    msgs = [SimpleNamespace(topic="in", partition=0, offset=o, key=None, headers=[], timestamp=-1) for o in range(2)]
+    st = SimpleNamespace(jobs=asyncio.Queue(), acks=asyncio.Queue(), failed=False, finish=finished.append, permits=2)
+    st.jobs.put_nowait([_Job(m, call, i) for i, m in enumerate(msgs)])
+    tasks = [asyncio.create_task(unary.sequencer(st)), asyncio.create_task(unary.acker(st))]
+    try:
+        first.set_result(SimpleNamespace(topic="replies", partition=0, offset=0))
+        for _ in range(100):  # (loop turns) the first record is finished while the second is still being published
+            if finished:
+                break
+            await asyncio.sleep(0)
+        assert finished == [0] and noted == [] and permits.free == 0
+        release.set()
+        await asyncio.wait_for(st.jobs.join(), 5)
+        second.set_result(SimpleNamespace(topic="replies", partition=0, offset=1))
+        await asyncio.wait_for(st.acks.join(), 5)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert finished == [0, 1] and permits.free == 2 and st.permits == 0
+    assert noted == [[("replies", first), ("replies", second)]]
+
+
+async def test_a_delivery_done_before_it_is_noted_never_reports_a_loss_of_its_own():
+    """Two replies to one reply partition acked by the same produce response: ``y`` (noted when
+    sent, its done-callback queued) at offset 10, then ``x`` at 11, which a sequencer hands to
+    ``note_acks`` before the loop ran ``y``'s callback. ``x`` counts after ``y``: no loss is
+    reported (the broker lost nothing); a later offset at or below 11 is."""
+    from worker.transport.health import HealthState
+    from worker.transport.pauses import PartitionPauses
+    from worker.transport.publisher import ReplyPublisher
+    from worker.transport.settings import WorkerSettings
+
+    loop = asyncio.get_running_loop()
+    pub = ReplyPublisher(WorkerSettings(), HealthState(), PartitionPauses(8), tracing.Tracer())
+    pub.producer = SimpleNamespace(client=SimpleNamespace(cluster=SimpleNamespace(
+        partitions_for_topic=lambda t: {0, 1})))
+    lost: list[str] = []
+    pub.on_broker_lost = lost.append
+    y, x = loop.create_future(), loop.create_future()
+    y.add_done_callback(pub._acked)  # (as ``send`` with ``note=True``)
+    y.set_result(SimpleNamespace(topic="replies", partition=0, offset=10))
+    x.set_result(SimpleNamespace(topic="replies", partition=0, offset=11))
+    pub.note_acks([("replies", x)])  # before the loop ran y's callback
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert lost == []
+    z = loop.create_future()
+    pub.note_acks([("replies", z)])
+    z.set_result(SimpleNamespace(topic="replies", partition=0, offset=11))
+    await asyncio.sleep(0)
+    assert len(lost) == 1 and "offset 11 on replies[0] after offset 11" in lost[0]

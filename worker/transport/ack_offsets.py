@@ -39,3 +39,17 @@ class AckOffsets:
             return None
         return (f"the broker acknowledged offset {offset} on {topic}[{partition}] after offset {high}: it lost records "
                 f"it had acknowledged there (topic deleted and re-created, or broker restarted without its data?)")
+
+    def note_late(self, topic: str, partition: int, offset: int) -> None:
+        """Record an acknowledgement seen out of acknowledgement order (a delivery done before it
+        could be put through ``note``: acknowledgements noted since may have come after it): the
+        partition's highest offset rises to ``offset`` if below it; nothing is reported (those
+        later ones are, absent a loss, above ``offset``; after a loss, the next one at or below
+        it is reported by ``note``). A negative offset (none given) is ignored."""
+        if offset < 0:
+            return
+        key = (topic, partition)
+        high = self._high.pop(key, None)
+        if len(self._high) >= self.max_partitions:
+            self._high.pop(next(iter(self._high)))
+        self._high[key] = offset if high is None or offset > high else high

@@ -105,6 +105,7 @@ class _Partition:
     gap_floor: int = 1 << 62  # at most the oldest offset in gap_wait (``pauses.PartitionPauses.window``)
     active: set = field(default_factory=set)  # inflight - store_wait - gap_wait (the in-flight window's records)
     hi: int | None = None  # highest fetched offset + 1
+    permits: int = 0  # ``--max-in-flight`` permits its non-streaming records hold (the acker gives them back)
     streams: dict = field(default_factory=dict)  # request id -> streams._Stream
     sacks: Any = None  # stream acker queue
 
@@ -513,6 +514,7 @@ class KafkaDerenderWorker:
                         streamed.append((st, msg))
                         continue
                     unary += 1
+                    st.permits += 1
                     if isinstance(msg, UnreadableRecord):  # nothing to derender: dead-lettered by _plan
                         done = asyncio.get_running_loop().create_future()
                         done.set_result([JobOutcome(b"", 500, None, None, False)])
@@ -615,6 +617,9 @@ class KafkaDerenderWorker:
             for t in st.tasks:
                 t.cancel()
             await asyncio.gather(*st.tasks, return_exceptions=True)
+            if st.permits > 0:  # records the drain did not finish (timed out): their permits back
+                self._sem.release(st.permits)
+                st.permits = 0
 
     async def _drain(self, st: _Partition) -> None:
         await st.jobs.join()

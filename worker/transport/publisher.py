@@ -34,6 +34,7 @@ broker watch: not ready, no more offset commits, exit; docs/kafka.md, "Embedded 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -177,23 +178,52 @@ class ReplyPublisher:
         """Put the deliveries of records sent in a row with ``note=False`` (``(topic, delivery)``
         in send order) through ``acks`` once acked: for a topic of one partition only its last
         pending one (acknowledged last, at the highest offset of them: the producer completes a
-        partition's batches in order), for any other topic each pending one (their partitions
-        are known only from the acknowledgement). Deliveries done already are skipped."""
-        last: dict[str, asyncio.Future] = {}
+        partition's batches in order; should it fail, the ones before it that were acked count,
+        ``_acked_last``), for any other topic each pending one (their partitions are known only
+        from the acknowledgement). A delivery done already (acked while the caller sent the
+        records after it) counts out of order (``AckOffsets.note_late``, from a done-callback:
+        after the notes of deliveries acknowledged with it, whose callbacks are queued already):
+        skipping it would leave the offsets it was acked at unknown, and an empty broker handing
+        them out again unreported."""
+        last: dict[str, list[asyncio.Future]] = {}
         single: dict[str, bool] = {}
         cluster = self.producer.client.cluster
         for topic, fut in sent:
-            if fut.done():
+            if fut.done():  # (its note after those of deliveries acked with it, queued already)
+                fut.add_done_callback(self._acked_late)
                 continue
             one = single.get(topic)
             if one is None:
                 one = single[topic] = len(cluster.partitions_for_topic(topic) or ()) == 1
             if one:
-                last[topic] = fut
+                last.setdefault(topic, []).append(fut)
             else:
                 fut.add_done_callback(self._acked)
-        for fut in last.values():
-            fut.add_done_callback(self._acked)
+        for futs in last.values():
+            if len(futs) == 1:
+                futs[0].add_done_callback(self._acked)
+            else:
+                futs[-1].add_done_callback(functools.partial(self._acked_last, futs[:-1]))
+
+    def _acked_last(self, before: list[asyncio.Future], fut: asyncio.Future) -> None:
+        """Done-callback of the last of deliveries ``before + [fut]`` to a topic of one
+        partition: ``fut``'s offset to ``acks``; when ``fut`` failed, the offsets of those
+        before it that were acked (done by then: the producer completes a partition's batches in
+        order; one still pending is noted when acked)."""
+        if not fut.cancelled() and fut.exception() is None:
+            self._acked(fut)
+            return
+        for b in before:
+            b.add_done_callback(self._acked_late if b.done() else self._acked)
+
+    def _acked_late(self, fut: asyncio.Future) -> None:
+        """A delivery done before it could be noted in acknowledgement order: its offset raises
+        the partition's highest known one (``AckOffsets.note_late``), nothing is reported."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        md = fut.result()
+        if md is not None:
+            self.acks.note_late(md.topic, md.partition, md.offset)
 
     def _acked(self, fut: asyncio.Future) -> None:
         """Done-callback of a delivery: its offset to ``acks`` (in acknowledgement order)."""

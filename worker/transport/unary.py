@@ -4,8 +4,9 @@ order) and an *acker* (awaits the deliveries in that order, then the record is f
 committable). Commit order of a non-streaming record: derender -> produce reply (or dead letter)
 -> broker ack -> finished (then ``commits.OffsetCommitter`` commits up to the lowest unfinished).
 Both work per executor call: a sequencer queue item is one call's records of the partition, and
-so is an acker queue item (their deliveries in offset order); permits and metrics are given back
-and counted once per item (docs/performance.md, issue 23 item 5).
+so is an acker queue item (``AckItem``: their deliveries in offset order, taken up by the acker as
+they come); permits and metrics are given back and counted once per item (docs/performance.md,
+issue 23 item 5).
 """
 from __future__ import annotations
 
@@ -26,7 +27,34 @@ from worker.transport.records import Outgoing, kind_header, log_fields, record_c
 
 log = logging.getLogger(__name__)
 
-__all__ = ["UnaryPipeline"]
+__all__ = ["UnaryPipeline", "AckItem"]
+
+
+class AckItem(list):
+    """An acker queue item: one executor call's deliveries of a partition, in offset order (a
+    list of ``(job, plan, outcome, delivery)``), handed to the acker with its first delivery
+    and filled while the sequencer publishes the rest, ``complete`` once it has. So a reply
+    acked is finished (committable) even while a later record of the same call waits (a reply
+    topic lookup, a 413's dead letter, a dead letter retried until acked), as when each record
+    was an item of its own; in the common case the sequencer fills the item before the acker
+    runs, and nothing waits."""
+
+    complete = False  # (class defaults: no per-item ``__init__`` call on the hot path)
+    waiter: asyncio.Future | None = None
+
+    def wake(self) -> None:
+        """An entry was added or the item completed: the acker waiting for it goes on."""
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def more(self) -> None:
+        """Wait until an entry is added or the item completes."""
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
 
 
 class UnaryPipeline:
@@ -66,10 +94,12 @@ class UnaryPipeline:
     async def sequencer(self, st: Any) -> None:
         """Take the partition's jobs in offset order (a queue item: the list of one executor call's
         records of this partition), await each derender, hand its record to the producer (in
-        order) and pass the item's deliveries to the acker as one list, in the same order."""
+        order) and pass the item's deliveries to the acker as one ``AckItem``, in the same order
+        (handed over with its first delivery, complete once the last one is in)."""
         while True:
             jobs = await st.jobs.get()
-            acks: list[tuple[Any, Outgoing | None, JobOutcome | None, asyncio.Future]] = []
+            acks = AckItem()  # (job, plan, outcome, delivery) in offset order
+            handed = False
             seconds: list[float] = []
             try:
                 spans = self.tracer.enabled  # (read once per executor call's records)
@@ -92,12 +122,25 @@ class UnaryPipeline:
                         fut = asyncio.get_running_loop().create_future()
                         fut.set_exception(e)
                         acks.append((job, None, None, fut))
+                    if handed:
+                        if acks.waiter is not None:
+                            acks.wake()
+                    else:  # the acker starts on the call's first delivery (``AckItem``)
+                        st.acks.put_nowait(acks)
+                        handed = True
             finally:
+                acks.complete = True
+                acks.wake()
                 if acks:
-                    sent = [(plan.topic, d) for _, plan, _, d in acks if plan is not None and not d.done()]
-                    if sent:
-                        self.publisher.note_acks(sent)  # (the broker-loss check)
-                    st.acks.put_nowait(acks)
+                    try:  # (the broker-loss check; deliveries done already count too: ``note_acks``)
+                        sent = [(plan.topic, d) for _, plan, _, d in acks if plan is not None]
+                        if sent:
+                            self.publisher.note_acks(sent)
+                    except Exception as e:  # a bug: stop, but the item still goes to the acker
+                        log.exception("noting %d deliveries for the broker-loss check failed", len(acks))
+                        self.fatal(e)
+                    if not handed:
+                        st.acks.put_nowait(acks)
                 observe_many(self.metrics.processing_unary, seconds)
                 st.jobs.task_done()
 
@@ -110,7 +153,13 @@ class UnaryPipeline:
             finished: list[tuple[Outgoing, JobOutcome | None, Any]] = []
             taken = 0
             try:
-                for job, plan, out, delivery in entries:
+                while True:
+                    if taken == len(entries):
+                        if getattr(entries, "complete", True):
+                            break
+                        await entries.more()  # (the sequencer still publishes the call's later records)
+                        continue
+                    job, plan, out, delivery = entries[taken]
                     msg = job.msg
                     taken += 1
                     try:
@@ -133,6 +182,7 @@ class UnaryPipeline:
                         self.fatal(e)
             finally:
                 self.permits().release(taken)
+                st.permits -= taken  # (what a revoke's teardown gives back: ``consumer._on_revoked``)
                 if finished:
                     try:
                         self.count_many(finished)
