@@ -90,6 +90,21 @@ async def test_permits_take_release_and_wait():
     assert p.free == 1  # a cancelled wait took none
 
 
+async def test_acquire_unless_takes_a_permit_or_none_when_the_stop_comes_first():
+    p, stopping = Permits(1), asyncio.Event()
+    assert await p.acquire_unless(stopping) is True and p.free == 0
+    waiting = asyncio.ensure_future(p.acquire_unless(stopping))
+    await asyncio.sleep(0)
+    p.release()
+    assert await asyncio.wait_for(waiting, 1) is True and p.free == 0
+    stopped = asyncio.ensure_future(p.acquire_unless(stopping))
+    await asyncio.sleep(0)
+    stopping.set()
+    assert await asyncio.wait_for(stopped, 1) is False
+    p.release()
+    assert p.free == 1  # the stopped wait kept none
+
+
 async def test_a_waiter_woken_then_cancelled_passes_the_permit_on():
     p = Permits(1)
     assert p.take()

@@ -490,7 +490,7 @@ class KafkaDerenderWorker:
                         if queued:
                             self._flush(chunk, queued)  # never hold unsubmitted work while waiting for capacity
                             chunk, queued = [], []
-                        if not await self._permit():
+                        if not await permits.acquire_unless(self._stopping):
                             stopped = True  # stopping while waiting for capacity: the rest is refetched later
                             break
                     st = self._parts.get(tp)
@@ -532,23 +532,6 @@ class KafkaDerenderWorker:
                 self._prom.received_unary.inc(unary)
             if streamed:
                 self._dispatch_streams(streamed)
-
-    async def _permit(self) -> bool:
-        """Take a ``--max-in-flight`` permit; False (none taken) when the worker starts stopping
-        meanwhile: a fetch loop waiting for capacity never keeps a stop or a give-up waiting."""
-        if self._sem.take():
-            return True
-        got = asyncio.ensure_future(self._sem.acquire())
-        stop = asyncio.ensure_future(self._stopping.wait())
-        await asyncio.wait({got, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if got.done():
-            return True
-        got.cancel()
-        await asyncio.gather(got, return_exceptions=True)
-        if got.done() and not got.cancelled() and got.exception() is None:
-            self._sem.release()  # acquired while being cancelled
-        return False
 
     def _dispatch_streams(self, items: list[tuple[_Partition, Any]]) -> None:
         """Hand a poll's stream records to the router, per partition, in order (never waits: the

@@ -64,3 +64,21 @@ class Permits:
             if not fut.done():
                 fut.set_result(None)
                 wake -= 1
+
+    async def acquire_unless(self, stopping: asyncio.Event) -> bool:
+        """Take a permit, waiting until one is released or ``stopping`` is set -> whether one
+        was taken (none is kept when the stop comes first: a fetch loop waiting for capacity
+        never keeps a stop or a give-up waiting)."""
+        if self.take():
+            return True
+        got = asyncio.ensure_future(self.acquire())
+        stop = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait({got, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if got.done():
+            return True
+        got.cancel()
+        await asyncio.gather(got, return_exceptions=True)
+        if got.done() and not got.cancelled() and got.exception() is None:
+            self.release()  # acquired while being cancelled
+        return False
