@@ -287,8 +287,8 @@ def check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = Fal
     if cfg.max_model_len is not None and prior + len(ids) > cfg.max_model_len:
         raise BadRequest(f"{where}: {prior + len(ids)} output tokens exceed max_model_len ({cfg.max_model_len}).",
                          param=f"{where}.token_ids")
-    if ids and c.logprobs is None and min(ids) >= 0 and max(ids) < rt.tokenizer.vocab_size:
-        return  # (a plain chunk: what check_ids_and_logprobs checks, in line)
+    if c.logprobs is None and (in_vocab or (ids and min(ids) >= 0 and max(ids) < rt.tokenizer.vocab_size)):
+        return  # (a plain chunk, or ids the decode bounded: what check_ids_and_logprobs checks, in line)
     check_ids_and_logprobs(rt, ids, c.logprobs, where, in_vocab=in_vocab)
 
 
