@@ -157,7 +157,7 @@ def _new_state(rt: ModelRuntime, req: MessagesRequest, *, request_id: str, model
     head = _head(rt, request_id, model)
     rs = ResponsesStreamState(
         request_id=request_id, model=model, head=head, skip_special=skip, fmt=stack.id_format, detok=detok,
-        parser=stack.initial_state(ctx, streaming=True) if rt.has_parser else None,
+        parser=stack.initial_state(ctx, streaming=True, mode=mode) if rt.has_parser else None,
         prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt_ids or []),
         arg_shape=rt.config.tool_parser in argshape.SHAPED_PARSERS, cut_open=engine, hold_ids=hold)
     tp = rt.config.tool_parser
