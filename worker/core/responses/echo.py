@@ -24,9 +24,8 @@ import os
 from functools import lru_cache
 from typing import Any
 
-from schemas import ChatCompletionRequest
 from schemas.responses import LOGPROBS_INCLUDE, ResponseFunctionTool, ResponseObject, ResponsesRequest
-from worker.core.derender import ModelRuntime, check_request_numbers, request_context
+from worker.core.derender import ModelRuntime, check_request_numbers
 from worker.core.errors import BadRequest
 from worker.parsers.base import RequestContext
 
@@ -108,10 +107,11 @@ def parser_context(req: ResponsesRequest, prompt_ids: list[int] | None) -> Reque
     ``parallel_tool_calls``, ``chat_template_kwargs``, the prompt ids."""
     tools = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
              for t in (req.tools or []) if isinstance(t, dict) and t.get("type") == "function"]
-    chat = ChatCompletionRequest(tools=tools or None, tool_choice=_chat_tool_choice(req.tool_choice),
-                                 parallel_tool_calls=req.parallel_tool_calls,
-                                 chat_template_kwargs=req.chat_template_kwargs)
-    return request_context(chat, prompt_ids)
+    # ``request_context`` of the chat request with these fields, without building that request
+    # (``include_reasoning`` is the chat request's default, True)
+    return RequestContext(tools=tools or None, tool_choice=_chat_tool_choice(req.tool_choice),
+                          parallel_tool_calls=req.parallel_tool_calls is not False,
+                          chat_template_kwargs=req.chat_template_kwargs, prompt_token_ids=prompt_ids)
 
 
 def check_responses_request(rt: ModelRuntime, req: ResponsesRequest | None, prompt_tokens: int | None) -> None:
