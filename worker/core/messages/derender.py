@@ -24,7 +24,7 @@ import msgspec
 
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse, Int64
 from schemas.messages import DerenderMessagesRequest, Message, MessagesRequest
-from schemas.responses import FunctionCallArgumentsDelta, ResponsesRequest
+from schemas.responses import FunctionCallArgumentsDelta, ResponseObject, ResponsesRequest
 from worker.core.answer import step_answer
 from worker.core.derender import (
     ModelRuntime,
@@ -124,6 +124,22 @@ def decode_state(rt: ModelRuntime, data: bytes) -> tuple[MessagesStreamState, Re
     return ms, decode_rs(rt, ms.rs)
 
 
+#: runtime -> its builder head (``response_head`` of ``_HEAD_REQUEST``, empty id and model), built once
+_HEADS: weakref.WeakKeyDictionary[ModelRuntime, ResponseObject] = weakref.WeakKeyDictionary()
+
+
+def _head(rt: ModelRuntime, request_id: str, model: str) -> ResponseObject:
+    """``response_head(rt, _HEAD_REQUEST, ...)`` for ``request_id`` / ``model``: the runtime's
+    fixed head with those two fields replaced (heads are never mutated)."""
+    try:
+        h = _HEADS[rt]
+    except KeyError:
+        h = _HEADS[rt] = response_head(rt, _HEAD_REQUEST, response_id="", model="", created_at=0)
+    except TypeError:  # not weak-referenceable
+        return response_head(rt, _HEAD_REQUEST, response_id=request_id, model=model, created_at=0)
+    return msgspec.structs.replace(h, id=request_id, model=model)
+
+
 def _new_state(rt: ModelRuntime, req: MessagesRequest, *, request_id: str, model: str,
                prompt_ids: list[int] | None, prompt_tokens: int | None,
                whole: bool = False) -> tuple[MessagesStreamState, ResponsesStreamState]:
@@ -138,10 +154,10 @@ def _new_state(rt: ModelRuntime, req: MessagesRequest, *, request_id: str, model
     engine = rt.config.tool_parser in argshape.ENGINE_PARSERS and stack.tool is not None
     hold = argshape.held_marker_ids(stack.tool, rt.tokenizer.token_to_id) \
         if engine and ctx.tools and ctx.tool_choice == "none" else []
-    head = response_head(rt, _HEAD_REQUEST, response_id=request_id, model=model, created_at=0)
+    head = _head(rt, request_id, model)
     rs = ResponsesStreamState(
         request_id=request_id, model=model, head=head, skip_special=skip, fmt=stack.id_format, detok=detok,
-        parser=stack.initial_state(ctx, streaming=True) if rt.has_parser else None,
+        parser=stack.initial_state(ctx, streaming=True, mode=mode) if rt.has_parser else None,
         prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt_ids or []),
         arg_shape=rt.config.tool_parser in argshape.SHAPED_PARSERS, cut_open=engine, hold_ids=hold)
     tp = rt.config.tool_parser
@@ -239,6 +255,22 @@ def _segments(rt: ModelRuntime, ids: list[int]) -> list[tuple[int, list[int]]]:
         added = tok.added_token_ids
         cuts = [i + 1 for i, t in enumerate(ids[:-1]) if t in added and t not in ends]
     return [(a, ids[a:z]) for a, z in zip([0] + cuts, cuts + [len(ids)])]
+
+
+def _lead_merged(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState,
+                 segs: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
+    """``segs`` with a first segment that is the reasoning start marker alone merged into the
+    next (one step fewer): nothing precedes the marker, so the merged step's delta orders as the
+    two steps do (reasoning before content before calls; the parsers are split-independent).
+    Not under the rules that read a step's first text or hold ids (``plain_pending``,
+    ``tag_hold``, ``hold_ids``)."""
+    r = rt.stack.reasoning
+    if len(segs) < 2 or len(segs[0][1]) != 1 or r is None or ms.plain_pending or ms.tag_hold or st.hold_ids:
+        return segs
+    t = segs[0][1][0]
+    if t not in r.start_ids or t in r.end_ids:
+        return segs
+    return [(0, segs[0][1] + segs[1][1])] + segs[2:]
 
 
 def _chunk_steps(rt: ModelRuntime, ms: MessagesStreamState, c) -> list:
@@ -390,7 +422,7 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest, ids_in_vo
         chunk = GenerateTokensStreamChoice(index=0, token_ids=ids[-1:], **fin)
         _step(rt, ms, st, b, chunk)
     else:  # the stream's parse, one step per segment (each detokenized in one shot, in context)
-        segs = _segments(rt, ids) if ms.calls else [(0, ids)]
+        segs = _lead_merged(rt, ms, st, _segments(rt, ids)) if ms.calls else [(0, ids)]
         for k, (start, seg) in enumerate(segs):
             last = k == len(segs) - 1
             chunk = GenerateTokensStreamChoice(index=0, token_ids=seg, **(fin if last else {}))

@@ -118,18 +118,44 @@ def is_messages_body(body: bytes) -> bool:
     return len(raw) > 0 and bytes(raw) != b"null"
 
 
+#: the vocabulary size of the model of the last non-streaming body (``_typed``'s guess: one
+#: typed decode when the next body is for a model of the same vocabulary); [0]: none yet
+_last_vocab = [0]
+
+
+def _typed(body: bytes) -> tuple[DerenderMessagesRequest | None, int]:
+    """``(body, bound)``: the body in one typed decode bounded by ``_last_vocab`` (the common case: no probe
+    decode), or None: the probe path then decides as before (no vocabulary yet, a
+    ``generate_chunk`` key, whose request id the probe reads first, or a decode refused)."""
+    v = _last_vocab[0]
+    if not v or b'"generate_chunk"' in body:
+        return None, 0
+    try:
+        return _bounded_decoder(v).decode(body), v
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None, 0
+
+
 def derender(runtime, body: bytes) -> tuple[bytes, int, str | None]:
     """One non-streaming Messages body -> ``(Message JSON or error object, status, request id)``.
     ``runtime(name)``: the served model's runtime (raises ``ModelNotFound``). Never raises."""
-    p, rid = _probe(body)
+    req, bound = _typed(body)
+    if req is not None:  # same model, request id and body as the probe path reads
+        p, rid = None, req.generate_response.request_id
+    else:
+        p, rid = _probe(body)
     try:
-        if p is None or p.model is None:
+        if req is None and (p is None or p.model is None):
             raise BadRequest("a Messages body needs model and generate_response", param="model")
-        rt: ModelRuntime = runtime(p.model)
-        try:  # ids bounded to this model's vocabulary in the decode; else the unbounded one's checks
-            req, in_vocab = _bounded_decoder(rt.tokenizer.vocab_size).decode(body), True
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            in_vocab = False
+        rt: ModelRuntime = runtime(req.model if req is not None else p.model)
+        vocab = rt.tokenizer.vocab_size
+        in_vocab = req is not None and vocab == bound
+        _last_vocab[0] = vocab
+        if not in_vocab:
+            try:  # ids bounded to this model's vocabulary in the decode; else the unbounded one's checks
+                req, in_vocab = _bounded_decoder(vocab).decode(body), True
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                in_vocab = False
         try:
             if not in_vocab:
                 req = _body_decoder.decode(body)

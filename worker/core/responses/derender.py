@@ -164,16 +164,17 @@ def _new_state(rt: ModelRuntime, req: ResponsesRequest, *, request_id: str, mode
     skip = effective_skip_special_tokens(rt, req.skip_special_tokens, mode)
     head = response_head(rt, req, response_id=request_id, model=model, created_at=created,
                          kv_transfer_params=kv, ec_transfer_params=ec)
-    seeded = not (whole and not wants_logprobs(req))
+    want_lp = wants_logprobs(req)
+    seeded = not (whole and not want_lp)
     detok = IncrementalDetokenizer(rt.tokenizer, skip_special_tokens=skip,
                                    prompt_token_ids=prompt_ids).state() if seeded else None
     engine = rt.config.tool_parser in argshape.ENGINE_PARSERS and stack.tool is not None
     hold = argshape.held_marker_ids(stack.tool, rt.tokenizer.token_to_id) \
         if engine and ctx.tools and ctx.tool_choice == "none" else []
     return ResponsesStreamState(
-        request_id=request_id, model=model, head=head, want_lp=wants_logprobs(req),
+        request_id=request_id, model=model, head=head, want_lp=want_lp,
         top_logprobs=req.top_logprobs or 0, skip_special=skip, fmt=stack.id_format, detok=detok,
-        parser=stack.initial_state(ctx, streaming=True) if rt.has_parser else None,
+        parser=stack.initial_state(ctx, streaming=True, mode=mode) if rt.has_parser else None,
         prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt_ids or []),
         arg_shape=rt.config.tool_parser in argshape.SHAPED_PARSERS, cut_open=engine, hold_ids=hold)
 
@@ -287,8 +288,8 @@ def check_tokens(rt: ModelRuntime, c, prior: int, where: str, stream: bool = Fal
     if cfg.max_model_len is not None and prior + len(ids) > cfg.max_model_len:
         raise BadRequest(f"{where}: {prior + len(ids)} output tokens exceed max_model_len ({cfg.max_model_len}).",
                          param=f"{where}.token_ids")
-    if ids and c.logprobs is None and min(ids) >= 0 and max(ids) < rt.tokenizer.vocab_size:
-        return  # (a plain chunk: what check_ids_and_logprobs checks, in line)
+    if c.logprobs is None and (in_vocab or (ids and min(ids) >= 0 and max(ids) < rt.tokenizer.vocab_size)):
+        return  # (a plain chunk, or ids the decode bounded: what check_ids_and_logprobs checks, in line)
     check_ids_and_logprobs(rt, ids, c.logprobs, where, in_vocab=in_vocab)
 
 

@@ -24,9 +24,8 @@ import os
 from functools import lru_cache
 from typing import Any
 
-from schemas import ChatCompletionRequest
 from schemas.responses import LOGPROBS_INCLUDE, ResponseFunctionTool, ResponseObject, ResponsesRequest
-from worker.core.derender import ModelRuntime, check_request_numbers, request_context
+from worker.core.derender import ModelRuntime, check_request_numbers
 from worker.core.errors import BadRequest
 from worker.parsers.base import RequestContext
 
@@ -79,6 +78,16 @@ def response_head(rt: ModelRuntime, req: ResponsesRequest, *, response_id: str, 
     temp, top_p = generation_defaults(rt.config.tokenizer)
     tools = [_echo_tool(t) for t in (req.tools or [])]
     tool_choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
+    if kv_transfer_params is None and ec_transfer_params is None and req.instructions is None \
+            and req.metadata is None and req.max_output_tokens is None and req.max_tool_calls is None \
+            and req.prompt is None and req.reasoning is None and req.text is None and req.top_logprobs is None \
+            and req.user is None and req.parallel_tool_calls is not False and not req.background \
+            and not req.service_tier and not req.truncation and not req.presence_penalty \
+            and not req.frequency_penalty:  # every other echo field is ResponseObject's default:
+        return ResponseObject(  # only these keywords (msgspec matches each one, ~0.1 us apiece)
+            id=response_id, created_at=created_at, model=model,
+            temperature=req.temperature if req.temperature is not None else temp,
+            tool_choice=tool_choice, tools=tools, top_p=req.top_p if req.top_p is not None else top_p)
     return ResponseObject(
         id=response_id, created_at=created_at, instructions=req.instructions, metadata=req.metadata, model=model,
         parallel_tool_calls=req.parallel_tool_calls is not False,
@@ -108,10 +117,11 @@ def parser_context(req: ResponsesRequest, prompt_ids: list[int] | None) -> Reque
     ``parallel_tool_calls``, ``chat_template_kwargs``, the prompt ids."""
     tools = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
              for t in (req.tools or []) if isinstance(t, dict) and t.get("type") == "function"]
-    chat = ChatCompletionRequest(tools=tools or None, tool_choice=_chat_tool_choice(req.tool_choice),
-                                 parallel_tool_calls=req.parallel_tool_calls,
-                                 chat_template_kwargs=req.chat_template_kwargs)
-    return request_context(chat, prompt_ids)
+    # ``request_context`` of the chat request with these fields, without building that request
+    # (``include_reasoning`` is the chat request's default, True)
+    return RequestContext(tools=tools or None, tool_choice=_chat_tool_choice(req.tool_choice),
+                          parallel_tool_calls=req.parallel_tool_calls is not False,
+                          chat_template_kwargs=req.chat_template_kwargs, prompt_token_ids=prompt_ids)
 
 
 def check_responses_request(rt: ModelRuntime, req: ResponsesRequest | None, prompt_tokens: int | None) -> None:

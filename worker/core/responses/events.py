@@ -188,7 +188,8 @@ class EventBuilder:
         st = self.st
         incomplete = finish_reason == "length"
         if st.open is not None:
-            self._flush_held()
+            if st.open.held >= 0:
+                self._flush_held()
             if st.open.type == "message":
                 self.log.append_logprobs(self._take_pending())
             self._drop_pending()
@@ -256,10 +257,11 @@ class EventBuilder:
                                                output_index=o.output_index, sequence_number=self._seq()))
 
     def _close(self, status: str) -> None:
-        self._flush_held()
         st = self.st
         it = st.open
         assert it is not None
+        if it.held >= 0:
+            self._flush_held()
         text, entries = self.log.open_item(it.log_start)
         idx, iid = it.output_index, it.id
         loud = not self.quiet  # a quiet builder builds the closed item only
@@ -334,9 +336,14 @@ class EventBuilder:
                 self.events.append(ReasoningTextDelta(content_index=0, delta=d.reasoning, item_id=o.id,
                                                       output_index=o.output_index, sequence_number=n))
         if d.content:
-            self._ensure("message")
             o = st.open
-            lp = self._take_pending()
+            if o is None or o.type != "message":  # (``_ensure``'s test, in line)
+                self._ensure("message")
+                o = st.open
+            if st.pend_at == -1:  # (``_take_pending`` without spilled entries, in line)
+                lp, st.pending_lp = st.pending_lp, []
+            else:
+                lp = self._take_pending()
             if st.holding and o.held < 0:
                 o.held = len(self.log)
             self.log.append_text(d.content)
