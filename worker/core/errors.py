@@ -25,7 +25,7 @@ import msgspec
 from schemas import ErrorInfo, ErrorResponse
 
 __all__ = ["ERROR_TYPES", "error_type", "error_body", "DerenderError", "BadRequest", "ModelNotFound",
-           "Conflict", "ReplyTooLarge", "error_from_validation"]
+           "Conflict", "ReplyTooLarge", "error_from_validation", "decode_or_400"]
 
 #: status -> OpenAI error ``type`` (the one table; see the module docstring)
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError", 413: "PayloadTooLargeError",
@@ -109,3 +109,15 @@ def error_body(message: str, status: int = 400, request_id: str | None = None) -
 def error_from_validation(e: msgspec.ValidationError | msgspec.DecodeError) -> BadRequest:
     """A msgspec decode/validation failure as a 400 (message carries msgspec's JSON path)."""
     return BadRequest(f"invalid request body: {e}")
+
+
+def decode_or_400(decoder, data):
+    """``decoder.decode(data)`` (a msgspec JSON or msgpack ``Decoder``); a decode/validation
+    failure (``error_from_validation``) or nesting deeper than the recursion limit becomes
+    ``BadRequest`` (400)."""
+    try:
+        return decoder.decode(data)
+    except RecursionError:
+        raise BadRequest("invalid request body: JSON nested too deeply") from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise error_from_validation(e) from None

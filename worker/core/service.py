@@ -32,7 +32,13 @@ from worker.core.derender import (
     validate_chat,
     validate_completion,
 )
-from worker.core.errors import BadRequest, Conflict, DerenderError, ModelNotFound, error_from_validation
+from worker.core.errors import (
+    BadRequest,
+    Conflict,
+    DerenderError,
+    ModelNotFound,
+    decode_or_400,
+)
 from worker.core.errors import error_body as error_body
 from worker.core.messages import service as messages_service  # issue 26: the Messages kinds
 from worker.core.responses import service as responses_service  # issue 14: the Responses kinds
@@ -119,15 +125,7 @@ _encoder = msgspec.json.Encoder()
 _BAD_JSON = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
-def _decode_or_400(decoder: msgspec.json.Decoder, data):
-    """``decoder.decode(data)``; a decode/validation failure or too deep nesting becomes
-    ``BadRequest`` (400)."""
-    try:
-        return decoder.decode(data)
-    except RecursionError:
-        raise BadRequest("invalid request body: JSON nested too deeply") from None
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise error_from_validation(e) from None
+_decode_or_400 = decode_or_400  # (errors.decode_or_400: shared with the Responses and Messages services)
 
 
 class DerenderResult:

@@ -18,7 +18,7 @@ import msgspec
 
 from schemas.messages import AnthropicError, AnthropicErrorInfo, DerenderMessagesRequest
 from worker.core.derender import ModelRuntime, bounded_generate_response
-from worker.core.errors import BadRequest, DerenderError, error_from_validation
+from worker.core.errors import BadRequest, DerenderError, decode_or_400
 from worker.core.messages.derender import StreamBody, derender_messages, derender_messages_chunk
 from worker.core.responses.log import PiecesLost, PiecesNeeded, Reader, memory_reader
 from worker.core.responses.service import pack_packed, unpack_packed
@@ -156,13 +156,8 @@ def derender(runtime, body: bytes) -> tuple[bytes, int, str | None]:
                 req, in_vocab = _bounded_decoder(vocab).decode(body), True
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 in_vocab = False
-        try:
-            if not in_vocab:
-                req = _body_decoder.decode(body)
-        except RecursionError:
-            raise BadRequest("invalid request body: JSON nested too deeply") from None
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise error_from_validation(e) from None
+        if not in_vocab:
+            req = decode_or_400(_body_decoder, body)
         return _encoder.encode(derender_messages(rt, req, ids_in_vocab=in_vocab)), 200, rid
     except DerenderError as e:
         return error_body(e.message, e.status), e.status, rid
@@ -213,12 +208,7 @@ def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Rea
             if not len(p.generate_chunk) or bytes(p.generate_chunk) == b"null":
                 raise BadRequest("streaming body must carry generate_chunk", param="generate_chunk")
             rt = runtime(p.model)
-            try:
-                req = _stream_decoder.decode(body)
-            except RecursionError:
-                raise BadRequest("invalid request body: JSON nested too deeply") from None
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                raise error_from_validation(e) from None
+            req = decode_or_400(_stream_decoder, body)
         if seq is not None and not 0 <= seq <= 2**63 - 2:
             raise BadRequest(f"sequence number {seq} outside [0, 2**63 - 2]", param="seq")
         events, state, done, append, log_len = derender_messages_chunk(rt, req, state_bytes, reader, seq)

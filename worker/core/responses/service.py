@@ -10,7 +10,7 @@ import msgspec
 
 from schemas.responses import DerenderResponsesRequest, ResponseObject
 from worker.core.derender import ModelRuntime
-from worker.core.errors import BadRequest, DerenderError, error_from_validation
+from worker.core.errors import BadRequest, DerenderError, decode_or_400
 from worker.core.responses.derender import (
     StreamBody,
     decode_state,
@@ -115,12 +115,7 @@ def derender_stream(runtime, body: bytes, state_bytes: bytes | None, reader: Rea
             raise DerenderError(f"stale chunk: sequence number {seq} < next expected {state.next_seq}",
                                 param="seq", status=409)
         if req is None:
-            try:
-                req = _stream_decoder.decode(body)
-            except RecursionError:
-                raise BadRequest("invalid request body: JSON nested too deeply") from None
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                raise error_from_validation(e) from None
+            req = decode_or_400(_stream_decoder, body)
         events, state, append = derender_responses_chunk(rt, req, state, reader, created)
         if seq is not None:
             state.next_seq = seq + 1
