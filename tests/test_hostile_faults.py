@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from tests.harness.kafka import chat_body, make_stream
+from tests.harness.kafka import chat_body, hang_reply_topics, make_stream
 from tests.harness.kafka import collect as _collect
 from tests.harness.kafka import committed_and_end as _committed_and_end
 from tests.harness.kafka import headers as _h
@@ -216,15 +216,7 @@ async def test_many_distinct_missing_reply_topics_share_one_bounded_wait(kafka_b
                          group_id=n.group, reply_topic_wait_ms=1000, drain_timeout_s=5.0)
     worker = KafkaDerenderWorker(settings, qwen3_models)
     await worker.start()
-    real, waits = worker._producer.partitions_for, []
-
-    async def partitions_for(topic):
-        if topic.startswith("missing-"):
-            waits.append(topic)
-            await asyncio.sleep(3600)
-        return await real(topic)
-
-    worker._producer.partitions_for = partitions_for
+    waits = hang_reply_topics(worker, lambda topic: topic.startswith("missing-"))
     task = asyncio.create_task(worker.run())
     try:
         got = await _collect(bs, [n.reply, n.dlq], len(records), timeout=60, settle=0.3)

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.harness.kafka import chat_body, completion_body
+from tests.harness.kafka import chat_body, completion_body, hang_reply_topics
 from tests.harness.kafka import collect as _collect
 from tests.harness.kafka import committed_and_end as _committed_and_end
 from tests.harness.kafka import headers as _h
@@ -369,15 +369,7 @@ async def test_unknown_reply_topic_is_dead_lettered_without_blocking_the_partiti
                          group_id=n.group, reply_topic_wait_ms=800, request_timeout_ms=30000)
     worker = KafkaDerenderWorker(settings, qwen3_models)
     await worker.start()
-    real, waits = worker._producer.partitions_for, []
-
-    async def partitions_for(topic):
-        if topic == missing:
-            waits.append(topic)
-            await asyncio.sleep(3600)
-        return await real(topic)
-
-    worker._producer.partitions_for = partitions_for
+    waits = hang_reply_topics(worker, lambda topic: topic == missing)
     t0 = time.monotonic()
     task = asyncio.create_task(worker.run())
     try:

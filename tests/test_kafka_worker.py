@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from tests.harness.kafka import chat_body, completion_body
+from tests.harness.kafka import chat_body, completion_body, hang_reply_topics
 from tests.harness.kafka import collect as _collect
 from tests.harness.kafka import committed_and_end as _committed_and_end
 from tests.harness.kafka import headers as _h
@@ -402,15 +402,7 @@ async def test_revoke_while_a_record_of_a_call_hangs_keeps_every_permit_and_comm
                          drain_timeout_s=1.0, reply_topic_wait_ms=600_000)
     worker = KafkaDerenderWorker(settings, qwen3_models)
     await worker.start()
-    real, waits = worker._producer.partitions_for, []
-
-    async def partitions_for(topic):
-        if topic == missing:
-            waits.append(topic)
-            await asyncio.sleep(3600)
-        return await real(topic)
-
-    worker._producer.partitions_for = partitions_for
+    waits = hang_reply_topics(worker, lambda topic: topic == missing)
     task = asyncio.create_task(worker.run())
     try:
         got = await _collect(bs, [n.reply], 1, timeout=60, until=lambda g: bool(g[n.reply]) and bool(waits))

@@ -3,6 +3,7 @@ real derender bodies, worker settings for tests, fresh names, producing, collect
 reading committed offsets through a real broker (``kafka_bootstrap``)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -16,7 +17,7 @@ from tokenizers import Tokenizer
 from worker.transport.settings import WorkerSettings
 
 __all__ = ["qwen3", "tokenizer", "chat_body", "completion_body", "make_stream", "settings", "names", "produce",
-           "collect", "committed_and_end", "headers", "REDIS_URL"]
+           "collect", "committed_and_end", "headers", "hang_reply_topics", "REDIS_URL"]
 
 #: the Redis of the stream tests (``redis_prefix`` fixture in ``tests/conftest.py``)
 REDIS_URL = os.environ.get("REDIS_URL") or os.environ.get("DERENDER_REDIS_URL") or "redis://127.0.0.1:6379/0"
@@ -127,6 +128,22 @@ async def committed_and_end(bs: str, group: str, topic: str, partitions: int) ->
     finally:
         await c.stop()
     return committed, end
+
+
+def hang_reply_topics(worker, hangs) -> list[str]:
+    """Make ``worker``'s producer wait forever on the partitions of every topic for which
+    ``hangs(topic)`` is true (a reply topic whose metadata never arrives); other topics are
+    looked up as before. Returns the list the hanging names are appended to, in call order."""
+    real, waits = worker._producer.partitions_for, []
+
+    async def partitions_for(topic):
+        if hangs(topic):
+            waits.append(topic)
+            await asyncio.sleep(3600)
+        return await real(topic)
+
+    worker._producer.partitions_for = partitions_for
+    return waits
 
 
 def headers(rec) -> dict[str, bytes]:
