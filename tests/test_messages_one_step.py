@@ -1,11 +1,10 @@
-"""The non-streaming Message's one-step view (``worker.core.messages.derender._one_step``, issue
-25 item 2) against the segments' steps it replaces: random Qwen3 (qwen3 reasoning + hermes
+"""The non-streaming Message's one-step view (``worker.core.messages.onestep``, issue 25 item 2) against the segments' steps it replaces: random Qwen3 (qwen3 reasoning + hermes
 tools) outputs built from reasoning / answer / call pieces, markers in and out of place (a
 second call, text or whitespace after a call, markers inside the reasoning or the call, a start
 marker mid-output, other added tokens, an unclosed block, invalid call JSON), every finish
 (EOS stop, length, an int ``stop_reason``, an engine stop string), with and without tools and
 ``tool_choice``: the one-step path gives the same Message bytes as the segmented one
-(``_one_step`` forced False), and it is taken for the well-formed shapes."""
+(``onestep.message`` forced to refuse), and it is taken for the well-formed shapes."""
 from __future__ import annotations
 
 import json
@@ -19,6 +18,8 @@ from schemas.messages import DerenderMessagesRequest
 from worker.config import ServedModelConfig
 from worker.core.derender import ModelRuntime
 from worker.core.messages import derender as md
+from worker.core.messages import onestep
+from worker.parsers.idscan import id_text
 
 QWEN3 = Path(__file__).resolve().parent.parent / "worker" / "demo_data" / "qwen3"
 TOOLS = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
@@ -95,18 +96,16 @@ def _bytes(rt, body) -> bytes:
 def test_one_step_equals_segments(rt, monkeypatch):
     rng = random.Random(25)
     taken = 0
-    one_step = md._one_step
+    one_step = onestep.message
     for k in range(400):
         body = _body(rt, rng, k)
         fast = _bytes(rt, body)
         c = body.generate_response.choices[0]
         with monkeypatch.context() as m:
-            m.setattr(md, "_one_step", lambda *a: False)
+            m.setattr(onestep, "message", lambda *a: None)
             slow = _bytes(rt, body)
         assert fast == slow, (rt.tokenizer.decode(c.token_ids, skip_special_tokens=False), fast, slow)
-        ms, st = md._new_state(rt, body.messages_request, request_id="r", model="m",
-                               prompt_ids=body.prompt_token_ids, prompt_tokens=0, whole=True)
-        taken += ms.calls and one_step(rt, ms, st, c.token_ids, c.finish_reason, c.stop_reason)
+        taken += one_step(rt, body.messages_request, "r", "m", body.prompt_token_ids, 0, c) is not None
     # the well-formed shapes take the one step (without a reasoning parser ``<think>`` is just
     # another added token: only outputs without one)
     assert taken > (60 if rt.stack.reasoning is not None else 5)
@@ -116,12 +115,11 @@ def test_one_step_shapes(rt):
     """The shapes the one step takes and refuses (the ids' added tokens decide)."""
     tok = rt.tokenizer
     eos = tok.token_to_id(_EOS)
-    req = msgspec.convert({"model": "m", "max_tokens": 9, "messages": [], "tools": TOOLS}, md.MessagesRequest)
 
     def ok(text: str, tail: list[int] | None = None, finish: str = "stop") -> bool:
         ids = tok.encode(text) + ([eos] if tail is None else tail)
-        ms, st = md._new_state(rt, req, request_id="r", model="m", prompt_ids=None, prompt_tokens=0, whole=True)
-        return md._one_step(rt, ms, st, ids, finish, None)
+        s = id_text(ids, keep=False)
+        return s is not None and onestep.shape_ok(rt, s, ids, finish, None)
 
     call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"P\"}}\n</tool_call>"
     head = "<think>\nr</think>\n\nt" if rt.stack.reasoning is not None else "t"

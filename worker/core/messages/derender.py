@@ -6,7 +6,9 @@ One parse, two views (R3): ``derender_messages`` runs the stream over the whole 
 chunk and returns what ``events.accumulate`` of its events gives (``events.message_of`` of the
 builder's items, without building the events, except under shaped arguments): what
 anthropic-sdk-python builds from the stream, and, the parser stack being split-independent, what
-any chunking of the same tokens streams.
+any chunking of the same tokens streams. A non-streaming output that ``onestep.message`` takes
+(qwen3 / hermes, no stop strings, added tokens in the shape where the stream's steps equal one)
+is parsed as chat parses it, in one step without the builder: the same Message.
 
 Rules (issue 26; the reference's facts, ``tests/data/parity/messages_public.jsonl``): the
 parsers run in their streaming form for both views; the final stop token (EOS or an int
@@ -31,9 +33,9 @@ from worker.core.derender import (
     check_prompt_ids,
     effective_skip_special_tokens,
 )
-from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, step_text, stop_token_trimmed
+from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, step_text
 from worker.core.errors import BadRequest, Conflict
-from worker.core.messages import bare_array, rules
+from worker.core.messages import bare_array, onestep, rules
 from worker.core.messages.bare_array import ArrayScan
 from worker.core.messages.events import Outcome, accumulate, message_of, translate
 from worker.core.messages.request import DEFAULT_REQUEST, check_messages_request, parser_context, stop_strings
@@ -273,93 +275,6 @@ def _lead_merged(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamS
     return [(0, segs[0][1] + segs[1][1])] + segs[2:]
 
 
-#: the (tool parser, reasoning parser) pairs whose non-streaming Message ``_one_step`` may parse
-#: in one step (the structure it checks is shown equal to the segments' steps for these parsers'
-#: rules: hermes emits a call only when its block closes or at the finish, qwen3's reasoning
-#: ends for good at an explicit ``</think>``; tests/test_messages_one_step.py)
-_ONE_STEP_PARSERS = frozenset({("hermes", "qwen3"), ("hermes", None)})
-
-#: tokenizer -> ``(tool start id, tool end id)`` of the hermes markers when both are added
-#: tokens (else None: no one-step view), built once
-_HERMES_MARKS: weakref.WeakKeyDictionary[object, tuple[int, int] | None] = weakref.WeakKeyDictionary()
-
-
-def _hermes_marks(rt: ModelRuntime) -> tuple[int, int] | None:
-    tok = rt.tokenizer
-    try:
-        return _HERMES_MARKS[tok]
-    except KeyError:
-        pass
-    except TypeError:  # not weak-referenceable
-        return None
-    tool = rt.stack.tool
-    ts, te = tok.token_to_id(tool.starts[0]), tok.token_to_id(tool.ends[0])
-    added = tok.added_token_ids
-    marks = (ts, te) if len(tool.starts) == len(tool.ends) == 1 and ts in added and te in added and ts != te else None
-    _HERMES_MARKS[tok] = marks
-    return marks
-
-
-def _one_step(rt: ModelRuntime, ms: MessagesStreamState, st: ResponsesStreamState, ids: list[int],
-              finish_reason: str, stop_reason) -> bool:
-    """Whether the non-streaming view may feed the whole output as one step instead of
-    ``_segments``' steps, with the same Message: the output's added tokens (before its last id)
-    are at most a reasoning start marker at position 0, reasoning end markers and either no
-    tool-call marker or exactly one call block, opened after a reasoning end (when a reasoning
-    parser is configured) and closed by the output's last text id (the last id itself, or
-    followed only by a stop token that is not detokenized). The segments' steps are then
-    ``[<think>] + ...<tool_call>`` (merged: ``_lead_merged``), ``...</tool_call>`` and that
-    stop token alone: the first yields no call (the block closes in the second), the reasoning
-    ended in it, the last one's delta is empty, so the builder sees reasoning, then text, then
-    the call, as from one step, and the text-after-call rule drops nothing in either. Only for
-    ``_ONE_STEP_PARSERS`` and without the rules that read a step's text (stop strings, the
-    bare array, ``plain_pending``, ``tag_hold``, held ids, shaped arguments) or the stop
-    token; tool mode ``auto``."""
-    cfg = rt.config
-    if (ms.stop or ms.scan is not None or ms.plain_pending or ms.tag_hold or st.hold_ids or st.arg_shape
-            or (cfg.tool_parser, cfg.reasoning_parser) not in _ONE_STEP_PARSERS or st.parser is None
-            or st.parser.mode != "auto" or rt.stack.wants_stop_token):
-        return False
-    n = len(ids)
-    marks = _hermes_marks(rt)
-    p = _added_pattern(rt.tokenizer)
-    if marks is None or p is None or n < 2:
-        return False
-    s = id_text(ids, keep=False)
-    if s is None:
-        return False
-    r = rt.stack.reasoning
-    rs, re_ = (r.start_ids, r.end_ids) if r is not None else (frozenset(), frozenset())
-    found = p.findall(s, 0, n - 1)  # the added ids before the last, in order (as characters)
-    if found and ids[0] in rs:
-        found = found[1:]
-    ts, te = marks
-    ts_c, te_c = chr(ts), chr(te)
-    n_ts = found.count(ts_c)
-    n_te = found.count(te_c) + (ids[-1] == te)
-    if n_ts == n_te == 0:  # no call block: no cut but the leading start marker (one step already)
-        return all(ord(ch) in re_ for ch in found)
-    if n_ts != 1 or n_te != 1:
-        return False
-    p0 = s.find(ts_c)
-    ends = 0
-    for ch in found:  # start marker, then end marker; reasoning end markers only before the start
-        k = ord(ch)
-        if k in re_ and k not in rs:
-            if ch in s[p0:]:
-                return False
-            ends += 1
-        elif k != ts and k != te:
-            return False
-    if r is not None and not ends:
-        return False
-    pe = s.find(te_c)
-    if pe == n - 1:
-        return p0 < pe
-    return pe == n - 2 and p0 < pe and len(stop_token_trimmed(ids, finish_reason, stop_reason,
-                                                                 rt.tokenizer.eos_token_ids)) == n - 1
-
-
 def _chunk_steps(rt: ModelRuntime, ms: MessagesStreamState, c) -> list:
     """One chunk choice as the parser steps the stream takes: with the tool mode on, the
     chunk cut after each added token (``_segments``, the non-streaming view's cut), the finish
@@ -493,6 +408,9 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest, ids_in_vo
     check_tokens(rt, c, 0, "choice 0", in_vocab=ids_in_vocab)
     req = body.messages_request or DEFAULT_REQUEST
     pids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
+    one = onestep.message(rt, req, gr.request_id or "", body.model, pids, body.prompt_tokens, c)
+    if one is not None:  # chat's one step (``onestep``: the same Message for the outputs it takes)
+        return one
     per_token = rt.config.tool_parser in argshape.SHAPED_PARSERS and _stepped(rt, req, pids)
     ms, st = _new_state(rt, req, request_id=gr.request_id or "", model=body.model, prompt_ids=pids,
                         prompt_tokens=body.prompt_tokens, whole=not per_token)
@@ -509,8 +427,7 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest, ids_in_vo
         chunk = GenerateTokensStreamChoice(index=0, token_ids=ids[-1:], **fin)
         _step(rt, ms, st, b, chunk)
     else:  # the stream's parse, one step per segment (each detokenized in one shot, in context)
-        one = not ms.calls or _one_step(rt, ms, st, ids, fin["finish_reason"], c.stop_reason)
-        segs = [(0, ids)] if one else _lead_merged(rt, ms, st, _segments(rt, ids))
+        segs = _lead_merged(rt, ms, st, _segments(rt, ids)) if ms.calls else [(0, ids)]
         for k, (start, seg) in enumerate(segs):
             last = k == len(segs) - 1
             chunk = GenerateTokensStreamChoice(index=0, token_ids=seg, **(fin if last else {}))
