@@ -27,10 +27,12 @@ _WORDS = [" the", " city", " 天气", " 🌤️", "\n", " {", "}", " \"", "Paris
 _EOS = "<|im_end|>"
 
 
-@pytest.fixture(scope="module", params=["qwen3", None])
+@pytest.fixture(scope="module", params=[("qwen3", "whole"), ("qwen3", "incremental"), (None, "whole")])
 def rt(request):
-    return ModelRuntime(ServedModelConfig(name="m", tokenizer=str(QWEN3), reasoning_parser=request.param,
-                                          tool_parser="hermes", enable_auto_tool_choice=True))
+    reasoning, streaming = request.param
+    return ModelRuntime(ServedModelConfig(name="m", tokenizer=str(QWEN3), reasoning_parser=reasoning,
+                                          tool_parser="hermes", enable_auto_tool_choice=True,
+                                          tool_call_streaming=streaming))
 
 
 def _words(rng: random.Random) -> str:
