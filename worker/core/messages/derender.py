@@ -6,7 +6,9 @@ One parse, two views (R3): ``derender_messages`` runs the stream over the whole 
 chunk and returns what ``events.accumulate`` of its events gives (``events.message_of`` of the
 builder's items, without building the events, except under shaped arguments): what
 anthropic-sdk-python builds from the stream, and, the parser stack being split-independent, what
-any chunking of the same tokens streams.
+any chunking of the same tokens streams. A non-streaming output that ``onestep.message`` takes
+(qwen3 / hermes, no stop strings, added tokens in the shape where the stream's steps equal one)
+is parsed as chat parses it, in one step without the builder: the same Message.
 
 Rules (issue 26; the reference's facts, ``tests/data/parity/messages_public.jsonl``): the
 parsers run in their streaming form for both views; the final stop token (EOS or an int
@@ -33,7 +35,7 @@ from worker.core.derender import (
 )
 from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, step_text
 from worker.core.errors import BadRequest, Conflict
-from worker.core.messages import bare_array, rules
+from worker.core.messages import bare_array, onestep, rules
 from worker.core.messages.bare_array import ArrayScan
 from worker.core.messages.events import Outcome, accumulate, message_of, translate
 from worker.core.messages.request import DEFAULT_REQUEST, check_messages_request, parser_context, stop_strings
@@ -406,6 +408,9 @@ def derender_messages(rt: ModelRuntime, body: DerenderMessagesRequest, ids_in_vo
     check_tokens(rt, c, 0, "choice 0", in_vocab=ids_in_vocab)
     req = body.messages_request or DEFAULT_REQUEST
     pids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
+    one = onestep.message(rt, req, gr.request_id or "", body.model, pids, body.prompt_tokens, c)
+    if one is not None:  # chat's one step (``onestep``: the same Message for the outputs it takes)
+        return one
     per_token = rt.config.tool_parser in argshape.SHAPED_PARSERS and _stepped(rt, req, pids)
     ms, st = _new_state(rt, req, request_id=gr.request_id or "", model=body.model, prompt_ids=pids,
                         prompt_tokens=body.prompt_tokens, whole=not per_token)
