@@ -59,7 +59,8 @@ from .logprob_candidates import (  # noqa: F401 - re-exported: the logprob block
 )
 from .tokenizers import Tokenizer
 
-__all__ = ["chat_logprobs", "chat_logprobs_json", "candidates", "Candidates", "completion_logprobs", "decode_logprob_token", "next_context", "token_id_string",
+__all__ = ["chat_logprobs", "chat_logprobs_json", "candidates", "Candidates", "completion_logprobs",
+           "completion_logprobs_json", "decode_logprob_token", "next_context", "token_id_string",
            "MAX_CONTEXT", "MIN_LOGPROB", "SMALL"]
 
 MAX_CONTEXT = 4
@@ -173,12 +174,20 @@ class _Table:
     idempotent, so concurrent fills are harmless; rows are shared by every reply: never
     mutate one."""
 
-    __slots__ = ("rows", "frag", "repairs")
+    __slots__ = ("rows", "frag", "repairs", "keys", "holders")
 
     def __init__(self, vocab_size: int):
         self.rows: list = [None] * vocab_size
         self.frag: list = [_FIX] * vocab_size
         self.repairs: dict = {}
+        #: completion (``completion_logprobs_json``): per id the pre-encoded key fragment of its
+        #: ``top_logprobs`` dict entry, ``"<string>":%b,`` (``_key``); ``_FIX`` until filled
+        #: (``_fill_keys``), and for ids repaired per position and ids whose string another id
+        #: already has (``holders``); ``_EMPTY_KEY`` for ``_REPAIR_EMPTY`` ids
+        self.keys: list = [_FIX] * vocab_size
+        #: token string -> the first id given a key fragment for it (``""``: no id, -1): a later
+        #: id with the same string keeps ``_FIX`` in ``keys``, so a dict holding both is checked
+        self.holders: dict = {"": -1}
 
 
 def _table(tok: Tokenizer) -> _Table:
@@ -582,6 +591,134 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
     return CompletionLogprobs(
         text_offset=list(accumulate(map(len, islice(tokens, len(tokens) - 1)), initial=text_offset_start)),
         token_logprobs=list(map(el.lps.__getitem__, hs)), tokens=tokens, top_logprobs=tops)
+
+
+_KEY_TAIL = b":%b,"
+#: the ``""`` key fragment (``_Table.keys`` of a ``_REPAIR_EMPTY`` id)
+_EMPTY_KEY = b'"":%b,'
+_OPEN = b"{"
+_CLOSE = b"},"
+
+
+def _key(s: str) -> bytes:
+    """The completion ``top_logprobs`` key fragment of token string ``s``: ``"<s>":%b,`` (``%``
+    of the encoded string doubled: a ``bytes %`` format with one slot for the logprob)."""
+    return _json.encode(s).replace(_PCT, _PCT2) + _KEY_TAIL
+
+
+def _completion_keys(tok: Tokenizer, table: _Table, el: _Elements, ctx: list[int]) -> tuple[list, set, dict]:
+    """``(keys, suspect, fixed)`` of ``el``'s objects for :func:`completion_logprobs_json`: the key
+    fragment of every object (``_Table.keys``, C-level; filled, and repaired per position,
+    only where ``_irregular`` names an object), the positions whose dict may hold one string
+    twice (an object repaired per position, an id whose string an earlier id has, two ``""``
+    keys) and the repaired strings by object index. Python per irregular object only."""
+    keys = list(map(table.keys.__getitem__, el.ids))
+    seq = ctx + el.tids
+    if not tok.added_token_ids.keys().isdisjoint(seq):
+        _after_added(tok, table, el, keys, seq, len(ctx))
+    suspect: set = set()
+    fixed: dict = {}
+    tkeys, holders, ids, rows = table.keys, table.holders, el.ids, table.rows
+    for j, r in _irregular(tok, table, el, keys, ctx):
+        tid = ids[j]
+        if len(r) == 2:  # a filled id: its key, unless an earlier id holds its string
+            k = _key(r[0])
+            if holders.setdefault(r[0], tid) == tid:
+                tkeys[tid] = k
+            else:
+                suspect.add(_position(el, j))
+        else:  # repaired here
+            k = _key(r[0])
+            fixed[j] = r[0]
+            suspect.add(_position(el, j))
+            if rows[tid] is _REPAIR_EMPTY:
+                tkeys[tid] = _EMPTY_KEY
+        keys[j] = k
+    if _EMPTY_KEY in keys:  # positions with two "" keys (a dict's objects: not a position's sampled one)
+        starts = el.starts
+        seen: set = set()
+        for j in _positions_of(keys, _EMPTY_KEY):
+            p = _position(el, j)
+            if j != starts[p]:
+                if p in seen:
+                    suspect.add(p)
+                seen.add(p)
+    return keys, suspect, fixed
+
+
+def _positions_of(items: list, value):
+    """The positions ``j`` with ``items[j] == value``, in order (C-level ``list.index`` per hit)."""
+    j = -1
+    index = items.index
+    while True:
+        try:
+            j = index(value, j + 1)
+        except ValueError:
+            return
+        yield j
+
+
+def completion_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
+                             text_offset_start: int = 0, context_token_ids: list[int] | None = None,
+                             as_token_ids: bool = False) -> msgspec.Raw:
+    """:func:`completion_logprobs` encoded (``msgspec.Raw``: the bytes ``msgspec.json`` gives the
+    ``CompletionLogprobs`` Struct), as :func:`chat_logprobs_json` builds chat's: each dict
+    entry is a pre-encoded key fragment (``_Table.keys``, ``"<token>":%b,``) joined into one
+    ``bytes %`` format filled with the logprobs encoded together; ``tokens`` and ``text_offset``
+    from the sampled ids' table strings. A dict whose entries share a string (vLLM's dict keeps
+    the first key with the last value) is rebuilt in Python, found without per-candidate
+    Python: only positions with an irregular object (``_completion_keys``) can hold one."""
+    if as_token_ids or len(entries) <= SMALL:
+        return msgspec.Raw(_json.encode(completion_logprobs(tok, entries, top_logprobs, text_offset_start,
+                                                            context_token_ids, as_token_ids)))
+    k = max(int(top_logprobs or 0), 0)
+    ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    el = _elements(entries, k + 1)  # per position [sampled, *the dict's k + 1 entries]
+    table = _table(tok)
+    keys, suspect, fixed = _completion_keys(tok, table, el, ctx)
+    n = len(el.tids)
+    starts = el.starts
+    hs = starts[:-1]
+    # tokens: the sampled ids' strings (repaired ones from ``fixed``; an unrepaired
+    # ``_REPAIR_EMPTY`` id is "")
+    srows = list(map(table.rows.__getitem__, el.tids))
+    for bad in (_REPAIR, _REPAIR_EMPTY):
+        if bad in srows:
+            for p in list(_positions_of(srows, bad)):
+                srows[p] = (fixed.get(starts[p], ""),)
+    tokens = list(map(_first, srows))
+    parts = _json.encode(el.lps)[1:-1].split(b",")
+    token_lps = b",".join(map(parts.__getitem__, hs))
+    keep = None
+    redo = []
+    for p in suspect:  # a dict holding one string twice: the first key, the last value
+        a, b = starts[p] + 1, starts[p + 1]
+        fr = keys[a:b]
+        if len(set(fr)) < b - a:
+            d = dict(zip(fr, parts[a:b]))
+            if keep is None:
+                keep = [True] * len(parts)
+            parts[a:a + len(d)] = d.values()
+            keep[a + len(d):b] = repeat(False, b - a - len(d))
+            redo.append((a - 1, b, _OPEN + b"".join(d.keys())[:-1] + _CLOSE))
+    ls = list(map(operator.sub, starts[1:], repeat(1)))  # a position's last object closes its dict
+    closed = list(map(operator.add, map(operator.getitem, map(keys.__getitem__, ls), repeat(_CUT1)),
+                      repeat(_CLOSE)))
+    list(map(keys.__setitem__, ls, closed))
+    list(map(keys.__setitem__, hs, repeat(_OPEN)))  # the sampled object opens it (no slot)
+    for a, b, frag in redo:
+        keys[a:b] = [frag] + [b""] * (b - a - 1)
+    if keep is None and starts[-1] == n * (k + 2):  # every position k + 2 objects
+        del parts[0::k + 2]
+    else:
+        if keep is None:
+            keep = [True] * len(parts)
+        list(map(keep.__setitem__, hs, repeat(False)))
+        parts = list(compress(parts, keep))
+    dicts = b"".join(keys)[:-1] % tuple(parts)
+    offsets = list(accumulate(map(len, islice(tokens, n - 1)), initial=text_offset_start))
+    return msgspec.Raw(b'{"text_offset":' + _json.encode(offsets) + b',"token_logprobs":[' + token_lps
+                       + b'],"tokens":' + _json.encode(tokens) + b',"top_logprobs":[' + dicts + b"]}")
 
 
 def _completion_per_entry(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
