@@ -133,3 +133,19 @@ def test_service_replies_are_unchanged():
             body = path_body(b, "completion")
             req = msgspec.json.decode(body, type=DerenderCompletionRequest)
             assert svc.derender(body, "completion").body == _enc.encode(derender_completion(rt, req, None))
+
+
+def test_distinct_rows_equals_a_set_per_run():
+    """``_distinct_rows`` (numpy: sorted rows, no equal neighbours) answers what a set per run of
+    ids answers, duplicates anywhere in a run, large ids and None ids (the set fallback)."""
+    from worker.core.logprob_candidates import _distinct_rows
+
+    rng = random.Random(11)
+    for _ in range(400):
+        n, m = rng.randint(1, 12), rng.randint(1, 21)
+        ids = [rng.randrange(1 << rng.choice([3, 8, 17, 40])) for _ in range(n * m)]
+        if rng.random() < 0.1:
+            ids[rng.randrange(n * m)] = None
+        slices = [slice(i * m, (i + 1) * m) for i in range(n)]
+        want = all(len(set(ids[s])) == m for s in slices)
+        assert _distinct_rows(tuple(ids), n, m, slices) is want

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import operator
 import threading
+from bisect import bisect_right
 from itertools import accumulate, compress, islice, repeat
 from operator import itemgetter
 
@@ -634,15 +635,13 @@ def _completion_keys(tok: Tokenizer, table: _Table, el: _Elements, ctx: list[int
             if rows[tid] is _REPAIR_EMPTY:
                 tkeys[tid] = _EMPTY_KEY
         keys[j] = k
-    if _EMPTY_KEY in keys:  # positions with two "" keys (a dict's objects: not a position's sampled one)
+    js = list(_positions_of(keys, _EMPTY_KEY))
+    if len(js) > 1:  # positions with two "" keys among their dict's objects (C-level)
         starts = el.starts
-        seen: set = set()
-        for j in _positions_of(keys, _EMPTY_KEY):
-            p = _position(el, j)
-            if j != starts[p]:
-                if p in seen:
-                    suspect.add(p)
-                seen.add(p)
+        ps = list(map(bisect_right, repeat(starts, len(js)), js))  # position + 1 of each
+        ps = list(compress(ps, map(operator.ne, js, map(starts.__getitem__, map(operator.sub, ps, repeat(1))))))
+        suspect.update(map(operator.sub, compress(islice(ps, 1, None), map(operator.eq, ps, islice(ps, 1, None))),
+                           repeat(1)))  # (in order: a position's "" keys are adjacent in ``ps``)
     return keys, suspect, fixed
 
 
