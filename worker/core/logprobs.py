@@ -170,7 +170,7 @@ class _Table:
     (``%`` of the string doubled: a ``bytes %`` format; ``_FIX`` until filled, and for ids
     repaired per position, except ``_REPAIR_EMPTY`` ids: the ``""`` object's fragment, their
     repair after any context without added tokens); ``repairs``: (id, context ids) -> repaired row ``(string, bytes,
-    frag)``. One fragment per id (not a head and a tail) halves the random table reads per
+    frag, key)`` (``key``: the completion fragment, ``keys`` below). One fragment per id (not a head and a tail) halves the random table reads per
     shown object, which dominate the block's cost on a large vocabulary. Filling a slot is
     idempotent, so concurrent fills are harmless; rows are shared by every reply: never
     mutate one."""
@@ -217,7 +217,8 @@ def _row(s: str) -> tuple:
         + _json.encode(b) + b"},"
 
 
-_EMPTY_ROW = _row("")
+#: the repaired row of ``""``: ``_row("")`` and its completion key fragment (``_EMPTY_KEY``)
+_EMPTY_ROW = (*_row(""), b'"":%b,')
 
 
 def _unrepairable(tail: bytes) -> bool:
@@ -279,7 +280,7 @@ def _fill_many(tok: Tokenizer, table: _Table, tids) -> None:
 
 
 def _repaired(tok: Tokenizer, table: _Table, tid: int, row, ctx: list[int]) -> tuple:
-    """The repaired row ``(string, bytes, fragment)`` of ``tid`` (its table row ``row`` is
+    """The repaired row ``(string, bytes, fragment, completion key fragment)`` of ``tid`` (its table row ``row`` is
     ``_REPAIR`` / ``_REPAIR_EMPTY``) after the sampled ids ``ctx`` (up to 4), cached per
     (id, context)."""
     if row is _REPAIR_EMPTY and tok.added_token_ids.keys().isdisjoint(ctx):
@@ -287,7 +288,8 @@ def _repaired(tok: Tokenizer, table: _Table, tid: int, row, ctx: list[int]) -> t
     key = (tid, *ctx)
     r = table.repairs.get(key)
     if r is None:
-        r = _row(_correct(tok, tid, ctx))
+        s = _correct(tok, tid, ctx)
+        r = (*_row(s), _key(s))
         if len(table.repairs) >= _REPAIRS_MAX:
             table.repairs.clear()
         table.repairs[key] = r
@@ -596,7 +598,7 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
 
 _KEY_TAIL = b":%b,"
 #: the ``""`` key fragment (``_Table.keys`` of a ``_REPAIR_EMPTY`` id)
-_EMPTY_KEY = b'"":%b,'
+_EMPTY_KEY = _EMPTY_ROW[3]
 _OPEN = b"{"
 _CLOSE = b"},"
 
@@ -617,6 +619,8 @@ def _completion_keys(tok: Tokenizer, table: _Table, el: _Elements, ctx: list[int
     seq = ctx + el.tids
     if not tok.added_token_ids.keys().isdisjoint(seq):
         _after_added(tok, table, el, keys, seq, len(ctx))
+    list(map(keys.__setitem__, el.starts[:-1], repeat(_OPEN)))  # a position's sampled object opens its
+    # dict (no slot, never repaired here: the dict's first entry is the same id at the same position)
     suspect: set = set()
     fixed: dict = {}
     tkeys, holders, ids, rows = table.keys, table.holders, el.ids, table.rows
@@ -629,17 +633,15 @@ def _completion_keys(tok: Tokenizer, table: _Table, el: _Elements, ctx: list[int
             else:
                 suspect.add(_position(el, j))
         else:  # repaired here
-            k = _key(r[0])
+            k = r[3]
             fixed[j] = r[0]
             suspect.add(_position(el, j))
             if rows[tid] is _REPAIR_EMPTY:
                 tkeys[tid] = _EMPTY_KEY
         keys[j] = k
     js = list(_positions_of(keys, _EMPTY_KEY))
-    if len(js) > 1:  # positions with two "" keys among their dict's objects (C-level)
-        starts = el.starts
-        ps = list(map(bisect_right, repeat(starts, len(js)), js))  # position + 1 of each
-        ps = list(compress(ps, map(operator.ne, js, map(starts.__getitem__, map(operator.sub, ps, repeat(1))))))
+    if len(js) > 1:  # positions with two "" keys (C-level)
+        ps = list(map(bisect_right, repeat(el.starts, len(js)), js))  # position + 1 of each
         suspect.update(map(operator.sub, compress(islice(ps, 1, None), map(operator.eq, ps, islice(ps, 1, None))),
                            repeat(1)))  # (in order: a position's "" keys are adjacent in ``ps``)
     return keys, suspect, fixed
@@ -674,7 +676,7 @@ def completion_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     el = _elements(entries, k + 1)  # per position [sampled, *the dict's k + 1 entries]
     table = _table(tok)
-    keys, suspect, fixed = _completion_keys(tok, table, el, ctx)
+    keys, suspect, fixed = _completion_keys(tok, table, el, ctx)  # (``keys[starts[p]]``: ``_OPEN``)
     n = len(el.tids)
     starts = el.starts
     hs = starts[:-1]
@@ -684,7 +686,7 @@ def completion_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_
     for bad in (_REPAIR, _REPAIR_EMPTY):
         if bad in srows:
             for p in list(_positions_of(srows, bad)):
-                srows[p] = (fixed.get(starts[p], ""),)
+                srows[p] = (fixed.get(starts[p] + 1, ""),)
     tokens = list(map(_first, srows))
     parts = _json.encode(el.lps)[1:-1].split(b",")
     token_lps = b",".join(map(parts.__getitem__, hs))
@@ -704,7 +706,6 @@ def completion_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_
     closed = list(map(operator.add, map(operator.getitem, map(keys.__getitem__, ls), repeat(_CUT1)),
                       repeat(_CLOSE)))
     list(map(keys.__setitem__, ls, closed))
-    list(map(keys.__setitem__, hs, repeat(_OPEN)))  # the sampled object opens it (no slot)
     for a, b, frag in redo:
         keys[a:b] = [frag] + [b""] * (b - a - 1)
     if keep is None and starts[-1] == n * (k + 2):  # every position k + 2 objects
