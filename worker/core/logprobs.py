@@ -601,6 +601,8 @@ _KEY_TAIL = b":%b,"
 _EMPTY_KEY = _EMPTY_ROW[3]
 _OPEN = b"{"
 _CLOSE = b"},"
+#: ``completion_logprobs_json``'s format head: text_offset, token_logprobs and tokens as slots
+_COMPLETION_HEAD = b'{"text_offset":%b,"token_logprobs":[%b],"tokens":%b,"top_logprobs":['
 
 
 def _key(s: str) -> bytes:
@@ -708,17 +710,20 @@ def completion_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_
     list(map(keys.__setitem__, ls, closed))
     for a, b, frag in redo:
         keys[a:b] = [frag] + [b""] * (b - a - 1)
-    if keep is None and starts[-1] == n * (k + 2):  # every position k + 2 objects
-        del parts[0::k + 2]
+    w = starts[1]
+    if keep is None and starts == list(range(0, starts[-1] + 1, w)):  # every position w objects
+        del parts[0::w]
     else:
         if keep is None:
             keep = [True] * len(parts)
         list(map(keep.__setitem__, hs, repeat(False)))
         parts = list(compress(parts, keep))
-    dicts = b"".join(keys)[:-1] % tuple(parts)
+    # one ``bytes %`` format for the whole block: its head's three slots, then the dicts'
+    keys[0] = _COMPLETION_HEAD + keys[0]
+    last = -1 if keys[-1] else starts[-2]  # (the last dict rebuilt above: its one fragment)
+    keys[last] = keys[last][:-1] + b"]}"
     offsets = list(accumulate(map(len, islice(tokens, n - 1)), initial=text_offset_start))
-    return msgspec.Raw(b'{"text_offset":' + _json.encode(offsets) + b',"token_logprobs":[' + token_lps
-                       + b'],"tokens":' + _json.encode(tokens) + b',"top_logprobs":[' + dicts + b"]}")
+    return msgspec.Raw(b"".join(keys) % (_json.encode(offsets), token_lps, _json.encode(tokens), *parts))
 
 
 def _completion_per_entry(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
