@@ -16,7 +16,8 @@ import pytest
 from test_logprob_table import _completion_reference, _entries, _shaped
 
 from schemas import TokenLogprobIn, TopLogprobIn
-from worker.core.logprobs import completion_logprobs, completion_logprobs_json
+from worker.core.logprob_completion import completion_logprobs_json
+from worker.core.logprobs import completion_logprobs
 from worker.core.tokenizer import load_tokenizer
 
 TOKDIR = Path(__file__).parent / "data" / "tokenizers"

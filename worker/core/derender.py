@@ -61,13 +61,13 @@ from worker.core.detokenize import (
     stop_token_trimmed,
 )
 from worker.core.errors import BadRequest
+from worker.core.logprob_completion import completion_logprobs_json
 from worker.core.logprobs import (
     SMALL,
     candidates,
     chat_logprobs,
     chat_logprobs_json,
     completion_logprobs,
-    completion_logprobs_json,
 )
 from worker.core.tokenizers import Tokenizer, load_tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
