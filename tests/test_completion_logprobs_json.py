@@ -150,3 +150,52 @@ def test_distinct_rows_equals_a_set_per_run():
         slices = [slice(i * m, (i + 1) * m) for i in range(n)]
         want = all(len(set(ids[s])) == m for s in slices)
         assert _distinct_rows(tuple(ids), n, m, slices) is want
+
+
+def test_concurrent_blocks_on_a_fresh_table_give_the_same_bytes():
+    """Threads building completion blocks on one fresh table at once (switching every
+    microsecond: key fragments and string holders filled concurrently, colliding ids among the
+    candidates) all get the bytes of the encoded Struct block built on another table."""
+    import sys
+    import threading
+
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from worker.core.tokenizers import FastTokenizer
+
+    raw = HFTokenizer.from_file(str(TOKDIR / "qwen3" / "tokenizer.json"))
+    tok = FastTokenizer.from_fast(raw, path="<fresh qwen3>")
+    ref_tok = load_tokenizer(str(TOKDIR / "qwen3"))
+    groups, _ = _colliding(ref_tok)
+    lists = []
+    for i in range(4):
+        entries = _shaped(tok, random.Random(i), 120, 5, "first")
+        for p in range(0, len(entries), 7):  # a colliding pair in some dicts
+            e = entries[p]
+            g = groups[p % len(groups)]
+            if e.token_id not in g:
+                tops = e.top_logprobs
+                tops[1:3] = [TopLogprobIn(token_id=g[0], logprob=-2.0, rank=2),
+                             TopLogprobIn(token_id=g[1], logprob=-3.0, rank=3)]
+        lists.append(entries)
+    want = [_enc.encode(completion_logprobs(ref_tok, e, 5)) for e in lists]
+    got: dict[tuple[int, int], bytes] = {}
+
+    def work(t: int) -> None:
+        for i in range(len(lists)):
+            j = (i + t) % len(lists)
+            got[t, j] = bytes(completion_logprobs_json(tok, lists[j], 5))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert len(got) == 16
+    for (_, j), a in got.items():
+        assert a == want[j]
