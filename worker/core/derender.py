@@ -61,7 +61,14 @@ from worker.core.detokenize import (
     stop_token_trimmed,
 )
 from worker.core.errors import BadRequest
-from worker.core.logprobs import SMALL, candidates, chat_logprobs, chat_logprobs_json, completion_logprobs
+from worker.core.logprob_completion import completion_logprobs_json
+from worker.core.logprobs import (
+    SMALL,
+    candidates,
+    chat_logprobs,
+    chat_logprobs_json,
+    completion_logprobs,
+)
 from worker.core.tokenizers import Tokenizer, load_tokenizer
 from worker.parsers import make_reasoning_parser, make_tool_parser
 from worker.parsers.base import Delta, RequestContext
@@ -573,12 +580,15 @@ def derender_chat(rt: ModelRuntime, body: DerenderChatRequest, created: int | No
 
 
 def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest,
-                        created: int | None = None) -> CompletionResponse:
+                        created: int | None = None, json_logprobs: bool = False) -> CompletionResponse:
     """Derender a validated completion body: one choice per engine choice, flat ``index``
     across prompts (prompt p's choices follow those of prompts < p). ``created``: as in
-    ``derender_chat`` (the first engine response's value wins)."""
+    ``derender_chat`` (the first engine response's value wins). ``json_logprobs``: each
+    choice's ``logprobs`` is its encoded JSON object (``msgspec.Raw``,
+    ``completion_logprobs_json``: same bytes once encoded) instead of a Struct."""
     req = body.completion_request or _DEFAULT_COMPLETION_REQUEST
     want_lp = req.logprobs is not None
+    lp_block = completion_logprobs_json if json_logprobs else completion_logprobs
     choices = []
     completion_tokens = 0
     offset = 0
@@ -595,7 +605,7 @@ def derender_completion(rt: ModelRuntime, body: DerenderCompletionRequest,
                 prefix = tok.decode(prompt_ids, skip_special_tokens=req.skip_special_tokens)
             logprobs = None
             if want_lp and c.logprobs is not None and c.logprobs.content is not None:
-                logprobs = completion_logprobs(tok, out.logprob_entries(c), req.logprobs or 0,
+                logprobs = lp_block(tok, out.logprob_entries(c), req.logprobs or 0,
                                                text_offset_start=len(prefix),
                                                as_token_ids=rt.config.return_tokens_as_token_ids)
             choices.append(CompletionChoice(

@@ -20,7 +20,9 @@ only at irregular positions: duplicate ids, ranks out of order), token strings /
 fragments come from a lazily filled per-tokenizer table (a record's new ids filled together,
 ``_fill_many``), U+FFFD repair runs only at pieces that need it (cached per (id, context);
 pieces no context can complete are ``""`` from the table) and :func:`chat_logprobs_json` joins one pre-encoded fragment per shown object (a ``bytes %``
-format) filled with the logprobs encoded in one call.
+format) filled with the logprobs encoded in one call; ``worker.core.logprob_completion.completion_logprobs_json`` the same
+with one key fragment (``"<token>":%b,``) per dict entry, the whole block one format (issue 25
+item 1).
 
 Streaming: keep the last 4 sampled ids (:func:`next_context`) and the running completion text
 offset between chunks (``DerenderStreamState.logprob_context_token_ids`` /
@@ -59,7 +61,8 @@ from .logprob_candidates import (  # noqa: F401 - re-exported: the logprob block
 )
 from .tokenizers import Tokenizer
 
-__all__ = ["chat_logprobs", "chat_logprobs_json", "candidates", "Candidates", "completion_logprobs", "decode_logprob_token", "next_context", "token_id_string",
+__all__ = ["chat_logprobs", "chat_logprobs_json", "candidates", "Candidates", "completion_logprobs",
+           "decode_logprob_token", "next_context", "token_id_string",
            "MAX_CONTEXT", "MIN_LOGPROB", "SMALL"]
 
 MAX_CONTEXT = 4
@@ -168,17 +171,25 @@ class _Table:
     (``%`` of the string doubled: a ``bytes %`` format; ``_FIX`` until filled, and for ids
     repaired per position, except ``_REPAIR_EMPTY`` ids: the ``""`` object's fragment, their
     repair after any context without added tokens); ``repairs``: (id, context ids) -> repaired row ``(string, bytes,
-    frag)``. One fragment per id (not a head and a tail) halves the random table reads per
+    frag, key)`` (``key``: the completion fragment, ``keys`` below). One fragment per id (not a head and a tail) halves the random table reads per
     shown object, which dominate the block's cost on a large vocabulary. Filling a slot is
     idempotent, so concurrent fills are harmless; rows are shared by every reply: never
     mutate one."""
 
-    __slots__ = ("rows", "frag", "repairs")
+    __slots__ = ("rows", "frag", "repairs", "keys", "holders")
 
     def __init__(self, vocab_size: int):
         self.rows: list = [None] * vocab_size
         self.frag: list = [_FIX] * vocab_size
         self.repairs: dict = {}
+        #: completion (``completion_logprobs_json``): per id the pre-encoded key fragment of its
+        #: ``top_logprobs`` dict entry, ``"<string>":%b,`` (``_key``); ``_FIX`` until filled
+        #: (``_fill_keys``), and for ids repaired per position and ids whose string another id
+        #: already has (``holders``); ``_EMPTY_KEY`` for ``_REPAIR_EMPTY`` ids
+        self.keys: list = [_FIX] * vocab_size
+        #: token string -> the first id given a key fragment for it (``""``: no id, -1): a later
+        #: id with the same string keeps ``_FIX`` in ``keys``, so a dict holding both is checked
+        self.holders: dict = {"": -1}
 
 
 def _table(tok: Tokenizer) -> _Table:
@@ -207,7 +218,8 @@ def _row(s: str) -> tuple:
         + _json.encode(b) + b"},"
 
 
-_EMPTY_ROW = _row("")
+#: the repaired row of ``""``: ``_row("")`` and its completion key fragment (``_EMPTY_KEY``)
+_EMPTY_ROW = (*_row(""), b'"":%b,')
 
 
 def _unrepairable(tail: bytes) -> bool:
@@ -269,7 +281,7 @@ def _fill_many(tok: Tokenizer, table: _Table, tids) -> None:
 
 
 def _repaired(tok: Tokenizer, table: _Table, tid: int, row, ctx: list[int]) -> tuple:
-    """The repaired row ``(string, bytes, fragment)`` of ``tid`` (its table row ``row`` is
+    """The repaired row ``(string, bytes, fragment, completion key fragment)`` of ``tid`` (its table row ``row`` is
     ``_REPAIR`` / ``_REPAIR_EMPTY``) after the sampled ids ``ctx`` (up to 4), cached per
     (id, context)."""
     if row is _REPAIR_EMPTY and tok.added_token_ids.keys().isdisjoint(ctx):
@@ -277,7 +289,8 @@ def _repaired(tok: Tokenizer, table: _Table, tid: int, row, ctx: list[int]) -> t
     key = (tid, *ctx)
     r = table.repairs.get(key)
     if r is None:
-        r = _row(_correct(tok, tid, ctx))
+        s = _correct(tok, tid, ctx)
+        r = (*_row(s), _key(s))
         if len(table.repairs) >= _REPAIRS_MAX:
             table.repairs.clear()
         table.repairs[key] = r
@@ -582,6 +595,17 @@ def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpr
     return CompletionLogprobs(
         text_offset=list(accumulate(map(len, islice(tokens, len(tokens) - 1)), initial=text_offset_start)),
         token_logprobs=list(map(el.lps.__getitem__, hs)), tokens=tokens, top_logprobs=tops)
+
+
+_KEY_TAIL = b":%b,"
+#: the ``""`` key fragment (``_Table.keys`` of a ``_REPAIR_EMPTY`` id)
+_EMPTY_KEY = _EMPTY_ROW[3]
+
+
+def _key(s: str) -> bytes:
+    """The completion ``top_logprobs`` key fragment of token string ``s``: ``"<s>":%b,`` (``%``
+    of the encoded string doubled: a ``bytes %`` format with one slot for the logprob)."""
+    return _json.encode(s).replace(_PCT, _PCT2) + _KEY_TAIL
 
 
 def _completion_per_entry(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,

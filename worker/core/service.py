@@ -370,7 +370,7 @@ class DerenderService:
                     resp = derender_chat(rt, req, created, json_logprobs=True)
                 else:
                     validate_completion(rt, req, ids_in_vocab=in_vocab)
-                    resp = derender_completion(rt, req, created)
+                    resp = derender_completion(rt, req, created, json_logprobs=True)
                 return DerenderResult(_encoder.encode(resp), 200, request_id, kind)
             probe = _decode_or_400(_probe_decoder, body)
             request_id = _request_id(probe)
@@ -392,7 +392,7 @@ class DerenderService:
             else:
                 req = _decode_or_400(_completion_decoder, body)
                 validate_completion(rt, req)
-                resp = derender_completion(rt, req, created)
+                resp = derender_completion(rt, req, created, json_logprobs=True)
             return DerenderResult(_encoder.encode(resp), 200, request_id, kind)
         except DerenderError as e:
             return DerenderResult(_encoder.encode(e.to_response(request_id)), e.status, request_id, kind)
