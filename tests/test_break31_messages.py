@@ -191,3 +191,36 @@ def test_empty_engine_stop_string_is_no_stop_sequence(monkeypatch):
         msg = json.loads(fast[1])
         assert (msg["stop_reason"], msg["stop_sequence"]) == (want, None)
         assert fast == slow
+
+
+def test_lone_surrogate_escape_in_call_arguments_is_no_500(monkeypatch):
+    """A call whose arguments escape a lone surrogate (``"\\ud83c"``: an emoji's escaped pair cut
+    by the model) parsed to a str msgspec cannot encode (a 500 on every path). The SDK's jiter
+    raises on it (the block keeps its ``input``, ``partial_input`` None), so the Message has
+    the tool_use block with ``{}``, on the one step and the segmented path alike."""
+    svc = DerenderService([ServedModelConfig(name="m", **CONFIGS["qwen3"])])
+    tok = svc.runtime("m").tokenizer
+    for args in ('{"city": "\\ud83c"}', '{"city": "x\\udf24y", "n": 1}', '{"city": "\\ud83c\\f"}'):
+        text = "<think>r</think>t<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + args + "}\n</tool_call>"
+        body = json.dumps({"model": "m", "generate_response": {"request_id": "r", "choices": [
+            {"index": 0, "token_ids": tok.encode(text) + [tok.token_to_id("<|im_end|>")], "finish_reason": "stop"}]},
+            "messages_request": {"model": "m", "max_tokens": 64, "messages": [], "tools": TOOLS}}).encode()
+        fast, slow, one = _both(svc, body, monkeypatch)
+        assert fast == slow
+        assert fast[0] == 200, fast
+        assert json.loads(fast[1])["content"][-1]["input"] == {}
+
+
+@pytest.mark.parametrize("buf", ['{"a": "\\ud83c"}', '{"a": "\\udf24x"}', '{"a": "\\ud83c\\udf24"}', '{"a": "\\ud83c',
+                                 '{"\\udc00": 1}', '{"a": ["\\ud800", 1', '{"a": "\\uD83C\\uDF24", "b": "\\uDBFF"}'])
+def test_partial_input_surrogates_as_jiter(buf):
+    """``partial_input`` on escaped surrogates: jiter's answer (an error: None), paired escapes
+    decoded."""
+    jiter = pytest.importorskip("jiter")
+    from worker.core.messages.events import partial_input
+
+    try:
+        want = jiter.from_json(buf.encode(), partial_mode=True)
+    except ValueError:
+        want = None
+    assert partial_input(buf) == want
