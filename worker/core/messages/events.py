@@ -132,23 +132,27 @@ def translate(events: list[Any], request_id: str, model: str, fmt: str, input_to
 
 
 _INCOMPLETE_NUMBER = re.compile(r"[0-9][.eE+-]+$")
-#: a UTF-16 surrogate (U+D800-U+DFFF) or its JSON escape: only a text holding one can parse to a
-#: lone surrogate (a tool parser's ``json.dumps(..., ensure_ascii=False)`` of a parsed call
-#: writes an escaped one as the character)
-_SURROGATE = re.compile("[\ud800-\udfff]|\\\\u[dD][89a-fA-F]")
 
 
 def _encodable(obj: dict, buf: str) -> dict | None:
     """``obj`` (``buf`` parsed), or None when it holds a lone surrogate (an escaped ``\\ud83c``
-    without its pair): jiter raises on one (``lone leading surrogate in hex escape``), so the SDK
-    keeps the block's ``input``; the reply could not encode it either. ``ensure_ascii=False``
-    dump and UTF-8 encode only where ``buf`` holds a surrogate or its escape."""
-    if _SURROGATE.search(buf) is not None:
-        try:
-            json.dumps(obj, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            return None
-    return obj
+    without its pair, or that character as a tool parser's ``json.dumps(..., ensure_ascii=False)``
+    of a parsed call writes it): jiter raises on one (``lone leading surrogate in hex escape``),
+    so the SDK keeps the block's ``input``; the reply could not encode it either. ``obj`` is
+    dumped and encoded only where ``buf`` holds a ``\\u`` escape or does not encode as UTF-8
+    (C-level checks otherwise)."""
+    if "\\u" not in buf and (buf.isascii() or _utf8(buf)):
+        return obj
+    return obj if _utf8(json.dumps(obj, ensure_ascii=False)) else None
+
+
+def _utf8(s: str) -> bool:
+    """Whether ``s`` encodes as UTF-8 (holds no surrogate)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def partial_input(buf: str) -> Any:
