@@ -134,11 +134,33 @@ def translate(events: list[Any], request_id: str, model: str, fmt: str, input_to
 _INCOMPLETE_NUMBER = re.compile(r"[0-9][.eE+-]+$")
 
 
+def _encodable(obj: dict, buf: str) -> dict | None:
+    """``obj`` (``buf`` parsed), or None when it holds a lone surrogate (an escaped ``\\ud83c``
+    without its pair, or that character as a tool parser's ``json.dumps(..., ensure_ascii=False)``
+    of a parsed call writes it): jiter raises on one (``lone leading surrogate in hex escape``),
+    so the SDK keeps the block's ``input``; the reply could not encode it either. ``obj`` is
+    dumped and encoded only where ``buf`` holds a ``\\u`` escape or does not encode as UTF-8
+    (C-level checks otherwise)."""
+    if "\\u" not in buf and (buf.isascii() or _utf8(buf)):
+        return obj
+    return obj if _utf8(json.dumps(obj, ensure_ascii=False)) else None
+
+
+def _utf8(s: str) -> bool:
+    """Whether ``s`` encodes as UTF-8 (holds no surrogate)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def partial_input(buf: str) -> Any:
     """The SDK's partial parse of a tool_use block's joined ``input_json_delta`` (jiter
     ``from_json(partial_mode=True)``: an unfinished string, literal or number is dropped with its
     key, open objects and arrays are closed: ``{"city": "Pa`` -> ``{}``). None when the text is
-    not a JSON object prefix (the SDK would raise; the block keeps its ``input``). A complete
+    not a JSON object prefix or escapes a lone surrogate (the SDK would raise; the block keeps
+    its ``input``). A complete
     JSON object is ``json.loads``'s, as ``partial_json_parser`` gives it (its ``fix_fast`` leaves
     a text whose brackets balance as it is and parses it with ``json.loads``), without its scan."""
     try:
@@ -146,7 +168,7 @@ def partial_input(buf: str) -> Any:
     except Exception:  # noqa: BLE001 - not complete JSON: the partial parse below
         obj = None
     if isinstance(obj, dict):
-        return obj
+        return _encodable(obj, buf)
     allow = Allow.ARR | Allow.OBJ
     if not _INCOMPLETE_NUMBER.search(buf):
         allow |= Allow.NUM
@@ -154,7 +176,7 @@ def partial_input(buf: str) -> Any:
         obj = partial_json_parser.loads(buf, allow)
     except Exception:  # noqa: BLE001 - any parser failure: not a JSON object prefix
         return None
-    return obj if isinstance(obj, dict) else None
+    return _encodable(obj, buf) if isinstance(obj, dict) else None
 
 
 def accumulate(events: list[Any]) -> Message:

@@ -206,7 +206,8 @@ def message(rt: ModelRuntime, req: MessagesRequest, request_id: str, model: str,
                     block.input = parsed
             content.append(block)
     engine_stop = c.stop_reason if fin == "stop" and isinstance(c.stop_reason, str) else None
-    reason, seq = stop_reason(Outcome(finish_reason=fin, stop_sequence=engine_stop, tool_use=b.calls > 0))
+    # an empty engine stop string is no stop sequence (``derender._outcome``: ``engine_stop or matched``)
+    reason, seq = stop_reason(Outcome(finish_reason=fin, stop_sequence=engine_stop or None, tool_use=b.calls > 0))
     return Message(id=message_id(request_id), model=model, content=content, stop_reason=reason, stop_sequence=seq,
                    usage=MessageUsage(input_tokens=prompt_tokens if prompt_tokens is not None else len(prompt_ids or []),
                                       output_tokens=len(ids)))
