@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import operator
 import threading
+import weakref
 from itertools import accumulate, compress, islice, repeat
 from operator import itemgetter
 
@@ -662,3 +663,119 @@ def completion_text_offset_after(res: CompletionLogprobs, text_offset_start: int
     if not res.text_offset:
         return text_offset_start
     return res.text_offset[-1] + len(res.tokens[-1])
+
+
+# ------------------------------------------------------------- Responses (final form) ---
+class _RTop(msgspec.Struct, gc=False):
+    """Positional twin of ``schemas.responses.ResponseLogprobTop`` (same fields in the same
+    order, same JSON)."""
+
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class _RTok(msgspec.Struct, gc=False):
+    """Positional twin of ``schemas.responses.ResponseLogprob`` (see ``_RTop``)."""
+
+    token: str
+    bytes: list[int]
+    logprob: float
+    top_logprobs: list = msgspec.field(default_factory=list)
+
+
+#: per tokenizer: its Responses logprob fragments by token id, the twin of ``_Table.frag``
+#: (``{"token":<string>,"bytes":[...],"logprob":%b},``, built from the table's row when an id
+#: is first shown; ``_FIX`` until then and for ids repaired per position); a weak key: the
+#: table goes with its tokenizer
+_RESP_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RFRAG_MID = b',"bytes":'
+_RFRAG_TAIL = b',"logprob":%b},'
+_RTOPS_EMPTY = b',"top_logprobs":[]},'
+_RTOPS_OPEN = b',"top_logprobs":['
+_RTOPS_CLOSE = b"]},"
+#: at most this many entries take ``responses_logprobs_json``'s per-entry path (from 3 on the
+#: fragments cost less: a message part's few entries are a record's, not a stream chunk's)
+_RESP_SMALL = 2
+
+
+def _rfrag(row) -> bytes:
+    """The Responses fragment of a table row ``(string, bytes, ...)``."""
+    return _FRAG_HEAD + _json.encode(row[0]).replace(_PCT, _PCT2) + _RFRAG_MID + _json.encode(row[1]) + _RFRAG_TAIL
+
+
+_REMPTY = _rfrag(_EMPTY_ROW)
+
+
+def _resp_table(tok: Tokenizer) -> list:
+    t = _RESP_TABLES.get(tok)
+    if t is None:
+        with _TABLE_LOCK:
+            t = _RESP_TABLES.get(tok)
+            if t is None:
+                t = _RESP_TABLES[tok] = [_FIX] * tok.vocab_size
+    return t
+
+
+def _resp_frags(tok: Tokenizer, el: _Elements, ctx: list[int]) -> list:
+    """One Responses fragment per shown object of ``el`` (``ctx``: the sampled ids before its
+    first position), as ``chat_logprobs_json`` finds chat's: looked up by id, C-level; new ids
+    (their rows filled together) and U+FFFD pieces (repaired per position, ``_after_added``)
+    one by one."""
+    table = _table(tok)
+    rtab = _resp_table(tok)
+    frags = list(map(rtab.__getitem__, el.ids))
+    seq = ctx + el.tids
+    if not tok.added_token_ids.keys().isdisjoint(seq):
+        _after_added(tok, table, el, frags, seq, len(ctx))
+    rows = table.rows
+    for j, r in _irregular(tok, table, el, frags, ctx):
+        f = _rfrag(r)
+        frags[j] = f
+        tid = el.ids[j]
+        if len(r) == 2:  # a filled row: the id's fragment from now on
+            rtab[tid] = f
+        elif rows[tid] is _REPAIR_EMPTY:  # "" after any context without added tokens (``_after_added``)
+            rtab[tid] = _REMPTY
+    return frags
+
+
+def responses_logprobs(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
+                       context_token_ids: list[int] | None = None, as_token_ids: bool = False) -> list:
+    """Responses final-form logprob entries (``schemas.responses.ResponseLogprob``: ``token``,
+    ``bytes``, ``logprob``, ``top_logprobs``) of ``entries``: chat's values
+    (:func:`chat_logprobs`, same arguments) in the Responses field order, as Structs that encode
+    exactly as ``ResponseLogprob`` / ``ResponseLogprobTop``. Per-entry Python: for a few entries
+    (a stream chunk); :func:`responses_logprobs_json` for a record."""
+    return [_RTok(e.token, e.bytes or [], e.logprob, [_RTop(t.token, t.bytes or [], t.logprob) for t in e.top_logprobs])
+            for e in chat_logprobs(tok, entries, top_logprobs, context_token_ids, as_token_ids)]
+
+
+def responses_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,
+                            context_token_ids: list[int] | None = None, as_token_ids: bool = False) -> bytes:
+    """:func:`responses_logprobs` encoded: the JSON array of the entries (the bytes
+    ``msgspec.json`` gives the ``ResponseLogprob`` Structs), built as
+    :func:`chat_logprobs_json` builds chat's: one pre-encoded fragment per shown object
+    (``_resp_frags``: the tokenizer's Responses twin of ``_Table.frag``, filled and U+FFFD-
+    repaired as chat's), joined into one ``bytes %`` format filled with the logprobs encoded in
+    one call. No per-candidate object and no per-candidate Python."""
+    if as_token_ids or len(entries) <= _RESP_SMALL:
+        return _json.encode(responses_logprobs(tok, entries, top_logprobs, context_token_ids, as_token_ids))
+    k = max(int(top_logprobs or 0), 0)
+    ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
+    el = _elements(entries, k)
+    frags = _resp_frags(tok, el, ctx)
+    if not k:
+        frags = list(map(operator.add, map(operator.getitem, frags, repeat(_CUT2)), repeat(_RTOPS_EMPTY)))
+    else:
+        hs = el.starts[:-1]
+        ls = list(map(operator.sub, el.starts[1:], repeat(1)))
+        opened = list(map(operator.add, map(operator.getitem, map(frags.__getitem__, hs), repeat(_CUT2)),
+                          repeat(_RTOPS_OPEN)))
+        closed = list(map(operator.add, map(operator.getitem, map(frags.__getitem__, ls), repeat(_CUT1)),
+                          repeat(_RTOPS_CLOSE)))
+        list(map(frags.__setitem__, hs, opened))
+        list(map(frags.__setitem__, ls, closed))
+    frags[0] = b"[" + frags[0]
+    frags[-1] = frags[-1][:-1] + b"]"
+    return b"".join(frags) % tuple(_json.encode(el.lps)[1:-1].split(b","))

@@ -5,7 +5,10 @@ public pieces: ``IncrementalDetokenizer``, ``ParserStack``, ``chat_logprobs``). 
 One parse, two views: ``derender_responses`` runs the streaming builder over the whole output
 as one chunk and returns the terminal event's ``response``; the parser stack is split-
 independent, so that object equals the ``response`` of a stream's terminal event for the same
-tokens under any chunking (item ids, ``call_id``s, text, arguments, logprobs, usage).
+tokens under any chunking (item ids, ``call_id``s, text, arguments, logprobs, usage). A stream
+with logprobs steps token by token (each token's entry rides with its text); the non-streaming
+view steps blocks of tokens instead and attaches each message part's entries by position at the
+end (``worker.core.responses.blocks``, ``_step_blocks``): the same Response.
 
 Rules (issue 14; sources in ``schemas/responses.py`` and ``events.py``): the parsers run in
 their streaming form for both views (``ParserStack.initial_state(streaming=True)``: with
@@ -27,6 +30,7 @@ import msgspec
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse, Int64
 from schemas.responses import (
     DerenderResponsesRequest,
+    OutputMessage,
     ResponseLogprob,
     ResponseLogprobTop,
     ResponseObject,
@@ -40,8 +44,8 @@ from worker.core.derender import (
 )
 from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, held_stop_step, step_text
 from worker.core.errors import BadRequest
-from worker.core.logprobs import MAX_CONTEXT, chat_logprobs
-from worker.core.responses import argshape
+from worker.core.logprobs import MAX_CONTEXT, chat_logprobs, responses_logprobs_json
+from worker.core.responses import argshape, blocks
 from worker.core.responses.echo import (
     DEFAULT_REQUEST,
     check_responses_request,
@@ -384,9 +388,83 @@ def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created
     b.start()
     chunk = GenerateTokensStreamChoice(index=0, token_ids=c.token_ids, finish_reason=c.finish_reason or "stop",
                                        stop_reason=c.stop_reason, logprobs=c.logprobs)
+    if st.want_lp and c.logprobs is not None and c.logprobs.content:
+        resp = _step_blocks(rt, st, b, chunk, pids or [])
+        if resp is not None:
+            return resp
     resp = _step(rt, st, b, chunk, pids or [])
     assert resp is not None
     return resp
+
+
+def _step_blocks(rt: ModelRuntime, st: ResponsesStreamState, b: EventBuilder, c,
+                 prompt_ids: list[int]) -> ResponseObject | None:
+    """``_step`` of a whole output with logprobs (non-streaming; ``c`` finishes it), its
+    parser steps taken in blocks (``blocks.plan``) instead of token by token, and each message
+    part's logprobs built from its tokens' positions at the end (``_message_logprobs``): the
+    same Response. None, with ``st`` as it was, when the blocks fall back (``blocks.Fallback``:
+    then ``_step``)."""
+    held = st.held_stop_id
+    seq, text_ids, _ = step_ids(rt, st, c)
+    stack = rt.stack
+    stop_ids = seq[len(text_ids):] if stack.wants_stop_token else []
+    texts = blocks.texts(rt.tokenizer, st.skip_special, text_ids, st.detok, prompt_ids)
+    holding = st.holding
+    try:
+        feeds, fin, ps = blocks.plan(rt, st, text_ids, texts, stop_ids, len(seq), blocks.stepped(rt, st))
+    except blocks.Fallback:
+        st.held_stop_id, st.holding = held, holding
+        return None
+    st.parser = ps
+    for d, positions in feeds:
+        st.reasoning_tokens += d.reasoning_tokens
+        b.feed(d, positions)
+    if fin is not None:  # (``_step``'s final flush)
+        o = st.open
+        if st.cut_open and fin.tool_calls and o is not None and o.type == "function_call":
+            fin.tool_calls = argshape.cut_call_rest(fin.tool_calls, o.tool_index)
+        st.reasoning_tokens += fin.reasoning_tokens
+        b.feed(fin, None)
+    st.completion_tokens += len(seq)
+    st.detok = None
+    st.parser = None
+    st.lp_ctx = []
+    resp = b.finish(c.finish_reason)
+    entries = c.logprobs.content
+    for item in resp.output:
+        if type(item) is OutputMessage:
+            part = item.content[0]
+            part.logprobs = msgspec.Raw(_message_logprobs(rt, st, entries, part.logprobs))
+    return resp
+
+
+def _message_logprobs(rt: ModelRuntime, st: ResponsesStreamState, entries: list, positions: list[int]) -> bytes:
+    """The JSON of a message part's logprob entries: those of the output positions
+    ``positions`` (ascending; one run in practice), each token string repaired from the up
+    to 4 sampled ids before it (``responses_logprobs_json``, what ``_entries`` gives)."""
+    if not positions:
+        return b"[]"
+    runs = [(positions[0], positions[-1] + 1)] if positions[-1] - positions[0] + 1 == len(positions) else \
+        _runs(positions)
+    out = []
+    for a, z in runs:
+        ctx = [e.token_id for e in entries[max(0, a - MAX_CONTEXT):a]]
+        out.append(responses_logprobs_json(rt.tokenizer, entries[a:z], st.top_logprobs, ctx,
+                                           as_token_ids=rt.config.return_tokens_as_token_ids)[1:-1])
+    return b"[" + b",".join(out) + b"]"
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of consecutive ``positions``."""
+    out = []
+    a = p0 = positions[0]
+    for p in positions[1:]:
+        if p != p0 + 1:
+            out.append((a, p0 + 1))
+            a = p
+        p0 = p
+    out.append((a, p0 + 1))
+    return out
 
 
 # --------------------------------------------------------------------------------- streaming ---
