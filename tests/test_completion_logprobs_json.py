@@ -16,6 +16,7 @@ import pytest
 from test_logprob_table import _completion_reference, _entries, _shaped
 
 from schemas import TokenLogprobIn, TopLogprobIn
+from tests.harness.threads import race
 from worker.core.logprob_completion import completion_logprobs_json
 from worker.core.logprobs import completion_logprobs
 from worker.core.tokenizer import load_tokenizer
@@ -156,8 +157,6 @@ def test_concurrent_blocks_on_a_fresh_table_give_the_same_bytes():
     """Threads building completion blocks on one fresh table at once (switching every
     microsecond: key fragments and string holders filled concurrently, colliding ids among the
     candidates) all get the bytes of the encoded Struct block built on another table."""
-    import sys
-    import threading
 
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -186,16 +185,7 @@ def test_concurrent_blocks_on_a_fresh_table_give_the_same_bytes():
             j = (i + t) % len(lists)
             got[t, j] = bytes(completion_logprobs_json(tok, lists[j], 5))
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    finally:
-        sys.setswitchinterval(old)
+    race(work)
     assert len(got) == 16
     for (_, j), a in got.items():
         assert a == want[j]

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from schemas import LogprobsIn, TokenLogprobIn, TopLogprobIn
+from tests.harness.threads import race
 from worker.core.logprobs import _chat_logprobs_slow, chat_logprobs, logprob_rows
 from worker.core.tokenizer import load_tokenizer
 
@@ -308,8 +309,6 @@ def test_bulk_logprob_checks_name_the_first_bad_entry():
 def test_concurrent_fills_of_a_fresh_table_give_the_same_bytes():
     """Threads filling one fresh table at once (switching every microsecond) all get the
     per-candidate path's bytes: a filled head is only ever seen with its row and tail filled."""
-    import sys
-    import threading
 
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -329,16 +328,7 @@ def test_concurrent_fills_of_a_fresh_table_give_the_same_bytes():
             got[t, (i + t) % len(lists)] = (bytes(chat_logprobs_json(tok, e, 5)),
                                               _enc.encode(chat_logprobs(tok, e, 5)))
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    finally:
-        sys.setswitchinterval(old)
+    race(work)
     assert len(got) == 16
     for (_, i), (a, b) in got.items():
         assert a == want[i] and b == want[i]

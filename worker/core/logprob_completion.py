@@ -30,6 +30,7 @@ from .logprobs import (
     _json,
     _key,
     _position,
+    _positions_of,
     _Table,
     _table,
     completion_logprobs,
@@ -80,18 +81,6 @@ def _completion_keys(tok: Tokenizer, table: _Table, el: _Elements, ctx: list[int
         suspect.update(map(operator.sub, compress(islice(ps, 1, None), map(operator.eq, ps, islice(ps, 1, None))),
                            repeat(1)))  # (in order: a position's "" keys are adjacent in ``ps``)
     return keys, suspect, fixed
-
-
-def _positions_of(items: list, value):
-    """The positions ``j`` with ``items[j] == value``, in order (C-level ``list.index`` per hit)."""
-    j = -1
-    index = items.index
-    while True:
-        try:
-            j = index(value, j + 1)
-        except ValueError:
-            return
-        yield j
 
 
 def completion_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_logprobs: int,

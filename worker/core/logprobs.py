@@ -336,13 +336,13 @@ _CUT1 = slice(None, -1)
 _CUT2 = slice(None, -2)
 
 
-def _fix_positions(frags: list):
-    """The positions ``j`` with ``frags[j] is _FIX``, in order (C-level ``list.index`` per hit)."""
+def _positions_of(items: list, value):
+    """The positions ``j`` with ``items[j] == value``, in order (C-level ``list.index`` per hit)."""
     j = -1
-    index = frags.index
+    index = items.index
     while True:
         try:
-            j = index(_FIX, j + 1)
+            j = index(value, j + 1)
         except ValueError:
             return
         yield j
@@ -354,7 +354,7 @@ def _irregular(tok: Tokenizer, table: _Table, el: _Elements, frags: list, ctx: l
     with the row of a filled id (2 fields) or the repaired row of that position (3 fields; the
     context is the up to 4 sampled ids before it)."""
     rows = table.rows
-    js = list(_fix_positions(frags))
+    js = list(_positions_of(frags, _FIX))
     if not js:
         return
     tids = list(map(el.ids.__getitem__, js))
@@ -518,20 +518,30 @@ def chat_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_logpro
             frags[j] = f if f is not _FIX else _row(r[0])[2]
         else:
             frags[j] = r[2]
-    if not k:  # each object is a position: ``... "bytes": [...], "top_logprobs": []}``
-        frags = list(map(operator.add, map(operator.getitem, frags, repeat(_CUT2)), repeat(_TOPS_EMPTY)))
-    else:  # a position's first object opens its top_logprobs, its last one closes them
+    return msgspec.Raw(_joined(frags, el, k, _TOPS_EMPTY, _TOPS_OPEN, _TOPS_CLOSE))
+
+
+def _joined(frags: list, el: _Elements, k: int, empty: bytes, opened: bytes, closed: bytes) -> bytes:
+    """The JSON array (bytes) of the shown objects of ``el``: ``frags`` holds one fragment per
+    object, each a whole object ending ``},`` with a ``%b`` slot for its logprob (changed in
+    place). With ``k`` 0 every object is a position whose ``}`` becomes ``empty``; else a
+    position's first object opens its candidates with ``opened`` and its last closes them with
+    ``closed``. The slots are filled from one encode of ``el.lps``. Chat's and Responses'
+    blocks (their own closers)."""
+    if not k:
+        frags = list(map(operator.add, map(operator.getitem, frags, repeat(_CUT2)), repeat(empty)))
+    else:
         hs = el.starts[:-1]
         ls = list(map(operator.sub, el.starts[1:], repeat(1)))
-        opened = list(map(operator.add, map(operator.getitem, map(frags.__getitem__, hs), repeat(_CUT2)),
-                          repeat(_TOPS_OPEN)))
-        closed = list(map(operator.add, map(operator.getitem, map(frags.__getitem__, ls), repeat(_CUT1)),
-                          repeat(_TOPS_CLOSE)))
-        list(map(frags.__setitem__, hs, opened))
-        list(map(frags.__setitem__, ls, closed))
+        heads = list(map(operator.add, map(operator.getitem, map(frags.__getitem__, hs), repeat(_CUT2)),
+                         repeat(opened)))
+        tails = list(map(operator.add, map(operator.getitem, map(frags.__getitem__, ls), repeat(_CUT1)),
+                         repeat(closed)))
+        list(map(frags.__setitem__, hs, heads))
+        list(map(frags.__setitem__, ls, tails))
     frags[0] = b"[" + frags[0]
     frags[-1] = frags[-1][:-1] + b"]"
-    return msgspec.Raw(b"".join(frags) % tuple(_json.encode(el.lps)[1:-1].split(b",")))
+    return b"".join(frags) % tuple(_json.encode(el.lps)[1:-1].split(b","))
 
 
 class _Cand:
@@ -764,18 +774,4 @@ def responses_logprobs_json(tok: Tokenizer, entries: list[TokenLogprobIn], top_l
     k = max(int(top_logprobs or 0), 0)
     ctx = list(context_token_ids or [])[-MAX_CONTEXT:]
     el = _elements(entries, k)
-    frags = _resp_frags(tok, el, ctx)
-    if not k:
-        frags = list(map(operator.add, map(operator.getitem, frags, repeat(_CUT2)), repeat(_RTOPS_EMPTY)))
-    else:
-        hs = el.starts[:-1]
-        ls = list(map(operator.sub, el.starts[1:], repeat(1)))
-        opened = list(map(operator.add, map(operator.getitem, map(frags.__getitem__, hs), repeat(_CUT2)),
-                          repeat(_RTOPS_OPEN)))
-        closed = list(map(operator.add, map(operator.getitem, map(frags.__getitem__, ls), repeat(_CUT1)),
-                          repeat(_RTOPS_CLOSE)))
-        list(map(frags.__setitem__, hs, opened))
-        list(map(frags.__setitem__, ls, closed))
-    frags[0] = b"[" + frags[0]
-    frags[-1] = frags[-1][:-1] + b"]"
-    return b"".join(frags) % tuple(_json.encode(el.lps)[1:-1].split(b","))
+    return _joined(_resp_frags(tok, el, ctx), el, k, _RTOPS_EMPTY, _RTOPS_OPEN, _RTOPS_CLOSE)
