@@ -97,6 +97,25 @@ def test_sentencepiece_tokenizer_keeps_calling_tokenizers():
     assert isinstance(tok, FastTokenizer) and not tok.is_byte_level and not tok.decodes_by_table
 
 
+def test_decode_pieces_join_to_the_raw_decode():
+    """``decode_pieces``: each id's table bytes (fresh and warm tables), joined and decoded as
+    ``raw_decode`` decodes; None for an id outside the vocabulary, and on a tokenizer that
+    does not decode by table."""
+    rng = random.Random(7)
+    for tok in (_demo(), _extra()):
+        for _ in range(300):
+            ids = [i for i in _random_ids(tok, rng, rng.randrange(1, 30)) if i < tok.vocab_size]
+            for skip in (False, True):
+                pieces = tok.decode_pieces(ids, skip)
+                assert len(pieces) == len(ids)
+                assert b"".join(pieces).decode("utf-8", "replace") == tok.raw_decode(ids, skip)
+        assert tok.decode_pieces([], False) == ()
+        for bad in ([tok.vocab_size], [1, tok.vocab_size + 3], [-1], [5, -2]):
+            assert tok.decode_pieces(bad, False) is None
+    sp = load_tokenizer(str(TOKDIR / "mistral-7b-v0.3"), "hf")
+    assert sp.decode_pieces([1, 2, 3], False) is None
+
+
 def test_added_tokens_go_through_the_byte_level_decoder():
     """Added tokens decode through the alphabet ("Ġ" -> " "), unless a character lies outside
     it (then their UTF-8 as is), while ``token_bytes`` keeps their UTF-8 content; special

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import weakref
 from itertools import accumulate, compress
-from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -108,27 +107,16 @@ class _StepTexts:
 
 
 def _byte_texts(tok, skip: bool, ids: list[int], prompt_ids: list[int] | None) -> _ByteTexts | None:
-    """``texts`` from the tokenizer's decode tables (``FastTokenizer.decodes_by_table``), or
+    """``texts`` from the tokenizer's decode tables (``Tokenizer.decode_pieces``), or
     None when they do not apply: the output's bytes are its ids' table bytes joined, and what
     stepping emits after ``j`` ids is their decode up to the last character boundary at an id
     boundary, when the one-shot decode (``IncrementalDetokenizer.whole_output``, the
     non-streaming text: None when it could differ from stepping) is that of these bytes and
     holds no U+FFFD (valid UTF-8: a prefix decodes to U+FFFD only where it cuts a character)."""
-    tables = getattr(tok, "_tables", None) if getattr(tok, "decodes_by_table", False) else None
-    if tables is None:
+    pieces = tok.decode_pieces(ids, skip)
+    if pieces is None:
         return None
-    table = tables.skip if skip else tables.keep
-    get = itemgetter(*ids)
-    try:
-        pieces = get(table) if len(ids) > 1 else (table[ids[0]],)
-        wb = b"".join(pieces)
-    except (TypeError, IndexError):  # entries not filled yet
-        tables.fill(ids)
-        try:
-            pieces = get(table) if len(ids) > 1 else (table[ids[0]],)
-            wb = b"".join(pieces)
-        except (TypeError, IndexError):
-            return None
+    wb = b"".join(pieces)
     whole = IncrementalDetokenizer(tok, skip_special_tokens=skip, prompt_token_ids=prompt_ids).whole_output(ids)
     if whole is None or wb.decode("utf-8", "replace") != whole:
         return None

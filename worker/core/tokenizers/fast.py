@@ -297,6 +297,24 @@ class FastTokenizer(Tokenizer):
                     s = " " * missing + s
         return s
 
+    def decode_pieces(self, ids: list[int], skip_special_tokens: bool) -> tuple | None:
+        """Each id's bytes in the byte tables (:class:`_DecodeTables`, filled first where
+        needed): ``b"".join`` of them decoded with ``errors="replace"`` is :meth:`raw_decode`'s
+        text. None without tables or for an id outside ``[0, vocab_size)``."""
+        tables = self._tables
+        if tables is None or (ids and min(ids) < 0):
+            return None
+        table = tables.skip if skip_special_tokens else tables.keep
+        get = itemgetter(*ids) if len(ids) > 1 else lambda t: tuple(t[i] for i in ids)
+        try:
+            pieces = get(table)
+            if None in pieces:  # entries not filled yet
+                tables.fill(ids)
+                pieces = get(table)
+        except IndexError:  # an id >= size
+            return None
+        return pieces
+
     def decode_singles(self, ids: list[int]) -> list[str]:
         """:meth:`single_token_text` of each valid id of ``ids``; on a byte-level tokenizer with
         byte tables, no cleanup and no SentencePiece marker, each id's table bytes decoded with

@@ -183,6 +183,12 @@ class Tokenizer(abc.ABC):
                 self._single_cache[token_id] = s
         return s
 
+    def decode_pieces(self, ids: list[int], skip_special_tokens: bool) -> tuple | None:
+        """Each id's bytes in the raw decode of ``ids`` (their join decodes, ``errors="replace"``,
+        to ``raw_decode(ids, skip_special_tokens)``) where the backend decodes by byte tables
+        (``decodes_by_table``); None otherwise or for an id outside the vocabulary."""
+        return None
+
     def decode_singles(self, ids: list[int]) -> list[str]:
         """:meth:`decode_single` of each id of ``ids`` (valid ids), uncached: for filling a
         table of many new ids at once (the logprob rows); backends may do it in bulk."""
