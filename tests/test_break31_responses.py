@@ -1,0 +1,128 @@
+"""Hostile pass over the non-streaming Responses-with-logprobs block path (issue 25 item 1/2):
+through the service (bytes in, bytes out), every parity model, generated outputs (markers of
+each family anywhere / repeated / unclosed, stray and split-character ids, EOS mid-output,
+added tokens), hostile logprobs (NaN / -inf / None values, duplicate / None / out-of-range
+candidate ids, unsorted or absent ranks, too many or too few entries), every finish, int / str
+``stop_reason``, tool choices, ``skip_special_tokens``, ``parallel_tool_calls`` /
+``max_tool_calls``, ``top_logprobs`` 0..20, prompt ids absent: the block path's status and
+bytes are the token-by-token path's (``_step_blocks`` returning None)."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from schemas.responses import LOGPROBS_INCLUDE
+from tests.parity import service as parity_service
+from worker.core.responses import derender as rd
+
+TOOLS = [{"type": "function", "name": "get_weather", "description": "w",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+         {"type": "function", "name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]
+TEXT = ["hello", " world", "\n", "\n\n", " ", "😀", "東京", "é", "{", "}", '"name"', ": ", '"get_weather"',
+        ', "arguments": ', '{"city": "Paris"}', '{"name": "get_weather", "arguments": {"city": "P"}}',
+        '[{"name": "search", "arguments": {"q": "x"}}]', "<", "</", "%s", "\\", '"', "<think>", "</think>",
+        "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "functools[", "<|channel|>"]
+MODELS = ["qwen3", "qwen3-coder", "qwen3-noparser", "deepseek-v4", "deepseek-v31-markup", "mistral-7b-v0.3",
+          "mistral-v7-mistral-mode", "llama3"]
+
+
+def _val(rng: random.Random):
+    """A logprob value: odd finite ones; rarely NaN / -inf / None (the decode's 400)."""
+    if rng.random() < 0.02:
+        return rng.choice([float("-inf"), float("nan"), None])
+    return rng.choice([-0.5, -1.25, -0.0, 0.0, -20000.0, -1e30, -9999.5, -3.0, 1.5e-7, -1e-320])
+
+
+def _lp(rng: random.Random, ids: list[int], k: int, vocab: int) -> dict:
+    n = len(ids)
+    if rng.random() < 0.05:
+        n += rng.choice([-1, 1])
+    out = []
+    for j in range(max(n, 0)):
+        t = ids[j] if j < len(ids) and rng.random() < 0.95 else rng.randrange(vocab)
+        m = rng.choice([k, k, k, max(k - 1, 0), k + 1])
+        tops = []
+        for r in range(m):
+            c = t if r == 0 and rng.random() < 0.8 else rng.choice(
+                [rng.randrange(vocab), t, rng.randrange(vocab)] + ([vocab + 5, -1, None] if rng.random() < 0.03 else []))
+            top = {"token_id": c, "logprob": _val(rng) if rng.random() < 0.2 else -r - rng.random()}
+            if rng.random() < 0.9:
+                top["rank"] = rng.choice([r + 1, r + 1, r + 1, m - r, None])
+            tops.append(top)
+        if rng.random() < 0.2:
+            rng.shuffle(tops)
+        e = {"token_id": t, "logprob": _val(rng) if rng.random() < 0.2 else -rng.random()}
+        if rng.random() < 0.97:
+            e["top_logprobs"] = tops
+        if rng.random() < 0.8:
+            e["rank"] = 1
+        out.append(e)
+    return {"content": out}
+
+
+def _ids(rng: random.Random, tok) -> list[int]:
+    added = sorted(tok.added_token_ids) or sorted(getattr(tok, "special_ids", ()) or ()) or [0, 1, 2]
+    text = "".join(rng.choice(TEXT) for _ in range(rng.randrange(0, 30)))
+    ids = tok.encode(text) if text else []
+    for _ in range(rng.choice([0, 0, 1, 3])):
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(added + [rng.randrange(tok.vocab_size)] * 2))
+    if ids and rng.random() < 0.3:  # characters split / shuffled pieces
+        i = rng.randrange(len(ids))
+        ids[i:i] = ids[i:rng.randrange(i, len(ids) + 1)]
+    if rng.random() < 0.25 and tok.eos_token_ids:
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(sorted(tok.eos_token_ids)))
+    return ids
+
+
+def _body(rng: random.Random, svc, model: str) -> bytes:
+    tok = svc.runtime(model).tokenizer
+    ids = _ids(rng, tok)
+    k = rng.choice([0, 0, 1, 2, 5, 20])
+    fin = rng.choice(["stop", "length", "abort", None])
+    sr = rng.choice([None, None, "</s>", "END", ids[-1] if ids else None, rng.randrange(tok.vocab_size)])
+    choice = {"index": 0, "token_ids": ids, "finish_reason": fin, "stop_reason": sr, "logprobs": _lp(rng, ids, k, tok.vocab_size)}
+    req: dict = {"model": model, "input": "x", "include": [LOGPROBS_INCLUDE], "top_logprobs": k}
+    if rng.random() < 0.7:
+        req["tools"] = TOOLS
+        tc = rng.choice([None, "auto", "none", "required", {"type": "function", "name": "get_weather"}])
+        if tc is not None:
+            req["tool_choice"] = tc
+        if rng.random() < 0.2:
+            req["parallel_tool_calls"] = False
+        if rng.random() < 0.1:
+            req["max_tool_calls"] = 1
+    if rng.random() < 0.2:
+        req["chat_template_kwargs"] = {"enable_thinking": False, "thinking": rng.random() < 0.5}
+    if rng.random() < 0.2:
+        req["skip_special_tokens"] = False
+    prompt = tok.encode("hi there") + (sorted(tok.added_token_ids)[:1] if rng.random() < 0.3 else [])
+    body = {"model": model, "generate_response": {"request_id": "r-1", "choices": [choice]}, "responses_request": req}
+    if rng.random() < 0.8:
+        body["prompt_token_ids"] = prompt
+        body["prompt_tokens"] = len(prompt)
+    return json.dumps(body, allow_nan=True).encode()
+
+
+def _run(svc, raw: bytes) -> tuple[int, bytes]:
+    r = svc.derender(raw)
+    return r.status, bytes(r.body)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_hostile_block_path_is_the_token_path(model, monkeypatch):
+    svc = parity_service()
+    rng = random.Random(model)
+    step_blocks = rd._step_blocks
+    oks = 0
+    for i in range(150):
+        raw = _body(rng, svc, model)
+        got = _run(svc, raw)
+        monkeypatch.setattr(rd, "_step_blocks", lambda *a: None)
+        want = _run(svc, raw)
+        monkeypatch.setattr(rd, "_step_blocks", step_blocks)
+        assert got[0] in (200, 400), got
+        assert got == want, (i, raw)
+        oks += got[0] == 200
+    assert oks > 50
