@@ -11,11 +11,17 @@ from __future__ import annotations
 import json
 import random
 
+import msgspec
 import pytest
 
-from schemas.responses import LOGPROBS_INCLUDE
+from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest
 from tests.parity import service as parity_service
+from tests.test_responses_blocks import _family_rt
+from worker.bench.parsers import build_ids
+from worker.core.errors import BadRequest
 from worker.core.responses import derender as rd
+from worker.core.responses.derender import derender_responses
+from worker.parsers.examples import cases
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "w",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
@@ -28,16 +34,20 @@ MODELS = ["qwen3", "qwen3-coder", "qwen3-noparser", "deepseek-v4", "deepseek-v31
           "mistral-v7-mistral-mode", "llama3"]
 
 
-def _val(rng: random.Random):
-    """A logprob value: odd finite ones; rarely NaN / -inf / None (the decode's 400)."""
-    if rng.random() < 0.02:
+def _val(rng: random.Random, bad: bool):
+    """A logprob value: odd finite ones; with ``bad``, sometimes NaN / -inf / None (the decode's 400)."""
+    if bad and rng.random() < 0.1:
         return rng.choice([float("-inf"), float("nan"), None])
     return rng.choice([-0.5, -1.25, -0.0, 0.0, -20000.0, -1e30, -9999.5, -3.0, 1.5e-7, -1e-320])
 
 
 def _lp(rng: random.Random, ids: list[int], k: int, vocab: int) -> dict:
+    """Engine logprobs of ``ids``, irregular (odd values, candidates not the sampled id,
+    duplicated, shuffled, unranked, one short or long); one body in 5 also invalid (NaN, None,
+    ids outside the vocabulary, entries not one a token)."""
+    bad = rng.random() < 0.2
     n = len(ids)
-    if rng.random() < 0.05:
+    if bad and rng.random() < 0.2:
         n += rng.choice([-1, 1])
     out = []
     for j in range(max(n, 0)):
@@ -46,15 +56,15 @@ def _lp(rng: random.Random, ids: list[int], k: int, vocab: int) -> dict:
         tops = []
         for r in range(m):
             c = t if r == 0 and rng.random() < 0.8 else rng.choice(
-                [rng.randrange(vocab), t, rng.randrange(vocab)] + ([vocab + 5, -1, None] if rng.random() < 0.03 else []))
-            top = {"token_id": c, "logprob": _val(rng) if rng.random() < 0.2 else -r - rng.random()}
+                [rng.randrange(vocab), t, rng.randrange(vocab)] + ([vocab + 5, -1, None] if bad and rng.random() < 0.1 else []))
+            top = {"token_id": c, "logprob": _val(rng, bad) if rng.random() < 0.2 else -r - rng.random()}
             if rng.random() < 0.9:
                 top["rank"] = rng.choice([r + 1, r + 1, r + 1, m - r, None])
             tops.append(top)
         if rng.random() < 0.2:
             rng.shuffle(tops)
-        e = {"token_id": t, "logprob": _val(rng) if rng.random() < 0.2 else -rng.random()}
-        if rng.random() < 0.97:
+        e = {"token_id": t, "logprob": _val(rng, bad) if rng.random() < 0.2 else -rng.random()}
+        if not bad or rng.random() < 0.9:
             e["top_logprobs"] = tops
         if rng.random() < 0.8:
             e["rank"] = 1
@@ -126,3 +136,60 @@ def test_hostile_block_path_is_the_token_path(model, monkeypatch):
         assert got == want, (i, raw)
         oks += got[0] == 200
     assert oks > 50
+
+
+def _derender(rt, body: dict) -> bytes:
+    """The Response's JSON, or the 400's message."""
+    try:
+        return msgspec.json.encode(derender_responses(rt, msgspec.convert(body, DerenderResponsesRequest), 0))
+    except (BadRequest, msgspec.ValidationError) as e:
+        return b"400 " + str(e).encode()
+
+
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c.name)
+def test_hostile_parser_families(case, monkeypatch):
+    """Every parser example's family (Harmony included): its markup cut, repeated and spliced,
+    marker ids anywhere, stray ids, EOS mid-output, hostile logprobs, every finish and
+    ``stop_reason``, tool choices, incremental call arguments or not: block path = token path."""
+    rng = random.Random(case.name + "!")
+    step_blocks = rd._step_blocks
+    for streaming in ("whole", "incremental"):
+        rt = _family_rt(case, streaming)
+        tok = rt.tokenizer
+        base = build_ids(tok, case.example, 60)
+        marks = [tok.token_to_id(m) for m in case.example.markers if tok.token_to_id(m) is not None]
+        for _ in range(18):
+            ids: list[int] = []
+            for _ in range(rng.randrange(1, 5)):
+                i = rng.randrange(len(base))
+                ids += base[i:rng.randrange(i, len(base) + 1)]
+            for _ in range(rng.choice([0, 1, 2, 4])):
+                ids.insert(rng.randrange(len(ids) + 1), rng.choice(
+                    marks + sorted(tok.eos_token_ids) + [rng.randrange(tok.vocab_size)] if marks else
+                    sorted(tok.eos_token_ids) + [rng.randrange(tok.vocab_size)]))
+            k = rng.choice([0, 1, 3, 20])
+            choice = {"index": 0, "token_ids": ids, "finish_reason": rng.choice(["stop", "length", "abort", None]),
+                      "stop_reason": rng.choice([None, None, "x", ids[-1] if ids else None, rng.choice(marks or [7])]),
+                      "logprobs": _lp(rng, ids, k, tok.vocab_size)}
+            req: dict = {"model": "m", "input": "x", "include": [LOGPROBS_INCLUDE], "top_logprobs": k}
+            if case.tools:
+                req["tools"] = TOOLS
+                tc = rng.choice([None, "none", "required", {"type": "function", "name": "get_weather"}])
+                if tc is not None:
+                    req["tool_choice"] = tc
+            if case.example.kwargs and rng.random() < 0.7:
+                req["chat_template_kwargs"] = case.example.kwargs
+            if rng.random() < 0.2:
+                req["skip_special_tokens"] = False
+            prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n") if rng.random() < 0.7 else None
+            body = {"model": "m", "generate_response": {"request_id": "r-1", "choices": [choice]},
+                    "responses_request": req, **({"prompt_token_ids": prompt} if prompt is not None else {})}
+            try:
+                body = msgspec.json.decode(msgspec.json.encode(body))
+            except (msgspec.EncodeError, ValueError):
+                continue
+            got = _derender(rt, body)
+            monkeypatch.setattr(rd, "_step_blocks", lambda *a: None)
+            want = _derender(rt, body)
+            monkeypatch.setattr(rd, "_step_blocks", step_blocks)
+            assert got == want, body
