@@ -158,7 +158,7 @@ def test_hostile_parser_families(case, monkeypatch):
         tok = rt.tokenizer
         base = build_ids(tok, case.example, 60)
         marks = [tok.token_to_id(m) for m in case.example.markers if tok.token_to_id(m) is not None]
-        for _ in range(18):
+        for _ in range(12):
             ids: list[int] = []
             for _ in range(rng.randrange(1, 5)):
                 i = rng.randrange(len(base))
@@ -193,3 +193,71 @@ def test_hostile_parser_families(case, monkeypatch):
             want = _derender(rt, body)
             monkeypatch.setattr(rd, "_step_blocks", step_blocks)
             assert got == want, body
+
+
+_W = ["😀", "🌤️", " 東京", "天气", " ñ", "é", " a", "\n", "%", "  ", "\u00a0", "ß"]
+
+
+def _edge(rng: random.Random, svc, model: str) -> bytes:
+    """A ``_body`` with one edge: the prompt ending inside a character whose rest opens the
+    output, the output ending in EOS / an int ``stop_reason`` id (its entry: the final part's),
+    or a request's logprob fields odd (``include`` or ``top_logprobs`` absent, out of range,
+    repeated, no ``responses_request``)."""
+    tok = svc.runtime(model).tokenizer
+    body = json.loads(_body(rng, svc, model))
+    ch = body["generate_response"]["choices"][0]
+    k = body["responses_request"]["top_logprobs"]
+    v = rng.randrange(3)
+    if v == 0:
+        p = tok.encode("".join(rng.choice(_W) for _ in range(rng.randrange(1, 6))))
+        cut = rng.randrange(len(p) + 1)
+        body["prompt_token_ids"], rest = p[:cut], p[cut:]
+        body.pop("prompt_tokens", None)
+        ch["token_ids"] = rest + ch["token_ids"]
+        ch["logprobs"]["content"] = [{"token_id": t, "logprob": -0.5, "top_logprobs": [
+            {"token_id": t, "logprob": -0.5, "rank": 1}][:k]} for t in rest] + ch["logprobs"]["content"]
+        if rng.random() < 0.3:
+            body["generate_response"]["prompt_token_ids"] = body.pop("prompt_token_ids")
+    elif v == 1:
+        eos = sorted(tok.eos_token_ids) or [0]
+        t = rng.choice(eos + [rng.randrange(tok.vocab_size)])
+        add = rng.choice([[t], [t, rng.choice(eos)]])
+        ch["token_ids"] += add
+        ch["logprobs"]["content"] += [{"token_id": x, "logprob": -0.25, "top_logprobs": [
+            {"token_id": x, "logprob": -0.25, "rank": 1}] * min(k, 1)} for x in add]
+        ch["finish_reason"] = rng.choice(["stop", "stop", "length", "abort"])
+        ch["stop_reason"] = rng.choice([None, t, add[-1], "s"])
+    else:
+        req = body["responses_request"]
+        f = rng.randrange(6)
+        if f == 0:
+            req.pop("include")
+        elif f == 1:
+            req.pop("top_logprobs")
+        elif f == 2:
+            req["include"] = ["reasoning.encrypted_content", LOGPROBS_INCLUDE, LOGPROBS_INCLUDE]
+        elif f == 3:
+            req["top_logprobs"] = rng.choice([-1, 21, None])
+        elif f == 4:
+            req["include"] = None
+        else:
+            body["responses_request"] = None
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_hostile_edges_block_path_is_the_token_path(model, monkeypatch):
+    svc = parity_service()
+    rng = random.Random(model + "edge")
+    step_blocks = rd._step_blocks
+    oks = 0
+    for i in range(80):
+        raw = _edge(rng, svc, model)
+        got = _run(svc, raw)
+        monkeypatch.setattr(rd, "_step_blocks", lambda *a: None)
+        want = _run(svc, raw)
+        monkeypatch.setattr(rd, "_step_blocks", step_blocks)
+        assert got[0] in (200, 400), got
+        assert got == want, (i, raw)
+        oks += got[0] == 200
+    assert oks > 25
