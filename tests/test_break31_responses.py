@@ -19,6 +19,7 @@ from tests.parity import service as parity_service
 from tests.test_responses_blocks import _family_rt
 from worker.bench.parsers import build_ids
 from worker.core.errors import BadRequest
+from worker.core.responses import blocks
 from worker.core.responses import derender as rd
 from worker.core.responses.derender import derender_responses
 from worker.parsers.examples import cases
@@ -122,6 +123,8 @@ def _run(svc, raw: bytes) -> tuple[int, bytes]:
 
 @pytest.mark.parametrize("model", MODELS)
 def test_hostile_block_path_is_the_token_path(model, monkeypatch):
+    """``_body`` bodies through the service: block path = token path (status, bytes), 200 or
+    400 only (never a 500)."""
     svc = parity_service()
     rng = random.Random(model)
     step_blocks = rd._step_blocks
@@ -247,10 +250,16 @@ def _edge(rng: random.Random, svc, model: str) -> bytes:
 
 @pytest.mark.parametrize("model", MODELS)
 def test_hostile_edges_block_path_is_the_token_path(model, monkeypatch):
+    """``_edge`` bodies: block path = token path (status, bytes); and, every 4th, a fallback
+    after the block texts were taken (``blocks.plan`` refusing) = token path."""
     svc = parity_service()
     rng = random.Random(model + "edge")
-    step_blocks = rd._step_blocks
+    step_blocks, plan = rd._step_blocks, blocks.plan
     oks = 0
+
+    def refuse(*a, **kw):
+        raise blocks.Fallback
+
     for i in range(80):
         raw = _edge(rng, svc, model)
         got = _run(svc, raw)
@@ -259,5 +268,9 @@ def test_hostile_edges_block_path_is_the_token_path(model, monkeypatch):
         monkeypatch.setattr(rd, "_step_blocks", step_blocks)
         assert got[0] in (200, 400), got
         assert got == want, (i, raw)
+        if i % 4 == 0:  # a fallback after the block texts: the record as it was, token steps
+            monkeypatch.setattr(blocks, "plan", refuse)
+            assert _run(svc, raw) == want, (i, raw)
+            monkeypatch.setattr(blocks, "plan", plan)
         oks += got[0] == 200
     assert oks > 25
