@@ -129,7 +129,7 @@ def test_hostile_block_path_is_the_token_path(model, monkeypatch):
     rng = random.Random(model)
     step_blocks = rd._step_blocks
     oks = 0
-    for i in range(150):
+    for i in range(110):
         raw = _body(rng, svc, model)
         got = _run(svc, raw)
         monkeypatch.setattr(rd, "_step_blocks", lambda *a: None)
@@ -156,12 +156,12 @@ def test_hostile_parser_families(case, monkeypatch):
     ``stop_reason``, tool choices, incremental call arguments or not: block path = token path."""
     rng = random.Random(case.name + "!")
     step_blocks = rd._step_blocks
-    for streaming in ("whole", "incremental"):
+    for streaming in ("whole", "incremental") if case.tool_parser else ("whole",):
         rt = _family_rt(case, streaming)
         tok = rt.tokenizer
         base = build_ids(tok, case.example, 60)
         marks = [tok.token_to_id(m) for m in case.example.markers if tok.token_to_id(m) is not None]
-        for _ in range(12):
+        for _ in range(10):
             ids: list[int] = []
             for _ in range(rng.randrange(1, 5)):
                 i = rng.randrange(len(base))
