@@ -15,8 +15,8 @@ import msgspec
 import pytest
 
 from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest
+from tests.harness.parsers import family_runtime
 from tests.parity import service as parity_service
-from tests.test_responses_blocks import _family_rt
 from worker.bench.parsers import build_ids
 from worker.core.errors import BadRequest
 from worker.core.responses import blocks
@@ -157,7 +157,7 @@ def test_hostile_parser_families(case, monkeypatch):
     rng = random.Random(case.name + "!")
     step_blocks = rd._step_blocks
     for streaming in ("whole", "incremental") if case.tool_parser else ("whole",):
-        rt = _family_rt(case, streaming)
+        rt = family_runtime(case, streaming)
         tok = rt.tokenizer
         base = build_ids(tok, case.example, 60)
         marks = [tok.token_to_id(m) for m in case.example.markers if tok.token_to_id(m) is not None]

@@ -9,7 +9,6 @@ pieces: the block texts against the stepped detokenizer, the Responses logprob J
 Structs, the fallbacks, and the step count of ``bench core``'s paths-pass body."""
 from __future__ import annotations
 
-import functools
 import random
 from pathlib import Path
 
@@ -18,11 +17,11 @@ import pytest
 
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse, TokenLogprobIn
 from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest, ResponseLogprob, ResponseLogprobTop
-from tests.harness.parsers import TOK_JSON
+from tests.harness.parsers import TOK_JSON, family_runtime
 from tests.parity import corpus, missing_parser
 from tests.parity import service as parity_service
 from tests.parity_tools import to_requests
-from worker.bench.parsers import build_ids, family_tokenizer
+from worker.bench.parsers import build_ids
 from worker.config import ServedModelConfig
 from worker.core.derender import ModelRuntime
 from worker.core.detokenize import IncrementalDetokenizer
@@ -106,23 +105,11 @@ def plans(monkeypatch):
     return n
 
 
-@functools.cache
-def _family_tokenizer(markers: tuple[str, ...]):
-    return family_tokenizer(markers, str(TOK_JSON))
-
-
-def _family_rt(c, streaming: str = "whole") -> ModelRuntime:
-    tok = _family_tokenizer(c.example.markers)
-    return ModelRuntime(ServedModelConfig(name="m", tokenizer="<test>", reasoning_parser=c.reasoning_parser,
-                                          tool_parser=c.tool_parser, enable_auto_tool_choice=True, max_logprobs=20,
-                                          tool_call_streaming=streaming), tokenizer=tok)
-
-
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c.name)
 def test_parser_examples(case, plans):
     """Every parser example, whole and cut at random points, padded short and long, spliced
     into malformed markup: the blocks give the token-by-token Response, without falling back."""
-    rt = _family_rt(case)
+    rt = family_runtime(case)
     tok = rt.tokenizer
     rng = random.Random(case.name)
     prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
@@ -149,7 +136,7 @@ def test_incremental_arguments_step_token_by_token(case, plans):
     arguments takes one-token blocks (``blocks.stepped``: call argument pieces are
     split-independent as JSON values only; on malformed markup, not even that): the same
     Response as the stream, spliced markup included; the others, and no tools, take blocks."""
-    rt = _family_rt(case, "incremental")
+    rt = family_runtime(case, "incremental")
     tok = rt.tokenizer
     rng = random.Random(case.name)
     base = build_ids(tok, case.example, 60)

@@ -18,6 +18,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from schemas import DerenderChatRequest
 from tests.parity import corpus, service
 from tests.parity_tools import to_requests
+from worker.bench.parsers import family_tokenizer
+from worker.config import ServedModelConfig
 from worker.core import derender as D
 from worker.core.detokenize import IncrementalDetokenizer
 from worker.core.tokenizers import FastTokenizer, Tokenizer
@@ -487,3 +489,18 @@ def reference_reasoning_count(p, r: bool, explicit: bool, ids: list[int]) -> tup
         elif r:
             n += 1
     return n, r, explicit
+
+
+@functools.cache
+def _family_tokenizer(markers: tuple[str, ...]):
+    return family_tokenizer(markers, str(TOK_JSON))
+
+
+def family_runtime(case, streaming: str = "whole") -> D.ModelRuntime:
+    """A runtime for a parser example ``case`` (``worker.parsers.examples.cases``): the test
+    Qwen3 tokenizer with the example's markers as added tokens (one per tokenizer, cached), the
+    case's parsers, auto tool choice, ``max_logprobs`` 20, ``--tool-call-streaming`` ``streaming``."""
+    return D.ModelRuntime(ServedModelConfig(name="m", tokenizer="<test>", reasoning_parser=case.reasoning_parser,
+                                            tool_parser=case.tool_parser, enable_auto_tool_choice=True,
+                                            max_logprobs=20, tool_call_streaming=streaming),
+                          tokenizer=_family_tokenizer(case.example.markers))
