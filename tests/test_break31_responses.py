@@ -121,6 +121,16 @@ def _run(svc, raw: bytes) -> tuple[int, bytes]:
     return r.status, bytes(r.body)
 
 
+def _both_paths(monkeypatch, svc, raw: bytes, step_blocks) -> tuple:
+    """``(block path, token path)`` replies of ``raw`` (``_run``): the second with
+    ``_step_blocks`` patched to None, then put back."""
+    got = _run(svc, raw)
+    monkeypatch.setattr(rd, "_step_blocks", lambda *a: None)
+    want = _run(svc, raw)
+    monkeypatch.setattr(rd, "_step_blocks", step_blocks)
+    return got, want
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_hostile_block_path_is_the_token_path(model, monkeypatch):
     """``_body`` bodies through the service: block path = token path (status, bytes), 200 or
@@ -131,10 +141,7 @@ def test_hostile_block_path_is_the_token_path(model, monkeypatch):
     oks = 0
     for i in range(110):
         raw = _body(rng, svc, model)
-        got = _run(svc, raw)
-        monkeypatch.setattr(rd, "_step_blocks", lambda *a: None)
-        want = _run(svc, raw)
-        monkeypatch.setattr(rd, "_step_blocks", step_blocks)
+        got, want = _both_paths(monkeypatch, svc, raw, step_blocks)
         assert got[0] in (200, 400), got
         assert got == want, (i, raw)
         oks += got[0] == 200
@@ -262,10 +269,7 @@ def test_hostile_edges_block_path_is_the_token_path(model, monkeypatch):
 
     for i in range(80):
         raw = _edge(rng, svc, model)
-        got = _run(svc, raw)
-        monkeypatch.setattr(rd, "_step_blocks", lambda *a: None)
-        want = _run(svc, raw)
-        monkeypatch.setattr(rd, "_step_blocks", step_blocks)
+        got, want = _both_paths(monkeypatch, svc, raw, step_blocks)
         assert got[0] in (200, 400), got
         assert got == want, (i, raw)
         if i % 4 == 0:  # a fallback after the block texts: the record as it was, token steps
