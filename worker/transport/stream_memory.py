@@ -5,7 +5,9 @@ and the live-streams gauge.
   key TTL, ``--redis-state-ttl``, so memory and store forget a stream together) and has nothing
   running, queued, held (gap) or waiting to be written is dropped from memory. With Redis its
   checkpoint stays in the store until the TTL removes it: a later chunk reloads it. With
-  ``--stream-state memory`` the store (``MemoryStateStore``) expires entries on the same clock.
+  ``--stream-state memory`` the store (``MemoryStateStore``) expires entries after the same time,
+  counted from the state's write rather than the chunk's arrival: a chunk that comes within that
+  lag (the stream's last processing delay) after the eviction still continues from the store.
 * **Cap.** Beyond ``max_live`` streams in memory, the least recently used evictable ones are
   dropped at once (memory mode: their state is gone).
 * **Nothing is kept of an evicted stream** (not even its request id: a few surviving small
