@@ -12,6 +12,7 @@ import pytest
 
 from worker.state import StateWrite, StoreConnectError
 from worker.state.memory_store import MemoryStateStore
+from worker.state.redis_store import StoredState
 from worker.transport.health import HealthState
 from worker.transport.outage import DependencyOutage, OutageClock
 from worker.transport.stream_memory import StreamMemory
@@ -130,3 +131,22 @@ async def test_stream_memory_run_publishes_until_cancelled():
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert health.live_streams == 0 and not p.streams
+
+
+async def test_memory_mode_eviction_drops_the_store_entry_too():
+    """Memory mode: an evicted stream's state is gone from the in-process store at once (its own
+    TTL clock started later, at the state's write); with a store without ``forget`` (Redis) the
+    eviction touches nothing but memory."""
+    store = MemoryStateStore(ttl_s=900.0, max_entries=100)
+    assert await store.commit([StateWrite(r, b"s", 0) for r in ("idle", "fresh", "c0", "c1")]) == [True] * 4
+    now = time.monotonic()
+    p = SimpleNamespace(streams={"idle": _Stream("idle", last_used=now - 60), "fresh": _Stream("fresh", last_used=now)})
+    router = SimpleNamespace(parts={1: p}, store=store)
+    assert StreamMemory(idle_timeout_s=10.0, max_live=100).sweep(router, now) == 1
+    assert (await store.get_many(["idle", "fresh"])) == {"idle": None, "fresh": StoredState(b"s", 0)}
+    q = SimpleNamespace(streams={"c0": _Stream("c0", last_used=now - 5), "c1": _Stream("c1", last_used=now)})
+    router = SimpleNamespace(parts={1: q}, store=store)
+    assert StreamMemory(idle_timeout_s=900.0, max_live=1).enforce_cap(router) == 1
+    assert set(store.data) == {"fresh", "c1"}
+    assert StreamMemory(idle_timeout_s=10.0, max_live=100).sweep(_router(
+        SimpleNamespace(streams={"x": _Stream("x", last_used=now - 60)})), now) == 1

@@ -48,6 +48,11 @@ class MemoryStateStore:
         self.pieces.pop(rid, None)
         self.settings.pop(rid, None)
 
+    def forget(self, request_id: str) -> None:
+        """Drop a stream's entry, pieces and settings now (the worker evicted the stream from
+        memory: ``worker.transport.stream_memory``; with this store nothing else holds its state)."""
+        self._drop(request_id)
+
     def expire(self, now: float | None = None) -> int:
         """Drop the entries unused for ``ttl_s`` seconds; returns how many."""
         now = time.monotonic() if now is None else now

@@ -5,11 +5,11 @@ and the live-streams gauge.
   key TTL, ``--redis-state-ttl``, so memory and store forget a stream together) and has nothing
   running, queued, held (gap) or waiting to be written is dropped from memory. With Redis its
   checkpoint stays in the store until the TTL removes it: a later chunk reloads it. With
-  ``--stream-state memory`` the store (``MemoryStateStore``) expires entries after the same time,
-  counted from the state's write rather than the chunk's arrival: a chunk that comes within that
-  lag (the stream's last processing delay) after the eviction still continues from the store.
+  ``--stream-state memory`` the in-process store's entry goes with it (``MemoryStateStore.forget``:
+  the store's own clock starts at the state's write, up to a processing lag after the chunk's
+  arrival, so leaving the entry to its TTL would let a chunk just after the eviction continue).
 * **Cap.** Beyond ``max_live`` streams in memory, the least recently used evictable ones are
-  dropped at once (memory mode: their state is gone).
+  dropped at once (memory mode: their state is gone, the store's entry too).
 * **Nothing is kept of an evicted stream** (not even its request id: a few surviving small
   objects per stream would pin the allocator's arenas and keep the memory in the RSS). A later
   chunk of a stream whose state is gone everywhere is an unknown stream: after the gap timeout it
@@ -51,6 +51,17 @@ def _evictable(s: Any) -> bool:
             and s.pending_writes == 0)
 
 
+def _forgetter(router: Any):
+    """The router's store's ``forget(request_id)`` when the store is in-process (memory mode: the
+    evicted stream's state goes with it), else a no-op (Redis keeps the checkpoint until its TTL)."""
+    forget = getattr(router.store, "forget", None)
+    return forget if forget is not None else _keep
+
+
+def _keep(request_id: str) -> None:
+    return None
+
+
 class StreamMemory:
     """Eviction policy and gauge of a ``StreamRouter``'s in-memory streams (module docstring).
     ``idle_timeout_s``: seconds without a chunk before eviction; ``max_live``: most streams in
@@ -74,10 +85,12 @@ class StreamMemory:
         """Evict the idle streams of every open partition; returns how many."""
         now = time.monotonic() if now is None else now
         n = 0
+        forget = _forgetter(router)
         for st in list(router.parts.values()):
             for rid, s in list(st.streams.items()):
                 if now - s.last_used >= self.idle_timeout_s and _evictable(s):
                     del st.streams[rid]
+                    forget(rid)
                     n += 1
         expire = getattr(router.store, "expire", None)
         if expire is not None:
@@ -93,8 +106,10 @@ class StreamMemory:
         cands = sorted(((s.last_used, id(st), rid, st) for st in router.parts.values()
                         for rid, s in st.streams.items() if _evictable(s)), key=lambda x: x[:2])
         n = 0
+        forget = _forgetter(router)
         for _, _, rid, st in cands[:over]:
             del st.streams[rid]
+            forget(rid)
             n += 1
         if n < over:
             log.warning("%d streams in memory, more than --max-live-streams %d, but none more is idle",
