@@ -8,9 +8,9 @@ When (``message``; otherwise None and the caller takes the stream's parse): a
 Qwen3 tag hold under ``thinking: disabled``), no parser that reads the stop token, tool mode
 ``auto`` or ``off``; under ``auto`` the output's added tokens must make the segments' steps
 equal to one (``shape_ok``). Under ``off`` the stream's parse is already one step. The blocks
-then come out as from ``derender._step`` over the same deltas (``_Blocks``: the builder's
-rules for a quiet, logprob-free item list; ``rules.TEXT_DROPPED_AFTER_CALL`` on the finish),
-and the Message as ``events.message_of`` builds it from the builder's items: byte-identical
+then come out as from ``derender._step`` over the same deltas (``responses.onestep.ItemPlan``:
+the builder's rules for a quiet, logprob-free item list; ``rules.TEXT_DROPPED_AFTER_CALL`` on
+the finish), and the Message as ``events.message_of`` builds it from the builder's items: byte-identical
 (tests/test_messages_one_step.py, random Qwen3 outputs against the segmented path).
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from worker.core.messages.events import Outcome, partial_input, stop_reason
 from worker.core.messages.ids import message_id, signature, tool_use_id
 from worker.core.messages.request import parser_context
 from worker.core.responses.ids import call_id
+from worker.core.responses.onestep import MESSAGE, REASONING, ItemPlan
 from worker.parsers.base import Delta
 from worker.parsers.idscan import has_special, id_text, runs_pattern
 
@@ -105,52 +106,6 @@ def shape_ok(rt: ModelRuntime, s: str, ids: list[int], finish_reason: str, stop_
                                                                  rt.tokenizer.eos_token_ids)) == n - 1
 
 
-class _Blocks:
-    """The event builder's items (``responses.events.EventBuilder.feed`` / ``_calls``, quiet,
-    without logprobs or held text) as Messages blocks in the making: ``[kind, parts, name,
-    tool index, call number]`` (kind ``thinking`` / ``text`` / ``call``); ``calls``: call items
-    opened."""
-
-    __slots__ = ("items", "calls")
-
-    def __init__(self) -> None:
-        self.items: list[list[Any]] = []
-        self.calls = 0
-
-    def _text(self, kind: str, text: str) -> None:
-        items = self.items
-        if not items or items[-1][0] != kind:
-            items.append([kind, [], "", -1, -1])
-        items[-1][1].append(text)
-
-    def _calls(self, tool_calls: list) -> None:
-        items = self.items
-        for tc in tool_calls:
-            o = items[-1] if items else None
-            if tc.name is not None or o is None or o[0] != "call" or o[3] != tc.index:
-                o = ["call", [], tc.name or "", tc.index, self.calls]
-                items.append(o)
-                self.calls += 1
-            if tc.arguments:
-                o[1].append(tc.arguments)
-
-    def feed(self, d: Delta) -> None:
-        calls = d.tool_calls
-        items = self.items
-        if calls and (d.reasoning or d.content) and items and items[-1][0] == "call":
-            k = 0  # a merged step: the open call's fragments first (``EventBuilder.feed``)
-            while k < len(calls) and calls[k].name is None and calls[k].index == items[-1][3]:
-                k += 1
-            self._calls(calls[:k])
-            calls = calls[k:]
-        if d.reasoning:
-            self._text("thinking", d.reasoning)
-        if d.content:
-            self._text("text", d.content)
-        if calls:
-            self._calls(calls)
-
-
 def message(rt: ModelRuntime, req: MessagesRequest, request_id: str, model: str, prompt_ids: list[int] | None,
             prompt_tokens: int | None, c) -> Message | None:
     """The Message of choice ``c`` (a validated generate choice, its ids in the vocabulary) in
@@ -184,7 +139,7 @@ def message(rt: ModelRuntime, req: MessagesRequest, request_id: str, model: str,
     if skip and has_special(tok, pids):
         special = tok.special_ids
         pids = [t for t in pids if t not in special]
-    b = _Blocks()
+    b = ItemPlan()
     b.feed(stack.feed(st, text, pids) if (text or pids) else Delta())
     f = stack.finish(st)
     if b.calls and cfg.tool_parser in rules.TEXT_DROPPED_AFTER_CALL:
@@ -193,9 +148,9 @@ def message(rt: ModelRuntime, req: MessagesRequest, request_id: str, model: str,
     fmt = stack.id_format
     content: list[Any] = []
     for i, (kind, parts, name, _index, number) in enumerate(b.items):
-        if kind == "thinking":
+        if kind == REASONING:
             content.append(ThinkingBlock(thinking="".join(parts), signature=signature(request_id, i)))
-        elif kind == "text":
+        elif kind == MESSAGE:
             content.append(TextBlock(text="".join(parts)))
         else:
             cid = call_id(request_id, number, fmt) if fmt == "alnum9" else ""

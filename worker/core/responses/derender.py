@@ -8,7 +8,9 @@ independent, so that object equals the ``response`` of a stream's terminal event
 tokens under any chunking (item ids, ``call_id``s, text, arguments, logprobs, usage). A stream
 with logprobs steps token by token (each token's entry rides with its text); the non-streaming
 view steps blocks of tokens instead and attaches each message part's entries by position at the
-end (``worker.core.responses.blocks``, ``_step_blocks``): the same Response.
+end (``worker.core.responses.blocks``, ``_step_blocks``): the same Response. Without logprobs the
+non-streaming view builds its items straight from the one parse (``worker.core.responses.onestep``,
+for tool parsers whose arguments are neither shaped nor cut by the engine rules): the same Response.
 
 Rules (issue 14; sources in ``schemas/responses.py`` and ``events.py``): the parsers run in
 their streaming form for both views (``ParserStack.initial_state(streaming=True)``: with
@@ -45,7 +47,7 @@ from worker.core.derender import (
 from worker.core.detokenize import IncrementalDetokenizer, detokenize_with_stop, held_stop_step, step_text
 from worker.core.errors import BadRequest
 from worker.core.logprobs import MAX_CONTEXT, chat_logprobs, responses_logprobs_json
-from worker.core.responses import argshape, blocks
+from worker.core.responses import argshape, blocks, onestep
 from worker.core.responses.echo import (
     DEFAULT_REQUEST,
     check_responses_request,
@@ -359,12 +361,13 @@ def check_prompt(rt: ModelRuntime, body, in_vocab: bool = False) -> None:
 
 # ----------------------------------------------------------------------------- non-streaming ---
 def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created: int | None = None,
-                       ids_in_vocab: bool = False) -> ResponseObject:
+                       ids_in_vocab: bool = False, one_step: bool = True) -> ResponseObject:
     """Derender a non-streaming Responses body: the final ``Response``. ``created``: Unix
     seconds used when the engine response has no ``created`` (None = 0). ``ids_in_vocab``: the
     body's decode bounded every output, prompt and logprob id to the vocabulary
     (``service._bounded_body_decoders``): those scans are skipped. Raises ``BadRequest`` for an
-    invalid body (module docstring; ``check_responses_request``)."""
+    invalid body (module docstring; ``check_responses_request``). ``one_step`` False: always
+    the event builder (``onestep.response``, taken without logprobs, gives the same Response)."""
     if body.stream:
         raise BadRequest("stream=true is not valid on a non-streaming derender body (use generate_chunk)",
                          param="stream")
@@ -380,9 +383,15 @@ def derender_responses(rt: ModelRuntime, body: DerenderResponsesRequest, created
     check_tokens(rt, c, 0, "choice 0", in_vocab=ids_in_vocab)
     req = body.responses_request or DEFAULT_REQUEST
     pids = body.prompt_token_ids if body.prompt_token_ids is not None else gr.prompt_token_ids
+    created_at = gr.created if gr.created is not None else (created or 0)
+    if one_step:
+        resp = onestep.response(rt, req, request_id=gr.request_id or "", model=body.model, created=created_at,
+                                prompt_ids=pids, prompt_tokens=body.prompt_tokens, kv=gr.kv_transfer_params,
+                                ec=gr.ec_transfer_params, c=c)
+        if resp is not None:
+            return resp
     st = _new_state(rt, req, request_id=gr.request_id or "", model=body.model,
-                    created=gr.created if gr.created is not None else (created or 0),
-                    prompt_ids=pids, prompt_tokens=body.prompt_tokens,
+                    created=created_at, prompt_ids=pids, prompt_tokens=body.prompt_tokens,
                     kv=gr.kv_transfer_params, ec=gr.ec_transfer_params, whole=True)
     b = EventBuilder(st, MemoryLog(), quiet=True)  # only the final Response is kept, never persisted
     b.start()
