@@ -18,9 +18,7 @@ import pytest
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse, TokenLogprobIn
 from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest, ResponseLogprob, ResponseLogprobTop
 from tests.harness.parsers import TOK_JSON, family_runtime
-from tests.parity import corpus, missing_parser
-from tests.parity import service as parity_service
-from tests.parity_tools import to_requests
+from tests.harness.responses import chat_corpus_outputs
 from worker.bench.parsers import build_ids
 from worker.config import ServedModelConfig
 from worker.core.derender import ModelRuntime
@@ -152,26 +150,12 @@ def test_incremental_arguments_step_token_by_token(case, plans):
 def test_parity_corpus_outputs(plans):
     """The parity corpus' chat outputs on their own models (real tokenizers, SentencePiece and
     mistral-common ones stepped by the detokenizer) as Responses bodies with logprobs."""
-    svc = parity_service()
     rng = random.Random(0)
     n = 0
-    for case in corpus():
-        body = to_requests.nonstream_body(case) if case["endpoint"] == "chat" and not missing_parser(case) else None
-        if body is None or "chat_request" not in body:
-            continue
-        rt = svc.runtime(case["model"])
-        ids = body["generate_response"]["choices"][0]["token_ids"]
-        if not ids or max(ids) >= rt.tokenizer.vocab_size or min(ids) < 0:
-            continue
-        req = body["chat_request"]
-        tools = [dict(type="function", **t["function"]) for t in req.get("tools") or [] if t.get("type") == "function"]
-        tc = req.get("tool_choice")
-        if isinstance(tc, dict):
-            tc = {"type": "function", "name": tc["function"]["name"]}
-        extra = {"chat_template_kwargs": req["chat_template_kwargs"]} if req.get("chat_template_kwargs") else None
+    for case, rt, prompt, ids, tools, tc, extra in chat_corpus_outputs():
         fin = rng.choice([("stop", None), ("length", None), ("stop", ids[-1])])
         try:
-            got, want = _both(rt, body.get("prompt_token_ids") or [], ids, rng.choice([0, 2, 5]), rng, tools, tc,
+            got, want = _both(rt, prompt, ids, rng.choice([0, 2, 5]), rng, tools, tc,
                               *fin, extra=extra)
         except BadRequest:  # (a case of a refused body: too long for its model)
             continue

@@ -18,9 +18,7 @@ import pytest
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse
 from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest, FunctionCallItem, ResponseObject
 from tests.harness.parsers import TOK_JSON, family_runtime
-from tests.parity import corpus, missing_parser
-from tests.parity import service as parity_service
-from tests.parity_tools import to_requests
+from tests.harness.responses import chat_corpus_outputs
 from worker.bench.parsers import build_ids
 from worker.config import ServedModelConfig
 from worker.core.derender import ModelRuntime
@@ -125,26 +123,12 @@ def test_logprobs_take_the_builder(taken):
 def test_parity_corpus_outputs(taken):
     """The parity corpus' chat outputs on their own models (real tokenizers: Qwen3, DeepSeek,
     Llama 3, Mistral SentencePiece and mistral-common) as Responses bodies without logprobs."""
-    svc = parity_service()
     rng = random.Random(1)
     n = 0
-    for case in corpus():
-        body = to_requests.nonstream_body(case) if case["endpoint"] == "chat" and not missing_parser(case) else None
-        if body is None or "chat_request" not in body:
-            continue
-        rt = svc.runtime(case["model"])
-        ids = body["generate_response"]["choices"][0]["token_ids"]
-        if not ids or max(ids) >= rt.tokenizer.vocab_size or min(ids) < 0:
-            continue
-        req = body["chat_request"]
-        tools = [dict(type="function", **t["function"]) for t in req.get("tools") or [] if t.get("type") == "function"]
-        tc = req.get("tool_choice")
-        if isinstance(tc, dict):
-            tc = {"type": "function", "name": tc["function"]["name"]}
-        extra = {"chat_template_kwargs": req["chat_template_kwargs"]} if req.get("chat_template_kwargs") else None
+    for case, rt, prompt, ids, tools, tc, extra in chat_corpus_outputs():
         fin = rng.choice([("stop", None), ("length", None), ("stop", ids[-1]), ("stop", "END")])
         try:
-            fast, slow, _ = _three(rt, body.get("prompt_token_ids") or [], ids, tools, tc, *fin, extra=extra,
+            fast, slow, _ = _three(rt, prompt, ids, tools, tc, *fin, extra=extra,
                                    stream_too=False)
         except BadRequest:  # (a case of a refused body: too long for its model)
             continue
