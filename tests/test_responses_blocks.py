@@ -17,7 +17,7 @@ import pytest
 
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse, TokenLogprobIn
 from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest, ResponseLogprob, ResponseLogprobTop
-from tests.harness.parsers import TOK_JSON, family_runtime
+from tests.harness.parsers import TOK_JSON, example_outputs, family_runtime
 from tests.harness.responses import chat_corpus_outputs
 from worker.bench.parsers import build_ids
 from worker.config import ServedModelConfig
@@ -112,14 +112,7 @@ def test_parser_examples(case, plans):
     rng = random.Random(case.name)
     prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     extra = {"chat_template_kwargs": case.example.kwargs} if case.example.kwargs else None
-    base = build_ids(tok, case.example, 60)
-    outputs = [build_ids(tok, case.example, 12), base, base[:rng.randrange(len(base) + 1)]]
-    for _ in range(6):  # spliced: markup cut and repeated at random
-        ids: list[int] = []
-        for _ in range(rng.randrange(1, 5)):
-            i = rng.randrange(len(base))
-            ids += base[i:rng.randrange(i, len(base) + 1)]
-        outputs.append(ids)
+    outputs = example_outputs(tok, case, rng)
     for ids in outputs:
         for tc in ([None, "none", "required", {"type": "function", "name": "get_weather"}] if case.tools else [None]):
             got, want = _both(rt, prompt, ids, rng.choice([0, 1, 3]), rng, TOOLS if case.tools else None, tc,

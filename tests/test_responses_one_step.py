@@ -17,9 +17,8 @@ import pytest
 
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse
 from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest, FunctionCallItem, ResponseObject
-from tests.harness.parsers import TOK_JSON, family_runtime
+from tests.harness.parsers import TOK_JSON, example_outputs, family_runtime
 from tests.harness.responses import chat_corpus_outputs
-from worker.bench.parsers import build_ids
 from worker.config import ServedModelConfig
 from worker.core.derender import ModelRuntime
 from worker.core.errors import BadRequest
@@ -87,14 +86,7 @@ def test_parser_examples(case, streaming, taken):
     rng = random.Random(case.name + streaming)
     prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     extra = {"chat_template_kwargs": case.example.kwargs} if case.example.kwargs else None
-    base = build_ids(tok, case.example, 60)
-    outputs = [build_ids(tok, case.example, 12), base, base[:rng.randrange(len(base) + 1)], []]
-    for _ in range(6):  # spliced: markup cut and repeated at random
-        ids: list[int] = []
-        for _ in range(rng.randrange(1, 5)):
-            i = rng.randrange(len(base))
-            ids += base[i:rng.randrange(i, len(base) + 1)]
-        outputs.append(ids)
+    outputs = example_outputs(tok, case, rng) + [[]]
     for ids in outputs:
         for tc in (CHOICES if case.tools else [None]):
             fast, slow, stream = _three(rt, prompt, ids, TOOLS if case.tools else None, tc,

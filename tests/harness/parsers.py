@@ -18,7 +18,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from schemas import DerenderChatRequest
 from tests.parity import corpus, service
 from tests.parity_tools import to_requests
-from worker.bench.parsers import family_tokenizer
+from worker.bench.parsers import build_ids, family_tokenizer
 from worker.config import ServedModelConfig
 from worker.core import derender as D
 from worker.core.detokenize import IncrementalDetokenizer
@@ -504,3 +504,18 @@ def family_runtime(case, streaming: str = "whole") -> D.ModelRuntime:
                                             tool_parser=case.tool_parser, enable_auto_tool_choice=True,
                                             max_logprobs=20, tool_call_streaming=streaming),
                           tokenizer=_family_tokenizer(case.example.markers))
+
+
+def example_outputs(tok: Any, case: Any, rng: random.Random, spliced: int = 6) -> list[list[int]]:
+    """Output ids of a parser example ``case`` on its tokenizer ``tok``: the example short (12
+    ids of padding) and long (60), the long one cut at a random point, and ``spliced`` outputs
+    whose markup is cut and repeated at random (pieces of the long one joined)."""
+    base = build_ids(tok, case.example, 60)
+    outputs = [build_ids(tok, case.example, 12), base, base[:rng.randrange(len(base) + 1)]]
+    for _ in range(spliced):
+        ids: list[int] = []
+        for _ in range(rng.randrange(1, 5)):
+            i = rng.randrange(len(base))
+            ids += base[i:rng.randrange(i, len(base) + 1)]
+        outputs.append(ids)
+    return outputs
