@@ -8,9 +8,10 @@ choices (none / auto / required / named / unknown name / invalid), tools absent 
 thinking off, ``skip_special_tokens`` off, echo fields, prompt ids absent or ending mid-character,
 ``created`` / ``kv_transfer_params`` / ``ec_transfer_params``: the one step's status and bytes are
 the builder's (``onestep.response`` patched to None; Messages: ``onestep.message``), 200 or 4xx.
-Plus the one 500 the pass found on both Messages paths (a bare-array call name holding a raw
-control character, ``bare_array.scan``) and the one left on both Responses paths (call
-arguments escaping a lone surrogate, xfail)."""
+Plus the 500s the pass found on both Messages paths (a bare-array call name holding a raw
+control character, ``bare_array.scan``), the one on both Messages paths for gpt-oss
+(``_lead_merged`` and the Harmony reasoning parser's missing ``start_ids``), and the one left on
+both Responses paths (call arguments escaping a lone surrogate, xfail)."""
 from __future__ import annotations
 
 import json
@@ -262,3 +263,48 @@ def test_lone_surrogate_arguments_not_a_500(monkeypatch):
     got, want = _both(monkeypatch, svc, raw, "responses")
     assert got == want  # (the same reply on both paths, whatever it is)
     assert got[0] != 500, got
+
+
+_OSS = ["<|channel|>", "analysis", "final", "commentary", " to=functions.get_weather", " to=functions.nope",
+        " <|constrain|>json", "<|message|>", "<|end|>", "<|start|>assistant", "<|call|>", "<|return|>",
+        '{"city": "P"}', "hello 東京", "🙂", "{", '"', " ", "\n"]
+
+
+def test_gpt_oss_both_apis(monkeypatch):
+    """gpt-oss (o200k_harmony, Harmony parsers: the stop token read) for Responses and Messages:
+    one step = reference, 200. Messages once answered a 500 on both paths when the output
+    started with an added token followed by others under tools (``_lead_merged`` read
+    ``start_ids``, which the Harmony reasoning parser lacked; now on ``ReasoningParser``)."""
+    from worker.config import ServedModelConfig
+    from worker.core.service import DerenderService
+
+    svc = DerenderService([ServedModelConfig(name="gpt-oss", tokenizer="o200k_harmony", reasoning_parser="openai_gptoss",
+                                             tool_parser="openai", enable_auto_tool_choice=True, max_model_len=100000)])
+    tok = svc.runtime("gpt-oss").tokenizer
+    rng = random.Random(5)
+    first = [200006, 173781, 35644, 24912, 185244, 17196, 220, 200003, 4108, 200012, 1, 200002, 316, 28, 44580, 775,
+             170154, 200012, 200007]  # (the 500 the pass found: Messages, tool_choice any)
+    for i in range(300):
+        ids = first if i < 2 else tok.encode("".join(rng.choice(_OSS) for _ in range(rng.randrange(0, 20))))
+        if i >= 2 and ids and rng.random() < 0.2:
+            ids.insert(rng.randrange(len(ids) + 1), rng.randrange(tok.vocab_size))
+        kind = ["responses", "messages"][i % 2]
+        if kind == "responses":
+            req: dict = {"model": "gpt-oss", "input": "x", "tools": [{"type": "function", "name": "get_weather",
+                                                                        "parameters": {}}]}
+            tc = rng.choice([None, "none", "required", "auto", {"type": "function", "name": "get_weather"}])
+        else:
+            req = {"model": "gpt-oss", "max_tokens": 9, "messages": [{"role": "user", "content": "x"}],
+                   "tools": [{"name": "get_weather", "input_schema": {}}]}
+            tc = {"type": "any"} if i < 2 else rng.choice([None, {"type": "none"}, {"type": "any"}, {"type": "auto"}])
+        if tc is not None:
+            req["tool_choice"] = tc
+        if rng.random() < 0.2:
+            req["skip_special_tokens"] = False
+        raw = json.dumps({"model": "gpt-oss", "prompt_token_ids": tok.encode("<|start|>assistant"),
+                          "generate_response": {"request_id": "r", "choices": [{
+                              "index": 0, "token_ids": ids, "finish_reason": rng.choice(["stop", "length", None]),
+                              "stop_reason": rng.choice([None, ids[-1] if ids else None, ""])}]},
+                          f"{kind}_request": req}).encode()
+        got, want = _both(monkeypatch, svc, raw, kind)
+        assert got == want and got[0] == 200, (raw, got)
