@@ -117,6 +117,8 @@ class ReasoningParser(Parser):
     """Splits output text into ``reasoning`` and ``content`` (``--reasoning-parser NAME``): its
     deltas set only ``reasoning``, ``content`` and ``reasoning_tokens``."""
 
+    #: token ids that start the reasoning (``<think>``); empty when the parser has none
+    start_ids: frozenset[int] = frozenset()
     #: token ids that end the reasoning (``</think>``); empty when the parser has none
     end_ids: frozenset[int] = frozenset()
 

@@ -45,6 +45,18 @@ class ArrayScan(msgspec.Struct, kw_only=True, array_like=True):
     rest: str = ""
 
 
+def _name(raw: str) -> str | None:
+    """A call head's JSON-escaped name, decoded; None when it is no JSON string (a raw control
+    character, a bad escape) or escapes a lone surrogate the reply could not encode: the object
+    opens no call (its text stays content) instead of a 500."""
+    try:
+        name = json.loads('"' + raw + '"')
+        name.encode("utf-8")
+    except ValueError:  # (JSONDecodeError and UnicodeEncodeError are ValueErrors)
+        return None
+    return name
+
+
 def scan(s: ArrayScan, text: str) -> Delta:
     """One step's text -> the call fragments it streams (module docstring)."""
     out: dict[int, ToolCallDelta] = {}
@@ -69,8 +81,8 @@ def scan(s: ArrayScan, text: str) -> Delta:
                 continue
             s.head += ch
             m = _HEAD.match(s.head)
-            if m and len(s.head) > m.end():
-                name = json.loads('"' + m.group(1) + '"')
+            name = _name(m.group(1)) if m and len(s.head) > m.end() else None
+            if name is not None:
                 s.open = True
                 out[s.calls] = ToolCallDelta(index=s.calls, name=name, arguments=s.head[m.end():])
                 s.head = ""
