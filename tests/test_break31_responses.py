@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest
-from tests.harness.parsers import family_runtime
+from tests.harness.parsers import family_runtime, pieces_ids
 from tests.parity import service as parity_service
 from worker.bench.parsers import build_ids
 from worker.core.errors import BadRequest
@@ -75,13 +75,7 @@ def _lp(rng: random.Random, ids: list[int], k: int, vocab: int) -> dict:
 
 def _ids(rng: random.Random, tok) -> list[int]:
     added = sorted(tok.added_token_ids) or sorted(getattr(tok, "special_ids", ()) or ()) or [0, 1, 2]
-    text = "".join(rng.choice(TEXT) for _ in range(rng.randrange(0, 30)))
-    ids = tok.encode(text) if text else []
-    for _ in range(rng.choice([0, 0, 1, 3])):
-        ids.insert(rng.randrange(len(ids) + 1), rng.choice(added + [rng.randrange(tok.vocab_size)] * 2))
-    if ids and rng.random() < 0.3:  # characters split / shuffled pieces
-        i = rng.randrange(len(ids))
-        ids[i:i] = ids[i:rng.randrange(i, len(ids) + 1)]
+    ids = pieces_ids(rng, tok, TEXT, 30, added)
     if rng.random() < 0.25 and tok.eos_token_ids:
         ids.insert(rng.randrange(len(ids) + 1), rng.choice(sorted(tok.eos_token_ids)))
     return ids

@@ -10,18 +10,20 @@ thinking off, ``skip_special_tokens`` off, echo fields, prompt ids absent or end
 the builder's (``onestep.response`` patched to None; Messages: ``onestep.message``), 200 or 4xx.
 Plus the 500s the pass found on both Messages paths (a bare-array call name holding a raw
 control character, ``bare_array.scan``), the one on both Messages paths for gpt-oss
-(``_lead_merged`` and the Harmony reasoning parser's missing ``start_ids``), and the one left on
-both Responses paths (call arguments escaping a lone surrogate, xfail)."""
+(``_lead_merged`` and the Harmony reasoning parser's missing ``start_ids``), and the one on every
+API (chat included, streamed or not) for a call name or arguments escaping a lone surrogate
+(``base.surrogates_escaped``: the escape kept)."""
 from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from schemas.responses import DerenderResponsesRequest
-from tests.harness.parsers import family_runtime
+from tests.harness.parsers import family_runtime, family_service, pieces_ids
 from tests.parity import service as parity_service
 from worker.bench.parsers import build_ids
 from worker.core.errors import BadRequest
@@ -37,21 +39,16 @@ TEXT = ["hello", " world", "\n", "\n\n", " ", "😀", "東京", "é", "{", "}", 
         ', "arguments": ', '{"city": "Paris"}', '{"name": "get_weather", "arguments": {"city": "P"}}',
         '[{"name": "search", "arguments": {"q": "x"}}]', "<", "</", "%s", "\\", '"', "<think>", "</think>",
         "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|im_end|>", "<|im_start|>",
-        "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "\x00"]
+        "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "\x00",
+        '{"name": "search", "arguments": {"q": "\\ud800"}}', '"\\udc00x"']
+QWEN3 = Path(__file__).resolve().parent.parent / "worker" / "demo_data" / "qwen3"
 MODELS = ["qwen3", "qwen3-noparser", "deepseek-v4", "deepseek-v31-markup", "mistral-7b-v0.3-noparser",
           "mistral-7b-v0.3", "llama3"]
 _enc = msgspec.json.Encoder()
 
 
 def _ids(rng: random.Random, tok) -> list[int]:
-    added = sorted(tok.added_token_ids) or [0, 1, 2]
-    text = "".join(rng.choice(TEXT) for _ in range(rng.randrange(0, 25)))
-    ids = tok.encode(text) if text else []
-    for _ in range(rng.choice([0, 0, 1, 3])):
-        ids.insert(rng.randrange(len(ids) + 1), rng.choice(added + [rng.randrange(tok.vocab_size)] * 2))
-    if ids and rng.random() < 0.3:  # characters split / pieces repeated
-        i = rng.randrange(len(ids))
-        ids[i:i] = ids[i:rng.randrange(i, len(ids) + 1)]
+    ids = pieces_ids(rng, tok, TEXT, 25, sorted(tok.added_token_ids) or [0, 1, 2])
     eos = sorted(tok.eos_token_ids or [])
     if eos and rng.random() < 0.3:
         for _ in range(rng.choice([1, 1, 2, 3])):
@@ -260,20 +257,59 @@ _SURROGATE = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="call arguments escaping a lone surrogate: the tool parser's json.dumps("
-                                       "ensure_ascii=False) writes the character, the reply encoder (Messages: the "
-                                       "builder's log) refuses it: a 500 on both paths, as on chat and in vLLM's "
-                                       "JSON response")
 @pytest.mark.parametrize("kind", ["responses", "messages"])
 def test_lone_surrogate_arguments_not_a_500(kind, monkeypatch):
+    """Call arguments escaping a lone surrogate (``\\ud800``): the tool parser decodes the call
+    JSON and encodes it again, which once put a code point no UTF-8 reply holds (a 500 on both
+    paths, as in vLLM's JSON response); the stack writes it back as the model's escape
+    (``stack.escape_lone_surrogates``): 200, the same reply on both paths."""
     svc = parity_service()
     model, text, req = _SURROGATE[kind]
     raw = json.dumps({"model": model, "generate_response": {"request_id": "r", "choices": [{
         "index": 0, "token_ids": svc.runtime(model).tokenizer.encode(text), "finish_reason": "stop"}]},
         f"{kind}_request": req}).encode()
     got, want = _both(monkeypatch, svc, raw, kind)
-    assert got == want  # (the same reply on both paths, whatever it is)
-    assert got[0] != 500, got
+    assert got == want and got[0] == 200, got
+    if kind == "responses":
+        call = json.loads(got[1])["output"][-1]
+        assert call["type"] == "function_call" and call["arguments"] == '{"q": "\\ud800x"}'
+
+
+@pytest.mark.parametrize("streaming", ["whole", "incremental"])
+@pytest.mark.parametrize("args", ['{"q": "\\ud800x"}', '{"q": "a\\udfff\\ud83d\\ude00 é"}'])
+def test_lone_surrogate_arguments_chat(args, streaming):
+    """The same on chat, non-streaming and streamed in 1-token chunks (both tool-call streaming
+    modes): 200 everywhere, the call's arguments the model's text (its escapes kept; a valid
+    pair, decoded, stays the character), streamed fragments joining to the non-streaming ones."""
+    from worker.config import ServedModelConfig
+    from worker.core.service import DerenderService
+
+    svc = DerenderService([ServedModelConfig(name="qwen3", tokenizer=str(QWEN3), reasoning_parser="qwen3",
+                                             tool_parser="hermes", enable_auto_tool_choice=True,
+                                             tool_call_streaming=streaming)])
+    tok = svc.runtime("qwen3").tokenizer
+    text = '<tool_call>\n{"name": "search", "arguments": ' + args + '}\n</tool_call>'
+    ids = tok.encode(text) + [tok.token_to_id("<|im_end|>")]
+    req = {"model": "qwen3", "messages": [{"role": "user", "content": "hi"}],
+           "tools": [{"type": "function", "function": t} for t in
+                     ({k: v for k, v in t.items() if k != "type"} for t in TOOLS)]}
+    r = svc.derender(json.dumps({"model": "qwen3", "chat_request": req, "generate_response": {
+        "request_id": "r", "choices": [{"index": 0, "token_ids": ids}]}}).encode(), "chat")
+    assert r.status == 200, r.body
+    got = json.loads(r.body)["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(got) == json.loads(args)
+    state, streamed = None, []
+    for k, t in enumerate(ids):
+        b = {"model": "qwen3", "stream": True, "generate_chunk": {"request_id": "r", "choices": [
+            {"index": 0, "token_ids": [t], "finish_reason": "stop" if k == len(ids) - 1 else None}]}}
+        if k == 0:
+            b["chat_request"] = req
+        out, state = svc.derender_stream(json.dumps(b).encode(), state)
+        assert out.status == 200, out.body
+        for chunk in json.loads(out.body):
+            for c in chunk["choices"]:
+                streamed += [tc["function"].get("arguments") or "" for tc in c["delta"].get("tool_calls") or []]
+    assert json.loads("".join(streamed)) == json.loads(args)
 
 
 _OSS = ["<|channel|>", "analysis", "final", "commentary", " to=functions.get_weather", " to=functions.nope",
@@ -319,3 +355,33 @@ def test_gpt_oss_both_apis(monkeypatch):
                           f"{kind}_request": req}).encode()
         got, want = _both(monkeypatch, svc, raw, kind)
         assert got == want and got[0] == 200, (raw, got)
+
+
+@pytest.mark.parametrize("streaming", ["whole", "incremental"])
+@pytest.mark.parametrize("case", [c for c in cases() if c.kind == "tool"], ids=lambda c: c.name)
+def test_lone_surrogate_every_tool_family(case, streaming):
+    """Every tool family's example with a lone surrogate escaped in a string argument and in a
+    call name (``\\\\ud800``, as a model writes it): no 500 from chat, Responses or Messages,
+    non-streaming or streamed in 1-token chunks (the stream state holds no such code point)."""
+    svc = family_service(case, streaming)
+    rt = svc.runtime("m")
+    text = rt.tokenizer.decode(build_ids(rt.tokenizer, case.example, 0), skip_special_tokens=False)
+    tools = [{"type": "function", "name": n, "parameters": {"type": "object"}} for n in ("get_weather", "get_time")]
+    reqs = {"chat": {"chat_request": {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                      "tools": [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+                                                for t in tools]}},
+            "responses": {"responses_request": {"model": "m", "input": "x", "tools": tools}},
+            "messages": {"messages_request": {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "x"}],
+                                              "tools": [{"name": t["name"], "input_schema": {}} for t in tools]}}}
+    for old, new in (("Paris", "Pa\\ud800ris"), ("get_time", "get_\\udc00time")):
+        ids = rt.tokenizer.encode(text.replace(old, new))
+        for kind, req in reqs.items():
+            body = {"model": "m", "generate_response": {"request_id": "r", "choices": [{"index": 0, "token_ids": ids}]}}
+            r = svc.derender(json.dumps({**body, **req}).encode(), kind)
+            assert r.status < 500, (kind, old, r.body[:300])
+            state = None
+            for k, t in enumerate(ids):
+                b = {"model": "m", "stream": True, "generate_chunk": {"request_id": "r", "choices": [
+                    {"index": 0, "token_ids": [t], "finish_reason": "stop" if k == len(ids) - 1 else None}]}}
+                out, state = svc.derender_stream(json.dumps({**b, **req} if k == 0 else b).encode(), state, kind=kind)
+                assert out.status < 500, (kind, old, k, out.body[:300])

@@ -506,6 +506,18 @@ def family_runtime(case, streaming: str = "whole") -> D.ModelRuntime:
                           tokenizer=_family_tokenizer(case.example.markers))
 
 
+def family_service(case, streaming: str = "whole") -> Any:
+    """A ``DerenderService`` serving ``family_runtime(case, streaming)`` as model ``m`` (the
+    family's tokenizer is built in memory, not read from a directory: the runtime is given to the
+    service's cache)."""
+    from worker.core.service import DerenderService
+
+    rt = family_runtime(case, streaming)
+    svc = DerenderService([rt.config])
+    svc._runtimes[rt.config.name] = rt
+    return svc
+
+
 def example_outputs(tok: Any, case: Any, rng: random.Random, spliced: int = 6) -> list[list[int]]:
     """Output ids of a parser example ``case`` on its tokenizer ``tok``: the example short (12
     ids of padding) and long (60), the long one cut at a random point, and ``spliced`` outputs
@@ -519,3 +531,17 @@ def example_outputs(tok: Any, case: Any, rng: random.Random, spliced: int = 6) -
             ids += base[i:rng.randrange(i, len(base) + 1)]
         outputs.append(ids)
     return outputs
+
+
+def pieces_ids(rng: random.Random, tok: Any, pieces: list[str], most: int, added: list[int]) -> list[int]:
+    """Random output ids: up to ``most`` - 1 of ``pieces`` joined and encoded, 0-3 ids inserted
+    anywhere (from ``added`` or, twice as likely, any id of the vocabulary: stray ids, characters
+    split), and, 30% of the time, a stretch of the ids repeated in place."""
+    text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, most)))
+    ids = tok.encode(text) if text else []
+    for _ in range(rng.choice([0, 0, 1, 3])):
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(added + [rng.randrange(tok.vocab_size)] * 2))
+    if ids and rng.random() < 0.3:
+        i = rng.randrange(len(ids))
+        ids[i:i] = ids[i:rng.randrange(i, len(ids) + 1)]
+    return ids

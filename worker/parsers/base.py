@@ -16,6 +16,7 @@ Invariants every parser keeps (tests check them over the corpus):
 from __future__ import annotations
 
 import json
+import re
 from json import encoder as _json_encoder
 from typing import Any, ClassVar
 
@@ -304,6 +305,26 @@ def _make_dumps_non_ascii():
         return join(c(obj, 0))
 
     return dumps_non_ascii
+
+
+#: a lone UTF-16 surrogate code point (only a JSON ``\udXXX`` escape a parser decoded makes one:
+#: detokenized text never holds one)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _surrogate_escape(m: re.Match) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+def surrogates_escaped(s: str) -> str:
+    """``s`` with every lone surrogate written as its JSON escape (``\\ud800``, six ASCII
+    characters); ``s`` itself when it holds none. For JSON text re-encoded from a parsed value
+    (``json.dumps(ensure_ascii=False)``, as vLLM's tool parsers do): a surrogate the model
+    escaped would otherwise be a code point no UTF-8 reply can hold (vLLM answers a 500); inside
+    a JSON string literal the escape is the same value."""
+    if s.isascii() or _LONE_SURROGATE.search(s) is None:
+        return s
+    return _LONE_SURROGATE.sub(_surrogate_escape, s)
 
 
 #: ``json.dumps(obj, ensure_ascii=False)`` of a parsed JSON value (``_make_dumps_non_ascii``)

@@ -41,6 +41,7 @@ from worker.parsers.base import (
     find_first,
     hold_back,
     names_ok,
+    surrogates_escaped,
 )
 from worker.parsers.incremental import ArgStream, JsonArgs, advance, settle
 
@@ -108,12 +109,13 @@ class JsonTailToolParser(AppendedBody, ToolParser):
 
     def stream_name(self, st: JsonTailState, raw: str) -> str | None:
         """A call's name from its head's ``name`` group: a JSON string's inside (escapes
-        decoded), non-empty as ``call_of`` requires; None otherwise."""
+        decoded; a lone surrogate kept as its escape: ``base.surrogates_escaped``), non-empty as
+        ``call_of`` requires; None otherwise."""
         try:
             v = json.loads('"' + raw + '"')
         except ValueError:
             return None
-        return v if isinstance(v, str) and v else None
+        return surrogates_escaped(v) if isinstance(v, str) and v else None
 
     # -- bounded stream state (AppendedBody's spill / unspill over ``buf``) ------------------
     def body_held(self, st: JsonTailState) -> int:

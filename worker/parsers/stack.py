@@ -24,7 +24,15 @@ from typing import Any
 
 import msgspec
 
-from worker.parsers.base import BodyNeeded, Delta, ReasoningParser, RequestContext, ToolCallDelta, ToolParser
+from worker.parsers.base import (
+    BodyNeeded,
+    Delta,
+    ReasoningParser,
+    RequestContext,
+    ToolCallDelta,
+    ToolParser,
+    surrogates_escaped,
+)
 
 
 class StackState(msgspec.Struct, kw_only=True):
@@ -67,6 +75,21 @@ def tool_call_id(request_id: str, choice_index: int, call_index: int, fmt: str =
             out.append(alphabet[r])
         return "".join(out)
     return "chatcmpl-tool-" + digest[:8].hex()
+
+
+def escape_lone_surrogates(calls: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """``calls`` (changed in place and returned) with every lone surrogate in a name or an
+    arguments fragment written back as the JSON escape the model wrote (``base.surrogates_escaped``:
+    a tool parser that decodes the call JSON and encodes it again puts a code point no UTF-8
+    reply can hold). An incrementally streamed call sends the model's text, escape included."""
+    for tc in calls:
+        a = tc.arguments
+        if a and not a.isascii():
+            tc.arguments = surrogates_escaped(a)
+        n = tc.name
+        if n and not n.isascii():
+            tc.name = surrogates_escaped(n)
+    return calls
 
 
 def _json_calls(text: str, mode: str, named: str | None) -> list[ToolCallDelta] | None:
@@ -232,6 +255,8 @@ class ParserStack:
                 d.extend(self.tool.finish(st.tool))
         else:
             d = Delta(content=content)
+        if d.tool_calls:
+            escape_lone_surrogates(d.tool_calls)
         if st.mode == "auto":
             st.calls += len(d.tool_calls)
             return d
@@ -346,6 +371,6 @@ class ParserStack:
                 if calls is None:
                     out.content += held
                 else:
-                    out.tool_calls.extend(calls)
+                    out.tool_calls.extend(escape_lone_surrogates(calls))
                     st.calls += len(calls)
         return out

@@ -71,6 +71,7 @@ from worker.parsers.base import (
     hold_back,
     json_loads,
     names_ok,
+    surrogates_escaped,
 )
 from worker.parsers.incremental import LIST_ARGS, NAME_ARGS, ArgStream, JsonArgs, XmlArgs, advance, settle
 from worker.parsers.jsonlex import scan_json
@@ -195,12 +196,13 @@ def json_name_arguments(body: str) -> list[tuple[str, str]] | None:
 
 
 def json_string_name(raw: str) -> str | None:
-    """A call name written as a JSON string's inside (escapes decoded); None when invalid."""
+    """A call name written as a JSON string's inside (escapes decoded; a lone surrogate kept as
+    its escape: ``base.surrogates_escaped``); None when invalid."""
     try:
         v = json.loads('"' + raw + '"')
     except ValueError:
         return None
-    return v if isinstance(v, str) else None
+    return surrogates_escaped(v) if isinstance(v, str) else None
 
 
 def schema_type(schema: dict[str, Any]) -> Any:

@@ -43,6 +43,8 @@ from typing import Any
 import partial_json_parser
 from partial_json_parser.core.options import Allow
 
+from worker.parsers.base import surrogates_escaped
+
 __all__ = ["SHAPED_PARSERS", "SHAPE_LIMIT", "ENGINE_PARSERS", "step", "final_rest", "cut_call_rest",
            "held_marker_ids"]
 
@@ -78,7 +80,7 @@ def _complete(raw: str) -> bool:
 
 def _dumps(obj: Any) -> str | None:
     try:
-        return json.dumps(obj, ensure_ascii=False)
+        return surrogates_escaped(json.dumps(obj, ensure_ascii=False))
     except (ValueError, TypeError, RecursionError):  # a value json cannot write: nothing to send
         return None
 
