@@ -16,6 +16,7 @@ import pytest
 
 from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest
 from tests.harness.parsers import family_runtime, pieces_ids
+from tests.harness.responses import HOSTILE_PIECES, TOOLS
 from tests.parity import service as parity_service
 from worker.bench.parsers import build_ids
 from worker.core.errors import BadRequest
@@ -24,13 +25,7 @@ from worker.core.responses import derender as rd
 from worker.core.responses.derender import derender_responses
 from worker.parsers.examples import cases
 
-TOOLS = [{"type": "function", "name": "get_weather", "description": "w",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-         {"type": "function", "name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]
-TEXT = ["hello", " world", "\n", "\n\n", " ", "😀", "東京", "é", "{", "}", '"name"', ": ", '"get_weather"',
-        ', "arguments": ', '{"city": "Paris"}', '{"name": "get_weather", "arguments": {"city": "P"}}',
-        '[{"name": "search", "arguments": {"q": "x"}}]', "<", "</", "%s", "\\", '"', "<think>", "</think>",
-        "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "functools[", "<|channel|>"]
+TEXT = HOSTILE_PIECES + ["functools[", "<|channel|>"]
 MODELS = ["qwen3", "qwen3-coder", "qwen3-noparser", "deepseek-v4", "deepseek-v31-markup", "mistral-7b-v0.3",
           "mistral-v7-mistral-mode", "llama3"]
 

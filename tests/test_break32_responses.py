@@ -24,6 +24,7 @@ import pytest
 
 from schemas.responses import DerenderResponsesRequest
 from tests.harness.parsers import family_runtime, family_service, pieces_ids
+from tests.harness.responses import HOSTILE_PIECES, TOOLS
 from tests.parity import service as parity_service
 from worker.bench.parsers import build_ids
 from worker.core.errors import BadRequest
@@ -32,15 +33,9 @@ from worker.core.responses import onestep
 from worker.core.responses.derender import derender_responses
 from worker.parsers.examples import cases
 
-TOOLS = [{"type": "function", "name": "get_weather", "description": "w",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-         {"type": "function", "name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]
-TEXT = ["hello", " world", "\n", "\n\n", " ", "😀", "東京", "é", "{", "}", '"name"', ": ", '"get_weather"',
-        ', "arguments": ', '{"city": "Paris"}', '{"name": "get_weather", "arguments": {"city": "P"}}',
-        '[{"name": "search", "arguments": {"q": "x"}}]', "<", "</", "%s", "\\", '"', "<think>", "</think>",
-        "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|im_end|>", "<|im_start|>",
-        "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "\x00",
-        '{"name": "search", "arguments": {"q": "\\ud800"}}', '"\\udc00x"']
+TEXT = HOSTILE_PIECES + ["<|im_end|>", "<|im_start|>",
+                         "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "\x00",
+                         '{"name": "search", "arguments": {"q": "\\ud800"}}', '"\\udc00x"']
 QWEN3 = Path(__file__).resolve().parent.parent / "worker" / "demo_data" / "qwen3"
 MODELS = ["qwen3", "qwen3-noparser", "deepseek-v4", "deepseek-v31-markup", "mistral-7b-v0.3-noparser",
           "mistral-7b-v0.3", "llama3"]

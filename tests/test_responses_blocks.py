@@ -18,7 +18,7 @@ import pytest
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse, TokenLogprobIn
 from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest, ResponseLogprob, ResponseLogprobTop
 from tests.harness.parsers import TOK_JSON, example_outputs, family_runtime
-from tests.harness.responses import chat_corpus_outputs
+from tests.harness.responses import TOOLS, chat_corpus_outputs
 from worker.bench.parsers import build_ids
 from worker.config import ServedModelConfig
 from worker.core.derender import ModelRuntime
@@ -33,9 +33,6 @@ from worker.parsers.examples import cases
 
 _enc = msgspec.json.encode
 QWEN3 = str(Path(TOK_JSON).parent)
-TOOLS = [{"type": "function", "name": "get_weather", "description": "w",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-         {"type": "function", "name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]
 SHAPES = ("plain", "plain", "odd", "nosampled", "dup", "norank", "shuffle")
 
 

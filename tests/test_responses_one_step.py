@@ -18,7 +18,7 @@ import pytest
 from schemas import GenerateTokensStreamChoice, GenerateTokensStreamResponse
 from schemas.responses import LOGPROBS_INCLUDE, DerenderResponsesRequest, FunctionCallItem, ResponseObject
 from tests.harness.parsers import TOK_JSON, example_outputs, family_runtime
-from tests.harness.responses import chat_corpus_outputs
+from tests.harness.responses import TOOLS, chat_corpus_outputs
 from worker.config import ServedModelConfig
 from worker.core.derender import ModelRuntime
 from worker.core.errors import BadRequest
@@ -29,9 +29,6 @@ from worker.parsers.examples import cases
 
 _enc = msgspec.json.encode
 QWEN3 = str(Path(TOK_JSON).parent)
-TOOLS = [{"type": "function", "name": "get_weather", "description": "w",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-         {"type": "function", "name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]
 CHOICES = [None, "none", "auto", "required", {"type": "function", "name": "get_weather"}]
 
 

@@ -13,6 +13,15 @@ DATA = ROOT / "tests" / "data" / "parity"
 CASES_PATH = DATA / "responses_public.jsonl"
 MODELS = DATA / "responses_models.json"
 CASES = r2r.load_cases(str(CASES_PATH), None)
+#: two Responses function tools (``get_weather(city)``, ``search(q)``), the generated bodies' tools
+TOOLS = [{"type": "function", "name": "get_weather", "description": "w",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+         {"type": "function", "name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]
+#: text pieces of hostile outputs (``parsers.pieces_ids``): words, JSON and call fragments, markers
+HOSTILE_PIECES = ["hello", " world", "\n", "\n\n", " ", "😀", "東京", "é", "{", "}", '"name"', ": ", '"get_weather"',
+                  ', "arguments": ', '{"city": "Paris"}', '{"name": "get_weather", "arguments": {"city": "P"}}',
+                  '[{"name": "search", "arguments": {"q": "x"}}]', "<", "</", "%s", "\\", '"', "<think>", "</think>",
+                  "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>"]
 BY_ID = {c["id"]: c for c in CASES}
 
 #: The 4 streams whose delta boundaries came from engine timing (vLLM's
