@@ -51,17 +51,6 @@ def _evictable(s: Any) -> bool:
             and s.pending_writes == 0)
 
 
-def _forgetter(router: Any):
-    """The router's store's ``forget(request_id)`` when the store is in-process (memory mode: the
-    evicted stream's state goes with it), else a no-op (Redis keeps the checkpoint until its TTL)."""
-    forget = getattr(router.store, "forget", None)
-    return forget if forget is not None else _keep
-
-
-def _keep(request_id: str) -> None:
-    return None
-
-
 class StreamMemory:
     """Eviction policy and gauge of a ``StreamRouter``'s in-memory streams (module docstring).
     ``idle_timeout_s``: seconds without a chunk before eviction; ``max_live``: most streams in
@@ -85,12 +74,15 @@ class StreamMemory:
         """Evict the idle streams of every open partition; returns how many."""
         now = time.monotonic() if now is None else now
         n = 0
-        forget = _forgetter(router)
+        # the in-process store (memory mode) forgets the evicted stream's state with it; Redis
+        # keeps the checkpoint until its TTL (no ``forget``)
+        forget = getattr(router.store, "forget", None)
         for st in list(router.parts.values()):
             for rid, s in list(st.streams.items()):
                 if now - s.last_used >= self.idle_timeout_s and _evictable(s):
                     del st.streams[rid]
-                    forget(rid)
+                    if forget is not None:
+                        forget(rid)
                     n += 1
         expire = getattr(router.store, "expire", None)
         if expire is not None:
@@ -106,10 +98,11 @@ class StreamMemory:
         cands = sorted(((s.last_used, id(st), rid, st) for st in router.parts.values()
                         for rid, s in st.streams.items() if _evictable(s)), key=lambda x: x[:2])
         n = 0
-        forget = _forgetter(router)
+        forget = getattr(router.store, "forget", None)  # (as ``sweep``)
         for _, _, rid, st in cands[:over]:
             del st.streams[rid]
-            forget(rid)
+            if forget is not None:
+                forget(rid)
             n += 1
         if n < over:
             log.warning("%d streams in memory, more than --max-live-streams %d, but none more is idle",

@@ -20,15 +20,14 @@ from typing import Any
 
 from schemas.messages import Message, MessagesRequest, MessageUsage, TextBlock, ThinkingBlock, ToolUseBlock
 from worker.core.derender import ModelRuntime, effective_skip_special_tokens
-from worker.core.detokenize import detokenize_with_stop, stop_token_trimmed
+from worker.core.detokenize import stop_token_trimmed
 from worker.core.messages import rules
 from worker.core.messages.events import Outcome, partial_input, stop_reason
 from worker.core.messages.ids import message_id, signature, tool_use_id
 from worker.core.messages.request import parser_context
 from worker.core.responses.ids import call_id
-from worker.core.responses.onestep import MESSAGE, REASONING, ItemPlan
-from worker.parsers.base import Delta
-from worker.parsers.idscan import has_special, id_text, runs_pattern
+from worker.core.responses.onestep import MESSAGE, REASONING, ItemPlan, whole_deltas
+from worker.parsers.idscan import id_text, runs_pattern
 
 __all__ = ["PARSERS", "shape_ok", "message"]
 
@@ -131,17 +130,9 @@ def message(rt: ModelRuntime, req: MessagesRequest, request_id: str, model: str,
             return None
         if not shape_ok(rt, s if len(text_ids) == len(ids) else s + chr(ids[-1]), ids, fin, c.stop_reason):
             return None
-    skip = effective_skip_special_tokens(rt, True, mode)
-    st = stack.initial_state(ctx, streaming=True, mode=mode)
-    text = detokenize_with_stop(tok, text_ids, (), skip_special_tokens=skip,
-                                prompt_token_ids=prompt_ids or [])[0] if text_ids else ""
-    pids = text_ids
-    if skip and has_special(tok, pids):
-        special = tok.special_ids
-        pids = [t for t in pids if t not in special]
+    d, f = whole_deltas(rt, ctx, mode, effective_skip_special_tokens(rt, True, mode), text_ids, [], prompt_ids)
     b = ItemPlan()
-    b.feed(stack.feed(st, text, pids) if (text or pids) else Delta())
-    f = stack.finish(st)
+    b.feed(d)
     if b.calls and cfg.tool_parser in rules.TEXT_DROPPED_AFTER_CALL:
         f.content = ""
     b.feed(f)

@@ -40,7 +40,7 @@ from worker.core.responses.ids import call_id, item_id
 from worker.parsers.base import Delta
 from worker.parsers.idscan import has_special
 
-__all__ = ["ItemPlan", "response"]
+__all__ = ["ItemPlan", "whole_deltas", "response"]
 
 #: ``ItemPlan`` item kinds (the Responses item types)
 REASONING, MESSAGE, CALL = "reasoning", "message", "function_call"
@@ -97,6 +97,28 @@ class ItemPlan:
             self._calls(calls)
 
 
+def whole_deltas(rt: ModelRuntime, ctx: Any, mode: str, skip: bool, text_ids: list[int], stop_ids: list[int],
+                 prompt_ids: list[int] | None) -> tuple[Delta, Delta]:
+    """The one parser step of a whole output: ``(feed delta, finish delta)`` of ``text_ids``
+    detokenized at once (``detokenize_with_stop``, seeded with ``prompt_ids``) and fed with
+    ``stop_ids`` (the stop token, to a parser that reads it) to a fresh streaming-form stack
+    state for request context ``ctx`` and tool mode ``mode``; special ids left out of the ids
+    the parsers see when ``skip`` (``_step``'s rule). Without parsers: the text as content."""
+    tok = rt.tokenizer
+    text = detokenize_with_stop(tok, text_ids, (), skip_special_tokens=skip,
+                                prompt_token_ids=prompt_ids or [])[0] if text_ids else ""
+    if not rt.has_parser:
+        return Delta(content=text), Delta()
+    pids = text_ids + stop_ids if stop_ids else text_ids
+    if skip and has_special(tok, pids):  # (C-level test first)
+        special = tok.special_ids
+        pids = [t for t in pids if t not in special]
+    stack = rt.stack
+    st = stack.initial_state(ctx, streaming=True, mode=mode)
+    d = stack.feed(st, text, pids) if (text or pids) else Delta()
+    return d, stack.finish(st)
+
+
 def response(rt: ModelRuntime, req: ResponsesRequest, *, request_id: str, model: str, created: int,
              prompt_ids: list[int] | None, prompt_tokens: int | None, kv: dict | None, ec: dict | None,
              c: Any) -> ResponseObject | None:
@@ -117,23 +139,11 @@ def response(rt: ModelRuntime, req: ResponsesRequest, *, request_id: str, model:
     fin = c.finish_reason or "stop"
     text_ids = stop_token_trimmed(ids, fin, c.stop_reason, tok.eos_token_ids)
     stop_ids = ids[len(text_ids):] if stack.wants_stop_token else []
-    text = detokenize_with_stop(tok, text_ids, (), skip_special_tokens=skip,
-                                prompt_token_ids=prompt_ids or [])[0] if text_ids else ""
-    pids = text_ids + stop_ids
-    if skip and has_special(tok, pids):  # (C-level test first, as ``_step``'s parse)
-        special = tok.special_ids
-        pids = [t for t in pids if t not in special]
+    d, f = whole_deltas(rt, ctx, mode, skip, text_ids, stop_ids, prompt_ids)
     plan = ItemPlan()
-    reasoning_tokens = 0
-    if rt.has_parser:
-        st = stack.initial_state(ctx, streaming=True, mode=mode)
-        d = stack.feed(st, text, pids) if (text or pids) else Delta()
-        f = stack.finish(st)
-        plan.feed(d)
-        plan.feed(f)
-        reasoning_tokens = d.reasoning_tokens + f.reasoning_tokens
-    else:
-        plan.feed(Delta(content=text))
+    plan.feed(d)
+    plan.feed(f)
+    reasoning_tokens = d.reasoning_tokens + f.reasoning_tokens
     incomplete = fin == "length"
     fmt = stack.id_format
     output: list[Any] = []
